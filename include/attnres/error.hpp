@@ -1,0 +1,23 @@
+// attnres/error.hpp — the one error type the library throws.
+//
+// Library code never prints or exits: it throws attnres::Error with a message that names the file
+// or value at fault and how to fix it. Only the CLI (src/cli) catches, prints and chooses the exit
+// code.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace attnres {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Throws Error(msg) when cond is false. For checks on user input, not internal invariants.
+inline void check(bool cond, const std::string& msg) {
+  if (!cond) throw Error(msg);
+}
+
+}  // namespace attnres

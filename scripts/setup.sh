@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything attnres needs to build, test and run, from Debian 12's archive.
+# Idempotent: skips apt entirely when every package is already installed.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libdnnl-dev            # oneDNN: dnnl_sgemm (fastest GEMM measured on this CPU)
+  nlohmann-json3-dev     # JSON (configs, safetensors headers, metrics)
+  libcli11-dev           # command-line parsing
+  libsentencepiece-dev   # BPE tokenizer training and encoding
+  libgtest-dev libgmock-dev libbenchmark-dev
+  fortunes               # the default demo corpus (/usr/share/games/fortunes)
+)
+# Optional extras, installed with `scripts/setup.sh --python` (plots, PyTorch fixtures).
+if [[ "${1:-}" == "--python" ]]; then
+  PACKAGES+=(python3 python3-numpy python3-matplotlib python3-torch)
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  echo "[setup] installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "[setup] dependencies present"

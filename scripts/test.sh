@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# One command: install dependencies, build, run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh
+cd build && ctest --output-on-failure -j "$(nproc)"
