@@ -1,0 +1,70 @@
+// attnres/model.hpp — a Llama-style decoder-only language model (SPEC section 1) with a pluggable
+// residual path (residual.hpp).
+//
+// Per block i (sublayers 2i and 2i+1):
+//   attention: RMSNorm -> [wq; wk; wv] -> RoPE -> causal softmax(q k^T / sqrt(hd)) v -> wo
+//   MLP:       RMSNorm -> [w1; w3] -> silu(h1) * h3 -> w2
+// then final RMSNorm and the LM head (output.weight, or tok_embeddings.weight when tied).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnres/config.hpp"
+#include "attnres/params.hpp"
+
+namespace attnres {
+
+class DepthRouter;
+
+class Model {
+ public:
+  // Validates cfg (throws Error) and allocates parameters and gradients, all zero.
+  explicit Model(ModelConfig cfg);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const ParamLayout& layout() const { return layout_; }
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  int64_t num_params() const { return layout_.count(); }
+  // Start of the named tensor in params(); throws std::out_of_range for an unknown name.
+  float* param(const std::string& name);
+  const float* param(const std::string& name) const;
+
+  // Deterministic initialisation from seed: linear weights N(0, 0.02), output projections (wo, w2)
+  // scaled by 1/sqrt(2 n_layer), embeddings N(0, 0.02), norm gains 1; router params per its mode.
+  void init_weights(uint64_t seed);
+
+  // Forward over tokens (B,T), T <= max_seq_len. With targets (B,T) returns the mean
+  // cross-entropy; with targets == nullptr returns 0 and only computes logits.
+  // Keeps the activations backward() needs.
+  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
+  // (B,T,V) logits of the last forward. backward() overwrites them with their gradient.
+  const float* logits() const;
+  // Sets all gradients to zero.
+  void zero_grad();
+  // Accumulates d(mean loss)/d(params) of the last forward (which must have had targets).
+  void backward();
+
+  // Bytes of activation memory currently allocated (for reports).
+  int64_t activation_bytes() const;
+
+ private:
+  struct Acts;
+  void build_layout();
+  void ensure_acts(int64_t B, int64_t T);
+
+  ModelConfig cfg_;
+  ParamLayout layout_;
+  std::vector<float> params_, grads_;
+  std::unique_ptr<DepthRouter> router_;
+  std::unique_ptr<Acts> acts_;
+};
+
+}  // namespace attnres

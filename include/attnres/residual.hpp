@@ -1,0 +1,68 @@
+// attnres/residual.hpp — the depth router: the part of the model that owns the residual path.
+//
+// A Transformer with L sublayers (0-based l = 0..L-1: 2i is block i's attention, 2i+1 its MLP)
+// never adds residuals itself. It asks the router for each sublayer's input x_l, hands it each
+// sublayer's output v_{l+1}, and finally asks for the hidden state that feeds the final norm. The
+// backward pass mirrors this in reverse. Modes differ only here: `prenorm` is the plain sum
+// (SPEC section 1); AttnRes modes mix earlier outputs with learned depth attention (SPEC 2-4).
+//
+// Usage, forward then backward on n rows of width d:
+//   router.begin(emb, n);
+//   for l in 0..L-1: { x = router.input(l); y = router.output_slot(l); f_l(x) -> y;
+//                      router.commit_output(l); }
+//   h = router.final_hidden();
+//   router.begin_backward(dh);
+//   for l in L-1..0: { dy = router.grad_output(l); dx = router.grad_input_slot(l);
+//                      f_l backward: dx += ...; router.commit_grad_input(l); }
+//   demb = router.grad_embedding();
+// Pointers returned stay valid until the next begin() (inputs are kept for backward).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "attnres/config.hpp"
+#include "attnres/params.hpp"
+
+namespace attnres {
+
+class DepthRouter {
+ public:
+  virtual ~DepthRouter() = default;
+
+  // Adds the router's own parameters (if any) to the layout. Called once, before bind().
+  virtual void add_params(ParamLayout& layout) = 0;
+  // Points the router at the flat parameter and gradient buffers (after layout is final).
+  virtual void bind(const ParamLayout& layout, float* params, float* grads) = 0;
+
+  // --- forward ---
+  // Starts a pass over n rows; emb (n,d) is v_0 (copied).
+  virtual void begin(const float* emb, int64_t n) = 0;
+  // x_l (n,d): the input of sublayer l (before its own RMSNorm).
+  virtual const float* input(int64_t l) = 0;
+  // (n,d) buffer the sublayer writes its output v_{l+1} into; then call commit_output(l).
+  virtual float* output_slot(int64_t l) = 0;
+  virtual void commit_output(int64_t l) = 0;
+  // (n,d): the hidden state after all L sublayers, input of the final RMSNorm.
+  virtual const float* final_hidden() = 0;
+
+  // --- backward (call after a forward over the same rows) ---
+  // dh (n,d): gradient w.r.t. final_hidden() (copied).
+  virtual void begin_backward(const float* dh) = 0;
+  // (n,d): total gradient w.r.t. v_{l+1}, the output of sublayer l. Valid once every sublayer
+  // after l has committed its input gradient.
+  virtual const float* grad_output(int64_t l) = 0;
+  // (n,d) zeroed buffer the sublayer ACCUMULATES dL/dx_l into; then commit_grad_input(l).
+  virtual float* grad_input_slot(int64_t l) = 0;
+  virtual void commit_grad_input(int64_t l) = 0;
+  // (n,d): gradient w.r.t. the embedding v_0, once every sublayer has committed.
+  virtual const float* grad_embedding() = 0;
+
+  // Bytes of activations held for n rows (for memory reports).
+  virtual int64_t activation_bytes(int64_t n) const = 0;
+};
+
+// Builds the router for cfg.residual.mode ("prenorm"). Throws Error on an unknown mode.
+std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg);
+
+}  // namespace attnres

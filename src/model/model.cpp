@@ -1,0 +1,297 @@
+// The model's forward and backward passes: top to bottom like the math, ops from src/ops, the
+// residual path delegated to the DepthRouter (no `x + f(x)` here).
+#include "attnres/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "attnres/error.hpp"
+#include "attnres/residual.hpp"
+#include "core/rng.hpp"
+#include "model/layer_views.hpp"
+#include "ops/ops.hpp"
+
+namespace attnres {
+
+// Activations of one forward pass, kept for backward. Sized for (B,T); regrown when larger.
+struct Model::Acts {
+  int64_t B = 0, T = 0, cap_rows = 0, cap_att = 0;
+  bool have_targets = false;
+  std::vector<int32_t> tokens, targets;  // (N)
+  std::vector<float> emb;                // (N,d)
+  std::vector<float> xn_att, rstd_att;   // (nl,N,d), (nl,N)
+  std::vector<float> qkv;                // (nl,N,QKV) q|k|v after RoPE
+  std::vector<float> att;                // (nl,B,H,T,T) attention probabilities
+  std::vector<float> atty;               // (nl,N,H*hd) attention output before wo
+  std::vector<float> xn_mlp, rstd_mlp;   // (nl,N,d), (nl,N)
+  std::vector<float> h13;                // (nl,N,2F) [w1 x | w3 x]
+  std::vector<float> gate;               // (nl,N,F) silu(h1) * h3
+  std::vector<float> xf, rstd_f;         // (N,d), (N) final norm
+  std::vector<float> logits, lse;        // (N,V), (N)
+  // backward scratch, reused by every layer
+  std::vector<float> d_a, d_b, d_c, d_att;
+  std::vector<float> rope_cos, rope_sin;  // (max_seq_len, hd/2)
+};
+
+Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
+  cfg_.resolve();
+  cfg_.validate();
+  router_ = make_router(cfg_);
+  build_layout();
+  params_.assign(layout_.total(), 0.0f);
+  grads_.assign(layout_.total(), 0.0f);
+  router_->bind(layout_, params_.data(), grads_.data());
+  acts_ = std::make_unique<Acts>();
+  const int64_t half = cfg_.head_dim() / 2;
+  acts_->rope_cos.resize(cfg_.max_seq_len * half);
+  acts_->rope_sin.resize(cfg_.max_seq_len * half);
+  ops::rope_table(acts_->rope_cos.data(), acts_->rope_sin.data(), cfg_.max_seq_len,
+                  cfg_.head_dim(), cfg_.rope_theta);
+}
+
+Model::~Model() = default;
+
+void Model::build_layout() {
+  const int64_t d = cfg_.d_model, hd = cfg_.head_dim(), F = cfg_.ffn_hidden;
+  layout_.add("tok_embeddings.weight", {cfg_.vocab_size, d}, false);
+  for (int64_t i = 0; i < cfg_.n_layer; i++) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    layout_.add(p + "attention_norm.weight", {d}, false);
+    // wq|wk|wv contiguous: one stacked ((H+2Hkv)hd, d) matrix, one GEMM.
+    layout_.add(p + "attention.wq.weight", {cfg_.n_head * hd, d}, true);
+    layout_.add(p + "attention.wk.weight", {cfg_.n_kv_head * hd, d}, true, true);
+    layout_.add(p + "attention.wv.weight", {cfg_.n_kv_head * hd, d}, true, true);
+    layout_.add(p + "attention.wo.weight", {d, cfg_.n_head * hd}, true);
+    layout_.add(p + "ffn_norm.weight", {d}, false);
+    // w1|w3 contiguous: one stacked (2F, d) matrix.
+    layout_.add(p + "feed_forward.w1.weight", {F, d}, true);
+    layout_.add(p + "feed_forward.w3.weight", {F, d}, true, true);
+    layout_.add(p + "feed_forward.w2.weight", {d, F}, true);
+  }
+  layout_.add("norm.weight", {d}, false);
+  if (!cfg_.tied) layout_.add("output.weight", {cfg_.vocab_size, d}, true);
+  router_->add_params(layout_);
+}
+
+float* Model::param(const std::string& name) {
+  const ParamEntry* e = layout_.find(name);
+  if (!e) throw std::out_of_range("no parameter named " + name);
+  return params_.data() + e->offset;
+}
+const float* Model::param(const std::string& name) const {
+  return const_cast<Model*>(this)->param(name);
+}
+
+void Model::init_weights(uint64_t seed) {
+  const double std_w = 0.02, std_out = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
+  std::fill(params_.begin(), params_.end(), 0.0f);
+  for (size_t k = 0; k < layout_.entries().size(); k++) {
+    const ParamEntry& e = layout_.entries()[k];
+    float* w = params_.data() + e.offset;
+    // Each tensor gets its own stream derived from (seed, index), so adding a tensor later never
+    // changes the others' values.
+    Rng rng(splitmix64(seed) ^ splitmix64(0x5EED0000ull + k));
+    const bool is_norm = e.name.find("norm.weight") != std::string::npos;
+    const bool is_router = e.name.find("_res.") != std::string::npos;
+    if (is_router) continue;  // the router's own init (zero queries, unit gains) is set below
+    if (is_norm) {
+      for (int64_t i = 0; i < e.numel; i++) w[i] = 1.0f;
+      continue;
+    }
+    const bool is_out_proj = e.name.ends_with("wo.weight") || e.name.ends_with("w2.weight");
+    const double sd = is_out_proj ? std_out : std_w;
+    for (int64_t i = 0; i < e.numel; i++) w[i] = static_cast<float>(sd * rng.normal());
+  }
+  for (const ParamEntry& e : layout_.entries()) {
+    if (e.name.find("_res.key_norm.weight") != std::string::npos) {
+      std::fill_n(params_.data() + e.offset, e.numel, 1.0f);  // SPEC 2: gains start at 1
+    }
+  }
+}
+
+void Model::ensure_acts(int64_t B, int64_t T) {
+  check(T >= 1 && T <= cfg_.max_seq_len, "sequence length " + std::to_string(T) +
+                                             " is outside [1, max_seq_len = " +
+                                             std::to_string(cfg_.max_seq_len) + "]");
+  check(B >= 1, "batch size must be >= 1");
+  Acts& a = *acts_;
+  a.B = B;
+  a.T = T;
+  const int64_t N = B * T, nl = cfg_.n_layer, d = cfg_.d_model, V = cfg_.vocab_size;
+  const int64_t H = cfg_.n_head, hd = cfg_.head_dim(), F = cfg_.ffn_hidden;
+  const int64_t QKV = (H + 2 * cfg_.n_kv_head) * hd;
+  const int64_t att = B * H * T * T;
+  if (N <= a.cap_rows && att <= a.cap_att) return;
+  a.cap_rows = std::max(a.cap_rows, N);
+  a.cap_att = std::max(a.cap_att, att);
+  const int64_t R = a.cap_rows, AT = a.cap_att;
+  a.tokens.resize(R);
+  a.targets.resize(R);
+  a.emb.resize(R * d);
+  a.xn_att.resize(nl * R * d);
+  a.rstd_att.resize(nl * R);
+  a.qkv.resize(nl * R * QKV);
+  a.att.resize(nl * AT);
+  a.atty.resize(nl * R * H * hd);
+  a.xn_mlp.resize(nl * R * d);
+  a.rstd_mlp.resize(nl * R);
+  a.h13.resize(nl * R * 2 * F);
+  a.gate.resize(nl * R * F);
+  a.xf.resize(R * d);
+  a.rstd_f.resize(R);
+  a.logits.resize(R * V);
+  a.lse.resize(R);
+  const int64_t widest = std::max({d, QKV, 2 * F, H * hd});
+  a.d_a.resize(R * widest);
+  a.d_b.resize(R * widest);
+  a.d_c.resize(R * widest);
+  a.d_att.resize(AT);
+}
+
+double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+  ensure_acts(B, T);
+  Acts& a = *acts_;
+  const int64_t N = B * T, d = cfg_.d_model, V = cfg_.vocab_size, F = cfg_.ffn_hidden;
+  const ops::AttnShape as{B, T, cfg_.n_head, cfg_.n_kv_head, cfg_.head_dim()};
+  const int64_t QKV = as.ld(), HD = as.H * as.hd;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  for (int64_t n = 0; n < N; n++) {
+    check(tokens[n] >= 0 && tokens[n] < V, "token id " + std::to_string(tokens[n]) +
+                                               " is outside the vocabulary [0, " +
+                                               std::to_string(V) + ")");
+    if (targets) {
+      check(targets[n] >= 0 && targets[n] < V,
+            "target id " + std::to_string(targets[n]) + " is outside the vocabulary");
+    }
+  }
+  std::copy(tokens, tokens + N, a.tokens.begin());
+  a.have_targets = targets != nullptr;
+  if (targets) std::copy(targets, targets + N, a.targets.begin());
+
+  const float* wte = param("tok_embeddings.weight");
+  ops::embedding_forward(a.emb.data(), tokens, wte, N, d);
+  router_->begin(a.emb.data(), N);
+
+  for (int64_t i = 0; i < cfg_.n_layer; i++) {
+    const LayerViews w = layer_views(layout_, params_.data(), i);
+    // --- attention sublayer (l = 2i) ---
+    float* xn = a.xn_att.data() + i * N * d;
+    float* qkv = a.qkv.data() + i * N * QKV;
+    float* att = a.att.data() + i * a.cap_att;
+    float* atty = a.atty.data() + i * N * HD;
+    ops::rmsnorm_forward(xn, a.rstd_att.data() + i * N, router_->input(2 * i), w.attn_norm, N, d,
+                         eps);
+    ops::matmul_forward(qkv, xn, w.wqkv, N, d, QKV);
+    ops::rope_forward(qkv, a.rope_cos.data(), a.rope_sin.data(), B, T, as.H, as.hd, QKV, 0);
+    ops::rope_forward(qkv + HD, a.rope_cos.data(), a.rope_sin.data(), B, T, as.Hkv, as.hd, QKV, 0);
+    ops::attention_forward(atty, att, qkv, as);
+    ops::matmul_forward(router_->output_slot(2 * i), atty, w.wo, N, HD, d);
+    router_->commit_output(2 * i);
+    // --- MLP sublayer (l = 2i+1) ---
+    float* xm = a.xn_mlp.data() + i * N * d;
+    float* h13 = a.h13.data() + i * N * 2 * F;
+    float* gate = a.gate.data() + i * N * F;
+    ops::rmsnorm_forward(xm, a.rstd_mlp.data() + i * N, router_->input(2 * i + 1), w.ffn_norm, N,
+                         d, eps);
+    ops::matmul_forward(h13, xm, w.w13, N, d, 2 * F);
+    ops::swiglu_forward(gate, h13, N, F);
+    ops::matmul_forward(router_->output_slot(2 * i + 1), gate, w.w2, N, F, d);
+    router_->commit_output(2 * i + 1);
+  }
+
+  ops::rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router_->final_hidden(),
+                       param("norm.weight"), N, d, eps);
+  const float* wout = cfg_.tied ? wte : param("output.weight");
+  ops::matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V);
+  if (!targets) return 0.0;
+  return ops::cross_entropy_forward(nullptr, a.lse.data(), a.logits.data(), targets, N, V);
+}
+
+const float* Model::logits() const { return acts_->logits.data(); }
+
+void Model::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+void Model::backward() {
+  Acts& a = *acts_;
+  if (!a.have_targets) throw std::logic_error("Model::backward needs a forward with targets");
+  const int64_t B = a.B, T = a.T, N = B * T, d = cfg_.d_model, V = cfg_.vocab_size;
+  const int64_t F = cfg_.ffn_hidden;
+  const ops::AttnShape as{B, T, cfg_.n_head, cfg_.n_kv_head, cfg_.head_dim()};
+  const int64_t QKV = as.ld(), HD = as.H * as.hd;
+  float* G = grads_.data();
+  auto grad_of = [&](const float* p) { return G + (p - params_.data()); };
+  auto zeroed = [](std::vector<float>& v, int64_t n) {
+    std::memset(v.data(), 0, sizeof(float) * n);
+    return v.data();
+  };
+
+  // LM head and final norm. dlogits overwrite the logits (dead after the loss).
+  float* dlogits = a.logits.data();
+  ops::cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), a.targets.data(), N, V,
+                              1.0f / static_cast<float>(N));
+  const float* wte = param("tok_embeddings.weight");
+  const float* wout = cfg_.tied ? wte : param("output.weight");
+  float* dxf = zeroed(a.d_a, N * d);
+  ops::matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V);
+  float* dh = zeroed(a.d_b, N * d);
+  const float* gnorm = param("norm.weight");
+  ops::rmsnorm_backward(dh, grad_of(gnorm), dxf, router_->final_hidden(), gnorm, a.rstd_f.data(),
+                        N, d);
+  router_->begin_backward(dh);
+
+  for (int64_t i = cfg_.n_layer - 1; i >= 0; i--) {
+    const LayerViews w = layer_views(layout_, params_.data(), i);
+    // --- MLP sublayer (l = 2i+1) ---
+    {
+      const int64_t l = 2 * i + 1;
+      const float* dy = router_->grad_output(l);
+      float* dgate = zeroed(a.d_a, N * F);
+      ops::matmul_backward(dgate, grad_of(w.w2), dy, a.gate.data() + i * N * F, w.w2, N, F, d);
+      float* dh13 = zeroed(a.d_b, N * 2 * F);
+      ops::swiglu_backward(dh13, dgate, a.h13.data() + i * N * 2 * F, N, F);
+      float* dxn = zeroed(a.d_c, N * d);
+      ops::matmul_backward(dxn, grad_of(w.w13), dh13, a.xn_mlp.data() + i * N * d, w.w13, N, d,
+                           2 * F);
+      float* dx = router_->grad_input_slot(l);
+      ops::rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router_->input(l), w.ffn_norm,
+                            a.rstd_mlp.data() + i * N, N, d);
+      router_->commit_grad_input(l);
+    }
+    // --- attention sublayer (l = 2i) ---
+    {
+      const int64_t l = 2 * i;
+      const float* dy = router_->grad_output(l);
+      float* datty = zeroed(a.d_a, N * HD);
+      ops::matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + i * N * HD, w.wo, N, HD, d);
+      float* dqkv = zeroed(a.d_b, N * QKV);
+      ops::attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + i * N * QKV,
+                              a.att.data() + i * a.cap_att, as);
+      ops::rope_backward(dqkv, a.rope_cos.data(), a.rope_sin.data(), B, T, as.H, as.hd, QKV, 0);
+      ops::rope_backward(dqkv + HD, a.rope_cos.data(), a.rope_sin.data(), B, T, as.Hkv, as.hd,
+                         QKV, 0);
+      float* dxn = zeroed(a.d_c, N * d);
+      ops::matmul_backward(dxn, grad_of(w.wqkv), dqkv, a.xn_att.data() + i * N * d, w.wqkv, N, d,
+                           QKV);
+      float* dx = router_->grad_input_slot(l);
+      ops::rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router_->input(l), w.attn_norm,
+                            a.rstd_att.data() + i * N, N, d);
+      router_->commit_grad_input(l);
+    }
+  }
+  ops::embedding_backward(grad_of(wte), router_->grad_embedding(), a.tokens.data(), N, d);
+}
+
+int64_t Model::activation_bytes() const {
+  const Acts& a = *acts_;
+  int64_t n = 0;
+  for (const auto* v : {&a.emb, &a.xn_att, &a.rstd_att, &a.qkv, &a.att, &a.atty, &a.xn_mlp,
+                        &a.rstd_mlp, &a.h13, &a.gate, &a.xf, &a.rstd_f, &a.logits, &a.lse, &a.d_a,
+                        &a.d_b, &a.d_c, &a.d_att}) {
+    n += static_cast<int64_t>(v->size() * sizeof(float));
+  }
+  return n + router_->activation_bytes(a.cap_rows);
+}
+
+}  // namespace attnres

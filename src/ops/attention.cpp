@@ -1,0 +1,200 @@
+// Causal multi-head self-attention with grouped-query heads: query head h reads kv head
+// h / (H / Hkv). Scores are scaled by 1/sqrt(hd) (SPEC section 1 / issue contract).
+//
+// The fast path runs per (batch, head) GEMMs through sgemm and materialises the (T,T) probability
+// matrix for backward; the reference path is plain loops. A streaming (flash-style) kernel that
+// skips the masked half is planned with the performance work.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/blas.hpp"
+#include "ops/ops.hpp"
+
+namespace attnres::ops {
+
+namespace {
+
+// Row-wise causal softmax of A (T,T) in place: row t keeps columns [0, t], zero elsewhere.
+void causal_softmax_rows(float* A, int64_t T) {
+  for (int64_t t = 0; t < T; t++) {
+    float* row = A + t * T;
+    float mx = row[0];
+    for (int64_t s = 1; s <= t; s++) mx = std::max(mx, row[s]);
+    float sum = 0.0f;
+    for (int64_t s = 0; s <= t; s++) {
+      row[s] = std::exp(row[s] - mx);
+      sum += row[s];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t s = 0; s <= t; s++) row[s] *= inv;
+    for (int64_t s = t + 1; s < T; s++) row[s] = 0.0f;
+  }
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* att, const float* qkv, const AttnShape& s) {
+  const int64_t T = s.T, H = s.H, hd = s.hd, ld = s.ld(), HD = H * hd, grp = H / s.Hkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (int64_t b = 0; b < s.B; b++) {
+    for (int64_t h = 0; h < H; h++) {
+      const float* base = qkv + b * T * ld;
+      const float* q = base + h * hd;
+      const float* k = base + (H + h / grp) * hd;
+      const float* v = base + (H + s.Hkv + h / grp) * hd;
+      float* A = att + (b * H + h) * T * T;
+      sgemm(false, true, T, T, hd, scale, q, ld, k, ld, 0.0f, A, T);  // A (T,T) = q k^T * scale
+      causal_softmax_rows(A, T);
+      sgemm(false, false, T, hd, T, 1.0f, A, T, v, ld, 0.0f, out + b * T * HD + h * hd, HD);
+    }
+  }
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, const AttnShape& s) {
+  const int64_t T = s.T, H = s.H, Hkv = s.Hkv, hd = s.hd, ld = s.ld(), HD = H * hd,
+                grp = H / Hkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Parallel over (batch, kv head): the query heads of one group all add into the same dk/dv.
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+  for (int64_t b = 0; b < s.B; b++) {
+    for (int64_t j = 0; j < Hkv; j++) {
+      const float* base = qkv + b * T * ld;
+      float* dbase = dqkv + b * T * ld;
+      const float* k = base + (H + j) * hd;
+      const float* v = base + (H + Hkv + j) * hd;
+      float* dk = dbase + (H + j) * hd;
+      float* dv = dbase + (H + Hkv + j) * hd;
+      for (int64_t h = j * grp; h < (j + 1) * grp; h++) {
+        const float* q = base + h * hd;
+        float* dq = dbase + h * hd;
+        const float* A = att + (b * H + h) * T * T;
+        const float* dO = dout + b * T * HD + h * hd;
+        float* dA = scratch + (b * H + h) * T * T;
+        sgemm(false, true, T, T, hd, 1.0f, dO, HD, v, ld, 0.0f, dA, T);   // dA = dO v^T
+        sgemm(true, false, T, hd, T, 1.0f, A, T, dO, HD, 1.0f, dv, ld);   // dv += A^T dO
+        for (int64_t t = 0; t < T; t++) {  // softmax backward, masked entries stay zero
+          const float* a = A + t * T;
+          float* d = dA + t * T;
+          float dot = 0.0f;
+          for (int64_t u = 0; u <= t; u++) dot += a[u] * d[u];
+          for (int64_t u = 0; u <= t; u++) d[u] = a[u] * (d[u] - dot) * scale;
+          for (int64_t u = t + 1; u < T; u++) d[u] = 0.0f;
+        }
+        sgemm(false, false, T, hd, T, 1.0f, dA, T, k, ld, 1.0f, dq, ld);  // dq += dS k
+        sgemm(true, false, T, hd, T, 1.0f, dA, T, q, ld, 1.0f, dk, ld);   // dk += dS^T q
+      }
+    }
+  }
+}
+
+void attention_forward_reference(float* out, float* att, const float* qkv, const AttnShape& s) {
+  const int64_t T = s.T, H = s.H, hd = s.hd, ld = s.ld(), HD = H * hd, grp = H / s.Hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<double> p(T);
+  for (int64_t b = 0; b < s.B; b++) {
+    for (int64_t h = 0; h < H; h++) {
+      for (int64_t t = 0; t < T; t++) {
+        const float* q = qkv + (b * T + t) * ld + h * hd;
+        double mx = -1e300;
+        for (int64_t u = 0; u <= t; u++) {
+          const float* k = qkv + (b * T + u) * ld + (H + h / grp) * hd;
+          double dot = 0.0;
+          for (int64_t i = 0; i < hd; i++) dot += static_cast<double>(q[i]) * k[i];
+          p[u] = dot * scale;
+          mx = std::max(mx, p[u]);
+        }
+        double sum = 0.0;
+        for (int64_t u = 0; u <= t; u++) sum += (p[u] = std::exp(p[u] - mx));
+        float* A = att + ((b * H + h) * T + t) * T;
+        for (int64_t u = 0; u < T; u++) A[u] = u <= t ? static_cast<float>(p[u] / sum) : 0.0f;
+        float* o = out + (b * T + t) * HD + h * hd;
+        for (int64_t i = 0; i < hd; i++) {
+          double acc = 0.0;
+          for (int64_t u = 0; u <= t; u++) {
+            acc += p[u] / sum * qkv[(b * T + u) * ld + (H + s.Hkv + h / grp) * hd + i];
+          }
+          o[i] = static_cast<float>(acc);
+        }
+      }
+    }
+  }
+}
+
+void attention_backward_reference(float* dqkv, const float* dout, const float* qkv,
+                                  const float* att, const AttnShape& s) {
+  const int64_t T = s.T, H = s.H, hd = s.hd, ld = s.ld(), HD = H * hd, grp = H / s.Hkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<double> dA(T);
+  for (int64_t b = 0; b < s.B; b++) {
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t ko = (H + h / grp) * hd, vo = (H + s.Hkv + h / grp) * hd;
+      for (int64_t t = 0; t < T; t++) {
+        const float* A = att + ((b * H + h) * T + t) * T;
+        const float* dO = dout + (b * T + t) * HD + h * hd;
+        double dot = 0.0;
+        for (int64_t u = 0; u <= t; u++) {
+          const float* v = qkv + (b * T + u) * ld + vo;
+          float* dv = dqkv + (b * T + u) * ld + vo;
+          double d = 0.0;
+          for (int64_t i = 0; i < hd; i++) {
+            d += static_cast<double>(dO[i]) * v[i];
+            dv[i] += A[u] * dO[i];
+          }
+          dA[u] = d;
+          dot += A[u] * d;
+        }
+        const float* q = qkv + (b * T + t) * ld + h * hd;
+        float* dq = dqkv + (b * T + t) * ld + h * hd;
+        for (int64_t u = 0; u <= t; u++) {
+          const double ds = A[u] * (dA[u] - dot) * scale;
+          const float* k = qkv + (b * T + u) * ld + ko;
+          float* dk = dqkv + (b * T + u) * ld + ko;
+          for (int64_t i = 0; i < hd; i++) {
+            dq[i] += static_cast<float>(ds * k[i]);
+            dk[i] += static_cast<float>(ds * q[i]);
+          }
+        }
+      }
+    }
+  }
+}
+
+void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
+                      int64_t pos0, int64_t H, int64_t Hkv, int64_t hd) {
+  const int64_t grp = H / Hkv, kvld = Hkv * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+#pragma omp parallel
+  {
+    std::vector<float> sc(pos0 + n);
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t t = 0; t < n; t++) {
+      for (int64_t h = 0; h < H; h++) {
+        const int64_t P = pos0 + t + 1;  // keys visible to this query
+        const float* qh = q + (t * H + h) * hd;
+        const int64_t j = h / grp;
+        float mx = -INFINITY;
+        for (int64_t u = 0; u < P; u++) {
+          const float* k = kc + u * kvld + j * hd;
+          float dot = 0.0f;
+          for (int64_t i = 0; i < hd; i++) dot += qh[i] * k[i];
+          sc[u] = dot * scale;
+          mx = std::max(mx, sc[u]);
+        }
+        float sum = 0.0f;
+        for (int64_t u = 0; u < P; u++) sum += (sc[u] = std::exp(sc[u] - mx));
+        float* o = out + (t * H + h) * hd;
+        for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int64_t u = 0; u < P; u++) {
+          const float w = sc[u] / sum;
+          const float* v = vc + u * kvld + j * hd;
+          for (int64_t i = 0; i < hd; i++) o[i] += w * v[i];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace attnres::ops

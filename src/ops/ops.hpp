@@ -1,0 +1,79 @@
+// Ops: plain forward/backward function pairs on host fp32 buffers, llm.c style.
+//
+// Conventions: N = B*T rows (tokens), C = width. Shapes are given in comments; all buffers are
+// dense row-major unless a row stride ("ld") is passed. Every backward ACCUMULATES (+=) into the
+// gradients of its inputs and parameters: in the AttnRes modes one source feeds many readers.
+// Every op with an optimised path keeps a `_reference` version beside it; tests compare them.
+#pragma once
+
+#include <cstdint>
+
+namespace attnres::ops {
+
+// ---- embedding (embedding.cpp) ----
+// out (N,C) = wte[ids[n]]
+void embedding_forward(float* out, const int32_t* ids, const float* wte, int64_t N, int64_t C);
+// dwte (V,C) += scatter of dout (N,C) by ids
+void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N, int64_t C);
+
+// ---- rmsnorm (rmsnorm.cpp) ----  y = x * rsqrt(mean(x^2) + eps) * g
+// out (N,C), rstd (N) saved for backward, inp (N,C), g (C)
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,
+                     int64_t C, float eps);
+// dinp (N,C) +=, dg (C) +=, from dout (N,C), inp (N,C), g (C), rstd (N)
+void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
+                      const float* rstd, int64_t N, int64_t C);
+
+// ---- matmul (matmul.cpp) ----  Linear layer without bias; weights stored (OC, IC).
+// out (N,OC) = inp (N,IC) @ w^T     (accumulate=false overwrites, true adds)
+void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
+                    int64_t OC, bool accumulate = false);
+// dinp (N,IC) += dout @ w ; dw (OC,IC) += dout^T @ inp. Either may be null to skip it.
+void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                     int64_t N, int64_t IC, int64_t OC);
+
+// ---- rope (rope.cpp) ----  rotate-half (GPT-NeoX / HF Llama) layout.
+// Table of cos/sin: (T_max, hd/2) each, angle = p * theta^(-2i/hd).
+void rope_table(float* cos_t, float* sin_t, int64_t T_max, int64_t hd, double theta);
+// In place on x: rows n = b*T + t hold n_heads heads of hd at x + n*ld + h*hd; position pos0 + t.
+void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
+                  int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0);
+// In place on the gradient dx (the inverse rotation: RoPE is orthogonal).
+void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
+                   int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0);
+
+// ---- causal self-attention (attention.cpp) ----
+// qkv (B,T,ld) holds per row q (H,hd) at offset 0, k (Hkv,hd) at H*hd, v (Hkv,hd) at (H+Hkv)*hd.
+// out (B,T,H*hd); att (B,H,T,T) softmax probabilities saved for backward (upper triangle zero).
+struct AttnShape {
+  int64_t B, T, H, Hkv, hd;
+  int64_t ld() const { return (H + 2 * Hkv) * hd; }
+};
+void attention_forward(float* out, float* att, const float* qkv, const AttnShape& s);
+void attention_forward_reference(float* out, float* att, const float* qkv, const AttnShape& s);
+// dqkv (B,T,ld) +=, from dout (B,T,H*hd), qkv, att. scratch: (B,H,T,T) floats.
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, const AttnShape& s);
+void attention_backward_reference(float* dqkv, const float* dout, const float* qkv,
+                                  const float* att, const AttnShape& s);
+// Decoding with a KV cache: q (n,H,hd) for positions pos0..pos0+n-1 attends to kc/vc
+// (T_cache,Hkv,hd) rows 0..pos0+t. out (n,H*hd). scores: scratch of (pos0+n) floats per thread.
+void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
+                      int64_t pos0, int64_t H, int64_t Hkv, int64_t hd);
+
+// ---- swiglu (swiglu.cpp) ----  out = silu(h1) * h3
+// h13 (N,2F): h1 in columns [0,F), h3 in [F,2F) (one GEMM against the stacked [w1; w3]).
+void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F);
+// dh13 (N,2F) +=, from dout (N,F), h13.
+void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N, int64_t F);
+
+// ---- cross-entropy (cross_entropy.cpp) ----  fused log-softmax + negative log-likelihood
+// losses (N) = -log softmax(logits)[target]; lse (N) log-sum-exp saved for backward. Returns mean.
+double cross_entropy_forward(float* losses, float* lse, const float* logits,
+                             const int32_t* targets, int64_t N, int64_t V);
+// dlogits (N,V) = (softmax - onehot) * dloss. Writes (not accumulates): dlogits may alias logits
+// (the logits are dead after the loss), which saves a (N,V) buffer.
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, int64_t N, int64_t V, float dloss);
+
+}  // namespace attnres::ops

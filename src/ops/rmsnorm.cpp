@@ -1,0 +1,45 @@
+// RMSNorm (SPEC section 1): y = x * rsqrt(mean(x^2) + eps) * g.
+#include <cmath>
+
+#include "ops/ops.hpp"
+
+namespace attnres::ops {
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,
+                     int64_t C, float eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const float* x = inp + n * C;
+    float* y = out + n * C;
+    float ss = 0.0f;
+    for (int64_t c = 0; c < C; c++) ss += x[c] * x[c];
+    float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+    if (rstd) rstd[n] = r;
+    for (int64_t c = 0; c < C; c++) y[c] = x[c] * r * g[c];
+  }
+}
+
+// With xhat = x * r: dx = r * (g*dy - xhat * mean(g*dy * xhat)); dg = sum_n dy * xhat.
+void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
+                      const float* rstd, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const float* x = inp + n * C;
+    const float* dy = dout + n * C;
+    float* dx = dinp + n * C;
+    const float r = rstd[n];
+    float dot = 0.0f;
+    for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
+    const float k = dot * r * r / static_cast<float>(C);  // mean(g dy xhat) / r, folded
+    for (int64_t c = 0; c < C; c++) dx[c] += r * (g[c] * dy[c] - x[c] * k);
+  }
+  // dg reduces over rows: parallelise over columns instead so threads never share an element.
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; c++) {
+    float acc = 0.0f;
+    for (int64_t n = 0; n < N; n++) acc += dout[n * C + c] * inp[n * C + c] * rstd[n];
+    dg[c] += acc;
+  }
+}
+
+}  // namespace attnres::ops

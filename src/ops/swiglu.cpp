@@ -1,0 +1,39 @@
+// SwiGLU gate: out = silu(h1) * h3 with silu(x) = x * sigmoid(x).
+#include <cmath>
+
+#include "ops/ops.hpp"
+
+namespace attnres::ops {
+
+void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const float* h1 = h13 + n * 2 * F;
+    const float* h3 = h1 + F;
+    float* o = out + n * F;
+    for (int64_t f = 0; f < F; f++) {
+      const float sig = 1.0f / (1.0f + std::exp(-h1[f]));
+      o[f] = h1[f] * sig * h3[f];
+    }
+  }
+}
+
+// d silu(x)/dx = sig * (1 + x * (1 - sig))
+void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    const float* h1 = h13 + n * 2 * F;
+    const float* h3 = h1 + F;
+    const float* d = dout + n * F;
+    float* d1 = dh13 + n * 2 * F;
+    float* d3 = d1 + F;
+    for (int64_t f = 0; f < F; f++) {
+      const float sig = 1.0f / (1.0f + std::exp(-h1[f]));
+      const float silu = h1[f] * sig;
+      d1[f] += d[f] * h3[f] * sig * (1.0f + h1[f] * (1.0f - sig));
+      d3[f] += d[f] * silu;
+    }
+  }
+}
+
+}  // namespace attnres::ops

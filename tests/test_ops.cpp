@@ -1,0 +1,233 @@
+// Every op: backward vs central finite differences, backward accumulates (+=), and every fast
+// kernel vs its reference. One table row per (op, input).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/blas.hpp"
+#include "ops/ops.hpp"
+#include "test_util.hpp"
+
+using namespace attnres;
+using attnres::testing::dot;
+using attnres::testing::fd_check;
+using attnres::testing::randn;
+using attnres::testing::rel_diff;
+
+namespace {
+constexpr double kTol = 2e-2;  // fp32 forward, fp64 differences with eps = 1e-3
+}
+
+TEST(Ops, SgemmMatchesReferenceAllTransposes) {
+  const int64_t M = 37, N = 29, K = 45;
+  for (int ta = 0; ta < 2; ta++) {
+    for (int tb = 0; tb < 2; tb++) {
+      auto A = randn(M * K, 1), B = randn(K * N, 2), C0 = randn(M * N, 3);
+      auto C1 = C0, C2 = C0;
+      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      sgemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 1.0f, C1.data(), N);
+      sgemm_reference(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 1.0f, C2.data(), N);
+      EXPECT_LT(rel_diff(C1.data(), C2.data(), M * N), 1e-5) << "ta=" << ta << " tb=" << tb;
+    }
+  }
+}
+
+TEST(Ops, EmbeddingGradient) {
+  const int64_t V = 11, C = 6, N = 9;
+  std::vector<int32_t> ids = {3, 1, 3, 0, 10, 3, 7, 1, 2};  // repeats must accumulate
+  auto wte = randn(V * C, 1), R = randn(N * C, 2);
+  std::vector<float> out(N * C), dwte(V * C, 0.0f);
+  auto loss = [&] {
+    ops::embedding_forward(out.data(), ids.data(), wte.data(), N, C);
+    return dot(out.data(), R.data(), N * C);
+  };
+  ops::embedding_backward(dwte.data(), R.data(), ids.data(), N, C);
+  EXPECT_LT(fd_check(loss, wte.data(), V * C, dwte.data(), 1e-3, 1000), kTol);
+}
+
+TEST(Ops, RmsNormGradient) {
+  const int64_t N = 5, C = 16;
+  auto x = randn(N * C, 1, 3.0), g = randn(C, 2), R = randn(N * C, 3);
+  std::vector<float> out(N * C), rstd(N), dx(N * C, 0.0f), dg(C, 0.0f);
+  const float eps = 1e-5f;
+  auto loss = [&] {
+    ops::rmsnorm_forward(out.data(), rstd.data(), x.data(), g.data(), N, C, eps);
+    return dot(out.data(), R.data(), N * C);
+  };
+  loss();
+  ops::rmsnorm_backward(dx.data(), dg.data(), R.data(), x.data(), g.data(), rstd.data(), N, C);
+  EXPECT_LT(fd_check(loss, x.data(), N * C, dx.data()), kTol);
+  EXPECT_LT(fd_check(loss, g.data(), C, dg.data()), kTol);
+  // Forward against the formula in double (recompute: fd_check left `out` at a perturbed point).
+  loss();
+  for (int64_t n = 0; n < N; n++) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; c++) ss += double(x[n * C + c]) * x[n * C + c];
+    const double r = 1.0 / std::sqrt(ss / C + eps);
+    for (int64_t c = 0; c < C; c++) EXPECT_NEAR(out[n * C + c], x[n * C + c] * r * g[c], 1e-5);
+  }
+}
+
+TEST(Ops, MatmulGradient) {
+  const int64_t N = 7, IC = 13, OC = 9;
+  auto x = randn(N * IC, 1), w = randn(OC * IC, 2), R = randn(N * OC, 3);
+  std::vector<float> out(N * OC), dx(N * IC, 0.0f), dw(OC * IC, 0.0f);
+  auto loss = [&] {
+    ops::matmul_forward(out.data(), x.data(), w.data(), N, IC, OC);
+    return dot(out.data(), R.data(), N * OC);
+  };
+  ops::matmul_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), N, IC, OC);
+  EXPECT_LT(fd_check(loss, x.data(), N * IC, dx.data()), kTol);
+  EXPECT_LT(fd_check(loss, w.data(), OC * IC, dw.data()), kTol);
+}
+
+TEST(Ops, RopeGradientAndInverse) {
+  const int64_t B = 2, T = 5, H = 3, hd = 8, ld = H * hd + 4;  // padded rows: ld > H*hd
+  std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
+  ops::rope_table(cs.data(), sn.data(), T, hd, 10000.0);
+  auto x = randn(B * T * ld, 1), R = randn(B * T * ld, 2);
+  auto loss = [&] {
+    auto y = x;
+    ops::rope_forward(y.data(), cs.data(), sn.data(), B, T, H, hd, ld, 0);
+    return dot(y.data(), R.data(), B * T * ld);
+  };
+  auto dx = R;  // the gradient of a rotation is the inverse rotation of dout
+  ops::rope_backward(dx.data(), cs.data(), sn.data(), B, T, H, hd, ld, 0);
+  EXPECT_LT(fd_check(loss, x.data(), B * T * ld, dx.data()), kTol);
+  // Position 0 is the identity; position p rotates pair (i, i+hd/2) by p * theta^(-2i/hd).
+  auto y = x;
+  ops::rope_forward(y.data(), cs.data(), sn.data(), B, T, H, hd, ld, 0);
+  for (int64_t i = 0; i < H * hd; i++) EXPECT_EQ(y[i], x[i]);
+  const int64_t t = 3, i = 1;
+  const double a = t * std::pow(10000.0, -2.0 * i / hd);
+  const float x1 = x[t * ld + i], x2 = x[t * ld + i + hd / 2];
+  EXPECT_NEAR(y[t * ld + i], x1 * std::cos(a) - x2 * std::sin(a), 1e-5);
+  EXPECT_NEAR(y[t * ld + i + hd / 2], x2 * std::cos(a) + x1 * std::sin(a), 1e-5);
+}
+
+struct AttnCase {
+  int64_t B, T, H, Hkv, hd;
+};
+
+class AttentionOps : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionOps, FastMatchesReferenceAndGradient) {
+  const AttnCase c = GetParam();
+  const ops::AttnShape s{c.B, c.T, c.H, c.Hkv, c.hd};
+  const int64_t N = c.B * c.T, HD = c.H * c.hd, att_n = c.B * c.H * c.T * c.T;
+  auto qkv = randn(N * s.ld(), 1), R = randn(N * HD, 2);
+  std::vector<float> o1(N * HD), o2(N * HD), a1(att_n), a2(att_n);
+  ops::attention_forward(o1.data(), a1.data(), qkv.data(), s);
+  ops::attention_forward_reference(o2.data(), a2.data(), qkv.data(), s);
+  EXPECT_LT(rel_diff(o1.data(), o2.data(), N * HD), 1e-5);
+  EXPECT_LT(rel_diff(a1.data(), a2.data(), att_n), 1e-5);
+
+  std::vector<float> d1(N * s.ld(), 0.5f), d2(N * s.ld(), 0.5f), scratch(att_n);  // += check
+  ops::attention_backward(d1.data(), scratch.data(), R.data(), qkv.data(), a1.data(), s);
+  ops::attention_backward_reference(d2.data(), R.data(), qkv.data(), a2.data(), s);
+  EXPECT_LT(rel_diff(d1.data(), d2.data(), N * s.ld()), 1e-5);
+  for (auto& v : d1) v -= 0.5f;
+  auto loss = [&] {
+    ops::attention_forward_reference(o2.data(), a2.data(), qkv.data(), s);
+    return dot(o2.data(), R.data(), N * HD);
+  };
+  EXPECT_LT(fd_check(loss, qkv.data(), N * s.ld(), d1.data(), 1e-3, 96), kTol);
+
+  // Causality: changing the last token's q/k/v must not change earlier outputs.
+  auto q2 = qkv;
+  for (int64_t b = 0; b < c.B; b++) {
+    for (int64_t j = 0; j < s.ld(); j++) q2[(b * c.T + c.T - 1) * s.ld() + j] += 1.0f;
+  }
+  ops::attention_forward(o2.data(), a2.data(), q2.data(), s);
+  for (int64_t b = 0; b < c.B; b++) {
+    for (int64_t t = 0; t + 1 < c.T; t++) {
+      for (int64_t j = 0; j < HD; j++) {
+        ASSERT_EQ(o1[(b * c.T + t) * HD + j], o2[(b * c.T + t) * HD + j]);
+      }
+    }
+  }
+}
+
+TEST_P(AttentionOps, DecodeMatchesFullForward) {
+  const AttnCase c = GetParam();
+  const ops::AttnShape s{1, c.T, c.H, c.Hkv, c.hd};
+  const int64_t T = c.T, HD = c.H * c.hd, KV = c.Hkv * c.hd;
+  auto qkv = randn(T * s.ld(), 3);
+  std::vector<float> full(T * HD), att(c.H * T * T);
+  ops::attention_forward(full.data(), att.data(), qkv.data(), s);
+  std::vector<float> kc(T * KV), vc(T * KV), q(T * HD), out(T * HD);
+  for (int64_t t = 0; t < T; t++) {
+    std::copy_n(qkv.data() + t * s.ld(), HD, q.data() + t * HD);
+    std::copy_n(qkv.data() + t * s.ld() + HD, KV, kc.data() + t * KV);
+    std::copy_n(qkv.data() + t * s.ld() + HD + KV, KV, vc.data() + t * KV);
+  }
+  const int64_t split = T / 2;  // a "prefill" chunk, then one token at a time
+  ops::attention_decode(out.data(), q.data(), kc.data(), vc.data(), split, 0, c.H, c.Hkv, c.hd);
+  for (int64_t t = split; t < T; t++) {
+    ops::attention_decode(out.data() + t * HD, q.data() + t * HD, kc.data(), vc.data(), 1, t, c.H,
+                          c.Hkv, c.hd);
+  }
+  EXPECT_LT(rel_diff(out.data(), full.data(), T * HD), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionOps,
+                         ::testing::Values(AttnCase{2, 5, 2, 2, 4}, AttnCase{1, 7, 4, 2, 6},
+                                           AttnCase{2, 9, 6, 1, 4}, AttnCase{1, 1, 2, 1, 4}));
+
+TEST(Ops, SwigluGradient) {
+  const int64_t N = 4, F = 10;
+  auto h13 = randn(N * 2 * F, 1, 2.0), R = randn(N * F, 2);
+  std::vector<float> out(N * F), dh(N * 2 * F, 0.0f);
+  auto loss = [&] {
+    ops::swiglu_forward(out.data(), h13.data(), N, F);
+    return dot(out.data(), R.data(), N * F);
+  };
+  ops::swiglu_backward(dh.data(), R.data(), h13.data(), N, F);
+  EXPECT_LT(fd_check(loss, h13.data(), N * 2 * F, dh.data(), 1e-3, 200), kTol);
+  loss();
+  const float x = h13[0], gte = h13[F];
+  EXPECT_NEAR(out[0], x / (1 + std::exp(-x)) * gte, 1e-5);
+}
+
+TEST(Ops, CrossEntropyGradientAndValue) {
+  const int64_t N = 6, V = 17;
+  auto z = randn(N * V, 1, 3.0);
+  std::vector<int32_t> tg = {0, 16, 3, 3, 8, 11};
+  std::vector<float> lse(N), losses(N), dz(N * V);
+  auto loss = [&] { return ops::cross_entropy_forward(nullptr, lse.data(), z.data(), tg.data(), N, V); };
+  const double mean = ops::cross_entropy_forward(losses.data(), lse.data(), z.data(), tg.data(), N, V);
+  ops::cross_entropy_backward(dz.data(), z.data(), lse.data(), tg.data(), N, V, 1.0f / N);
+  EXPECT_LT(fd_check(loss, z.data(), N * V, dz.data(), 1e-3, 200), kTol);
+  double m = 0;
+  for (int64_t n = 0; n < N; n++) {
+    double s = 0;
+    for (int64_t v = 0; v < V; v++) s += std::exp(double(z[n * V + v]));
+    const double l = std::log(s) - z[n * V + tg[n]];
+    EXPECT_NEAR(losses[n], l, 1e-5);
+    m += l / N;
+  }
+  EXPECT_NEAR(mean, m, 1e-6);
+  // Large logits must not overflow.
+  std::vector<float> big = {1000.0f, 0.0f, -1000.0f};
+  int32_t t0 = 0;
+  float l1;
+  EXPECT_NEAR(ops::cross_entropy_forward(nullptr, &l1, big.data(), &t0, 1, 3), 0.0, 1e-6);
+}
+
+TEST(Ops, BackwardAccumulates) {
+  // Each backward must add to what the gradient buffer already holds.
+  const int64_t N = 3, C = 8;
+  auto x = randn(N * C, 1), g = randn(C, 2), R = randn(N * C, 3);
+  std::vector<float> out(N * C), rstd(N), dx0(N * C, 0.0f), dg0(C, 0.0f), dx1(N * C, 1.0f),
+      dg1(C, 2.0f);
+  ops::rmsnorm_forward(out.data(), rstd.data(), x.data(), g.data(), N, C, 1e-5f);
+  ops::rmsnorm_backward(dx0.data(), dg0.data(), R.data(), x.data(), g.data(), rstd.data(), N, C);
+  ops::rmsnorm_backward(dx1.data(), dg1.data(), R.data(), x.data(), g.data(), rstd.data(), N, C);
+  for (int64_t i = 0; i < N * C; i++) EXPECT_NEAR(dx1[i], dx0[i] + 1.0f, 1e-5);
+  for (int64_t i = 0; i < C; i++) EXPECT_NEAR(dg1[i], dg0[i] + 2.0f, 1e-5);
+  std::vector<float> h13 = randn(N * 2 * C, 4), dh0(N * 2 * C, 0.0f), dh1(N * 2 * C, 1.0f);
+  ops::swiglu_backward(dh0.data(), R.data(), h13.data(), N, C);
+  ops::swiglu_backward(dh1.data(), R.data(), h13.data(), N, C);
+  for (int64_t i = 0; i < N * 2 * C; i++) EXPECT_NEAR(dh1[i], dh0[i] + 1.0f, 1e-5);
+}

@@ -1,0 +1,67 @@
+// Shared test helpers: random buffers and finite-difference gradient checking.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/rng.hpp"
+
+namespace attnres::testing {
+
+inline std::vector<float> randn(int64_t n, uint64_t seed, double scale = 1.0) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(scale * r.normal());
+  return v;
+}
+
+// Relative difference of two vectors: ||a-b|| / max(||a||, ||b||, floor).
+inline double rel_diff(const float* a, const float* b, int64_t n, double floor = 1e-12) {
+  double num = 0, na = 0, nb = 0;
+  for (int64_t i = 0; i < n; i++) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    na += double(a[i]) * a[i];
+    nb += double(b[i]) * b[i];
+  }
+  return std::sqrt(num) / std::max({std::sqrt(na), std::sqrt(nb), floor});
+}
+
+// Central finite differences of loss() w.r.t. up to max_checks coordinates of x (chosen at random),
+// compared with analytic[]. Returns ||fd - an|| / max(||fd||, ||an||) over those coordinates.
+inline double fd_check(const std::function<double()>& loss, float* x, int64_t n,
+                       const float* analytic, double eps = 1e-3, int max_checks = 48,
+                       uint64_t seed = 7) {
+  Rng r(seed);
+  std::vector<int64_t> idx;
+  if (n <= max_checks) {
+    for (int64_t i = 0; i < n; i++) idx.push_back(i);
+  } else {
+    for (int k = 0; k < max_checks; k++) idx.push_back(static_cast<int64_t>(r.next_u64() % n));
+  }
+  std::vector<float> fd, an;
+  for (int64_t i : idx) {
+    const float x0 = x[i];
+    x[i] = static_cast<float>(x0 + eps);
+    const double lp = loss();
+    x[i] = static_cast<float>(x0 - eps);
+    const double lm = loss();
+    x[i] = x0;
+    // Divide by the step actually taken (x0 +- eps is rounded to float).
+    const double h = double(static_cast<float>(x0 + eps)) - double(static_cast<float>(x0 - eps));
+    fd.push_back(static_cast<float>((lp - lm) / h));
+    an.push_back(analytic[i]);
+  }
+  return rel_diff(fd.data(), an.data(), static_cast<int64_t>(fd.size()), 1e-6);
+}
+
+// sum_i out[i] * w[i] in double: a scalar loss whose gradient w.r.t. out is w.
+inline double dot(const float* out, const float* w, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; i++) s += double(out[i]) * w[i];
+  return s;
+}
+
+}  // namespace attnres::testing

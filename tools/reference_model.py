@@ -1,0 +1,375 @@
+"""Independent PyTorch reference of the attnres model (float64, functional).
+
+This file restates /work/shared/SPEC.md sections 1-3 in plain PyTorch so that
+the C++ engine can be checked against it.  It deliberately shares no code with
+the engine.  Everything is functional: parameters live in an ordered dict
+``name -> tensor`` keyed by the checkpoint names, and ``forward`` reads them.
+
+Conventions (see tools/README.md for the full list):
+  * all weights are (out_features, in_features); no biases;
+  * RMSNorm(x) = x * rsqrt(mean(x^2) + eps) * g;
+  * attention: GQA with HF ``repeat_kv`` mapping (query head h reads kv head
+    h // (n_head / n_kv_head)), rotate-half RoPE (GPT-NeoX / HF Llama layout),
+    scale 1/sqrt(hd), causal mask;
+  * MLP: SwiGLU  w2(silu(w1 x) * w3 x);
+  * loss: mean cross-entropy over all B*T positions.
+  * sublayers are numbered 0-based here: sublayer 2i is block i's attention,
+    sublayer 2i+1 is block i's MLP (SPEC numbers them 1-based).
+
+Residual paths are pluggable objects with begin(emb) / input(l) / push(l, out)
+/ final():  PreNormResidual (mode "prenorm"), FullAttnRes (mode "full") and
+BlockAttnRes (mode "block", block_size S sublayers per block).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, asdict
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+Params = "OrderedDict[str, torch.Tensor]"
+
+
+@dataclass
+class Config:
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    d_model: int
+    ffn_hidden: int
+    vocab_size: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tied: bool = False
+    residual: str = "prenorm"  # "prenorm" | "full" | "block"
+    block_size: int = 0  # sublayers per block, only for residual == "block"
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def n_sublayer(self) -> int:
+        return 2 * self.n_layer
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        if self.residual != "block":
+            d.pop("block_size")
+        keys = ["n_layer", "n_head", "n_kv_head", "d_model", "ffn_hidden",
+                "vocab_size", "norm_eps", "rope_theta", "tied", "residual"]
+        if "block_size" in d:
+            keys.append("block_size")
+        return json.dumps({k: d[k] for k in keys})
+
+    def validate(self) -> None:
+        assert self.d_model % self.n_head == 0
+        assert self.n_head % self.n_kv_head == 0
+        assert self.head_dim % 2 == 0
+        assert self.residual in ("prenorm", "full", "block")
+        if self.residual == "block":
+            assert self.block_size >= 1
+
+
+# --------------------------------------------------------------------------
+# parameter names and initialisation
+# --------------------------------------------------------------------------
+
+def param_shapes(cfg: Config) -> "OrderedDict[str, tuple]":
+    """Checkpoint name -> shape, in the canonical order used by the fixtures."""
+    d, hd = cfg.d_model, cfg.head_dim
+    s: "OrderedDict[str, tuple]" = OrderedDict()
+    s["tok_embeddings.weight"] = (cfg.vocab_size, d)
+    for i in range(cfg.n_layer):
+        p = f"layers.{i}."
+        if cfg.residual != "prenorm":
+            s[p + "attn_res.query"] = (d,)
+            s[p + "attn_res.key_norm.weight"] = (d,)
+        s[p + "attention_norm.weight"] = (d,)
+        s[p + "attention.wq.weight"] = (cfg.n_head * hd, d)
+        s[p + "attention.wk.weight"] = (cfg.n_kv_head * hd, d)
+        s[p + "attention.wv.weight"] = (cfg.n_kv_head * hd, d)
+        s[p + "attention.wo.weight"] = (d, cfg.n_head * hd)
+        if cfg.residual != "prenorm":
+            s[p + "mlp_res.query"] = (d,)
+            s[p + "mlp_res.key_norm.weight"] = (d,)
+        s[p + "ffn_norm.weight"] = (d,)
+        s[p + "feed_forward.w1.weight"] = (cfg.ffn_hidden, d)
+        s[p + "feed_forward.w2.weight"] = (d, cfg.ffn_hidden)
+        s[p + "feed_forward.w3.weight"] = (cfg.ffn_hidden, d)
+    if cfg.residual != "prenorm":
+        s["out_res.query"] = (d,)
+        s["out_res.key_norm.weight"] = (d,)
+    s["norm.weight"] = (d,)
+    if not cfg.tied:
+        s["output.weight"] = (cfg.vocab_size, d)
+    return s
+
+
+def is_decayed(name: str, shape) -> bool:
+    """AdamW weight-decay group: 2-D weight matrices except the embedding."""
+    return len(shape) == 2 and name != "tok_embeddings.weight"
+
+
+def init_params(cfg: Config, rng: np.random.Generator,
+                attnres_init: str = "paper") -> "OrderedDict[str, torch.Tensor]":
+    """Draw parameters in float64, round to float32, return them as float64.
+
+    Draw order = param_shapes order; for each tensor:
+      tok_embeddings.weight / output.weight ... normal(0, 1) for the embedding,
+                                               normal(0, 1/sqrt(d)) for output
+      2-D linear weights                      normal(0, 1/sqrt(in_features))
+      RMSNorm gains (*norm.weight)            uniform(0.5, 1.5)
+      attn-res query                          0 ("paper") or normal(0, 1/sqrt(d)) ("random")
+      attn-res key_norm.weight                1 ("paper") or uniform(0.5, 1.5) ("random")
+    Constant tensors ("paper" init) consume no random numbers.
+    """
+    cfg.validate()
+    out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+    for name, shape in param_shapes(cfg).items():
+        if name == "tok_embeddings.weight":
+            a = rng.standard_normal(shape)
+        elif name.endswith(".query"):
+            if attnres_init == "paper":
+                a = np.zeros(shape)
+            else:
+                a = rng.standard_normal(shape) / math.sqrt(cfg.d_model)
+        elif name.endswith("key_norm.weight"):
+            if attnres_init == "paper":
+                a = np.ones(shape)
+            else:
+                a = rng.uniform(0.5, 1.5, shape)
+        elif name.endswith("norm.weight"):
+            a = rng.uniform(0.5, 1.5, shape)
+        else:
+            assert len(shape) == 2, name
+            a = rng.standard_normal(shape) / math.sqrt(shape[1])
+        a32 = np.asarray(a, dtype=np.float64).astype(np.float32)
+        out[name] = torch.from_numpy(a32.astype(np.float64))
+    return out
+
+
+# --------------------------------------------------------------------------
+# building blocks
+# --------------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * g
+
+
+def rope_cos_sin(T: int, hd: int, theta: float, dtype=torch.float64):
+    """cos/sin tables (T, hd), rotate-half layout (per-i value repeated in both halves)."""
+    i = torch.arange(hd // 2, dtype=dtype)
+    freq = theta ** (-2.0 * i / hd)
+    pos = torch.arange(T, dtype=dtype)
+    ang = pos[:, None] * freq[None, :]  # (T, hd/2)
+    ang = torch.cat([ang, ang], dim=-1)  # (T, hd)
+    return torch.cos(ang), torch.sin(ang)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (..., T, hd); cos/sin (T, hd)."""
+    return x * cos + rotate_half(x) * sin
+
+
+def attention(x: torch.Tensor, P, pre: str, cfg: Config) -> torch.Tensor:
+    B, T, d = x.shape
+    H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    q = (x @ P[pre + "wq.weight"].T).view(B, T, H, hd).transpose(1, 2)
+    k = (x @ P[pre + "wk.weight"].T).view(B, T, Hkv, hd).transpose(1, 2)
+    v = (x @ P[pre + "wv.weight"].T).view(B, T, Hkv, hd).transpose(1, 2)
+    cos, sin = rope_cos_sin(T, hd, cfg.rope_theta, x.dtype)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    n_rep = H // Hkv
+    k = k.repeat_interleave(n_rep, dim=1)  # head h -> kv head h // n_rep
+    v = v.repeat_interleave(n_rep, dim=1)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)  # (B,H,T,T)
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    att = torch.softmax(scores, dim=-1)
+    o = (att @ v).transpose(1, 2).reshape(B, T, H * hd)
+    return o @ P[pre + "wo.weight"].T
+
+
+def mlp(x: torch.Tensor, P, pre: str) -> torch.Tensor:
+    a = x @ P[pre + "w1.weight"].T
+    b = x @ P[pre + "w3.weight"].T
+    return (F.silu(a) * b) @ P[pre + "w2.weight"].T
+
+
+# --------------------------------------------------------------------------
+# residual paths
+# --------------------------------------------------------------------------
+
+def sublayer_prefix(l: int) -> str:
+    """0-based sublayer index -> parameter prefix of its attn-res mix."""
+    return f"layers.{l // 2}." + ("attn_res." if l % 2 == 0 else "mlp_res.")
+
+
+def depth_mix(sources: List[torch.Tensor], w: torch.Tensor, g: torch.Tensor,
+              eps: float) -> torch.Tensor:
+    """softmax-over-depth mix (SPEC 2): keys RMSNorm(v_i; g), score w.k_i, values raw v_i."""
+    V = torch.stack(sources, dim=0)  # (n, B, T, d)
+    K = rms_norm(V, g, eps)
+    s = (K * w).sum(dim=-1)  # (n, B, T)
+    a = torch.softmax(s, dim=0)
+    return (a.unsqueeze(-1) * V).sum(dim=0)
+
+
+class PreNormResidual:
+    """Standard residual: x_l = v_0 + ... + v_{l-1}; final = v_0 + ... + v_L."""
+
+    def __init__(self, P, cfg: Config):
+        self.h = None
+
+    def begin(self, emb):
+        self.h = emb
+
+    def input(self, l):
+        return self.h
+
+    def push(self, l, out):
+        self.h = self.h + out
+
+    def final(self):
+        return self.h
+
+
+class FullAttnRes:
+    """SPEC 2: every sublayer mixes all previous raw outputs v_0..v_{l-1}."""
+
+    def __init__(self, P, cfg: Config):
+        self.P, self.eps = P, cfg.norm_eps
+        self.v: List[torch.Tensor] = []
+
+    def begin(self, emb):
+        self.v = [emb]
+
+    def input(self, l):
+        pre = sublayer_prefix(l)
+        return depth_mix(self.v, self.P[pre + "query"], self.P[pre + "key_norm.weight"], self.eps)
+
+    def push(self, l, out):
+        self.v.append(out)
+
+    def final(self):
+        return depth_mix(self.v, self.P["out_res.query"], self.P["out_res.key_norm.weight"], self.eps)
+
+
+class BlockAttnRes:
+    """SPEC 3: sources are [b_0 .. b_{n-1}] (+ partial sum p_n^(i) when i > 0)."""
+
+    def __init__(self, P, cfg: Config):
+        self.P, self.eps, self.S = P, cfg.norm_eps, cfg.block_size
+        self.blocks: List[torch.Tensor] = []
+        self.partial: Optional[torch.Tensor] = None
+
+    def begin(self, emb):
+        self.blocks = [emb]
+        self.partial = None
+
+    def _sources(self):
+        return self.blocks + ([self.partial] if self.partial is not None else [])
+
+    def input(self, l):
+        pre = sublayer_prefix(l)
+        return depth_mix(self._sources(), self.P[pre + "query"], self.P[pre + "key_norm.weight"], self.eps)
+
+    def push(self, l, out):
+        self.partial = out if self.partial is None else self.partial + out
+        if (l + 1) % self.S == 0:
+            self.blocks.append(self.partial)
+            self.partial = None
+
+    def final(self):
+        return depth_mix(self._sources(), self.P["out_res.query"], self.P["out_res.key_norm.weight"], self.eps)
+
+
+def make_residual(P, cfg: Config):
+    return {"prenorm": PreNormResidual, "full": FullAttnRes, "block": BlockAttnRes}[cfg.residual](P, cfg)
+
+
+# --------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------
+
+def forward(P, cfg: Config, tokens: torch.Tensor, residual=None) -> torch.Tensor:
+    """tokens (B,T) int64 -> logits (B,T,V) in the parameters' dtype."""
+    eps = cfg.norm_eps
+    res = residual if residual is not None else make_residual(P, cfg)
+    emb = P["tok_embeddings.weight"][tokens]
+    res.begin(emb)
+    for i in range(cfg.n_layer):
+        pre = f"layers.{i}."
+        l = 2 * i
+        x = res.input(l)
+        out = attention(rms_norm(x, P[pre + "attention_norm.weight"], eps), P, pre + "attention.", cfg)
+        res.push(l, out)
+        x = res.input(l + 1)
+        out = mlp(rms_norm(x, P[pre + "ffn_norm.weight"], eps), P, pre + "feed_forward.")
+        res.push(l + 1, out)
+    h = rms_norm(res.final(), P["norm.weight"], eps)
+    W_out = P["tok_embeddings.weight"] if cfg.tied else P["output.weight"]
+    return h @ W_out.T
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    V = logits.shape[-1]
+    return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), reduction="mean")
+
+
+# --------------------------------------------------------------------------
+# training (AdamW + clipping + warm-up/cosine schedule)
+# --------------------------------------------------------------------------
+
+DEFAULT_TRAIN = {"lr": 0.01, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+                 "weight_decay": 0.1, "grad_clip": 1.0, "warmup_steps": 3,
+                 "total_steps": 10, "min_lr_ratio": 0.1, "schedule": "cosine"}
+
+
+def lr_at(s: int, tr: Dict) -> float:
+    lr, W, S = tr["lr"], tr["warmup_steps"], tr["total_steps"]
+    if s < W:
+        return lr * (s + 1) / W
+    lr_min = lr * tr["min_lr_ratio"]
+    p = (s - W) / max(1, S - W)
+    return lr_min + 0.5 * (lr - lr_min) * (1.0 + math.cos(math.pi * p))
+
+
+def train_adamw(P0, cfg: Config, tokens, targets, tr: Dict = DEFAULT_TRAIN):
+    """Runs tr["total_steps"] AdamW steps on one fixed batch.
+
+    Returns (losses list, final params OrderedDict).  losses[s] is the loss
+    before update s.
+    """
+    P = OrderedDict((n, t.clone().requires_grad_(True)) for n, t in P0.items())
+    decay = [t for n, t in P.items() if is_decayed(n, t.shape)]
+    no_decay = [t for n, t in P.items() if not is_decayed(n, t.shape)]
+    groups = [{"params": decay, "weight_decay": tr["weight_decay"]},
+              {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=tr["lr"], betas=(tr["beta1"], tr["beta2"]),
+                            eps=tr["eps"], weight_decay=tr["weight_decay"],
+                            amsgrad=False, foreach=False)
+    losses = []
+    for s in range(tr["total_steps"]):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(forward(P, cfg, tokens), targets)
+        losses.append(loss.item())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(P.values()), tr["grad_clip"])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(s, tr)
+        opt.step()
+    return losses, OrderedDict((n, t.detach().clone()) for n, t in P.items())
