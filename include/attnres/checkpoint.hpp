@@ -1,0 +1,39 @@
+// attnres/checkpoint.hpp — model and optimizer checkpoints as safetensors files.
+//
+// model.safetensors: every parameter as F32 under its contract name (README "Checkpoints"), and
+// __metadata__ {"format": "attnres-model/1", "config": ModelConfig JSON, "tokenizer": ref, ...}.
+// optimizer.safetensors: "m.<name>" and "v.<name>" moments and metadata {"format":
+// "attnres-optim/1", "adam_steps": t, ...}. Every write is atomic (temp file, fsync, rename).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "attnres/model.hpp"
+#include "attnres/optim.hpp"
+#include "attnres/safetensors.hpp"
+
+namespace attnres {
+
+using Metadata = std::map<std::string, std::string>;
+
+// Writes the model's weights with its config and `meta` (e.g. "tokenizer", "step").
+void save_model(const std::string& path, const Model& model, const Metadata& meta);
+
+// Reads the config from `path`'s metadata, builds the model and loads its weights. Optionally
+// returns the metadata; max_seq_len > 0 overrides the saved context length (RoPE is relative, so
+// a longer context only costs memory). Throws Error naming the file and the problem.
+std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta = nullptr,
+                                  int64_t max_seq_len = 0);
+
+// Copies every parameter of `model` from `r`, checking names, dtypes and shapes. With
+// allow_extra = false, a tensor in the file that the model does not have is an error too (it means
+// the file is from a different configuration).
+void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra = false);
+
+void save_optimizer(const std::string& path, const Model& model, AdamW& opt, const Metadata& meta);
+// Loads moments and the step count into opt; returns the file's metadata.
+Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt);
+
+}  // namespace attnres

@@ -1,0 +1,63 @@
+// attnres/optim.hpp — AdamW, global gradient-norm clipping and learning-rate schedules.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attnres/params.hpp"
+
+namespace attnres {
+
+struct AdamWConfig {
+  double lr = 1e-3;  // peak learning rate
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // decoupled; only on tensors whose ParamEntry::decay is set
+};
+
+// Learning-rate schedule: linear warm-up over warmup_steps, then
+//   cosine:   half-cosine from lr down to lr * min_lr_ratio at total_steps;
+//   wsd:      constant ("stable"), then linear decay to lr * min_lr_ratio over the last
+//             decay_fraction of total_steps (warmup-stable-decay);
+//   constant: lr after warm-up.
+struct ScheduleConfig {
+  std::string kind = "cosine";
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  double min_lr_ratio = 0.1;
+  double decay_fraction = 0.2;
+  void validate() const;  // throws Error
+};
+
+// Learning rate for 0-based step `step`.
+double lr_at(const ScheduleConfig& s, double base_lr, int64_t step);
+
+// Scales grads[0..n) so their global L2 norm is at most max_norm (torch's clip_grad_norm_:
+// coef = max_norm / (norm + 1e-6), applied when < 1). max_norm <= 0 disables. Returns the norm
+// before clipping.
+double clip_grad_norm(float* grads, int64_t n, double max_norm);
+
+// Decoupled-weight-decay Adam with torch.optim.AdamW's exact update:
+//   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//   p -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
+class AdamW {
+ public:
+  AdamW(const ParamLayout& layout, AdamWConfig cfg);
+  // One update with learning rate lr; increments step().
+  void step(float* params, const float* grads, double lr);
+  int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+  const AdamWConfig& config() const { return cfg_; }
+
+ private:
+  const ParamLayout& layout_;
+  AdamWConfig cfg_;
+  std::vector<float> m_, v_;
+  int64_t t_ = 0;
+};
+
+}  // namespace attnres

@@ -1,0 +1,108 @@
+// Model and optimizer checkpoints on top of the safetensors reader/writer.
+#include "attnres/checkpoint.hpp"
+
+#include <set>
+
+#include "attnres/error.hpp"
+
+namespace attnres {
+
+namespace {
+constexpr const char* kModelFormat = "attnres-model/1";
+constexpr const char* kOptimFormat = "attnres-optim/1";
+}  // namespace
+
+void save_model(const std::string& path, const Model& model, const Metadata& meta) {
+  SafetensorsWriter w;
+  for (const auto& [k, v] : meta) w.set_metadata(k, v);
+  w.set_metadata("format", kModelFormat);
+  w.set_metadata("config", model.config().to_json());
+  for (const ParamEntry& e : model.layout().entries()) {
+    w.add_f32(e.name, e.shape, model.params() + e.offset);
+  }
+  w.write(path);
+}
+
+void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra) {
+  std::set<std::string> expected;
+  for (const ParamEntry& e : model.layout().entries()) {
+    expected.insert(e.name);
+    if (!r.has(e.name)) {
+      throw Error("checkpoint '" + r.path() + "' has no tensor '" + e.name +
+                  "' that this model configuration needs; was it saved with a different "
+                  "config (tied/untied head, residual mode, layer count)?");
+    }
+    r.read_f32(e.name, e.shape, model.params() + e.offset);
+  }
+  if (!allow_extra) {
+    for (const std::string& n : r.names()) {
+      if (!expected.count(n)) {
+        throw Error("checkpoint '" + r.path() + "' has tensor '" + n +
+                    "' that this model configuration does not; the file's config and its "
+                    "tensors disagree (re-save the checkpoint)");
+      }
+    }
+  }
+}
+
+std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta, int64_t max_seq_len) {
+  SafetensorsReader r = SafetensorsReader::open(path);
+  auto it = r.metadata().find("config");
+  if (it == r.metadata().end()) {
+    throw Error("'" + path + "' has no model config in its __metadata__ (key 'config'); it is not "
+                "an attnres checkpoint. Train one with `attnres train`.");
+  }
+  ModelConfig cfg;
+  try {
+    cfg = ModelConfig::from_json(it->second);
+    if (max_seq_len > 0) cfg.max_seq_len = max_seq_len;
+    cfg.validate();
+  } catch (const Error& e) {
+    throw Error("checkpoint '" + path + "': " + e.what());
+  }
+  auto model = std::make_unique<Model>(cfg);
+  load_weights(*model, r);
+  if (meta) *meta = r.metadata();
+  return model;
+}
+
+void save_optimizer(const std::string& path, const Model& model, AdamW& opt, const Metadata& meta) {
+  SafetensorsWriter w;
+  for (const auto& [k, v] : meta) w.set_metadata(k, v);
+  w.set_metadata("format", kOptimFormat);
+  w.set_metadata("adam_steps", std::to_string(opt.steps_taken()));
+  for (const ParamEntry& e : model.layout().entries()) {
+    w.add_f32("m." + e.name, e.shape, opt.m().data() + e.offset);
+    w.add_f32("v." + e.name, e.shape, opt.v().data() + e.offset);
+  }
+  w.write(path);
+}
+
+Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt) {
+  SafetensorsReader r = SafetensorsReader::open(path);
+  auto fmt = r.metadata().find("format");
+  auto steps = r.metadata().find("adam_steps");
+  if (fmt == r.metadata().end() || fmt->second != kOptimFormat || steps == r.metadata().end()) {
+    throw Error("'" + path + "' is not an attnres optimizer state (format '" +
+                std::string(kOptimFormat) + "' expected)");
+  }
+  for (const ParamEntry& e : model.layout().entries()) {
+    for (const char* k : {"m.", "v."}) {
+      const std::string n = k + e.name;
+      if (!r.has(n)) {
+        throw Error("optimizer state '" + path + "' has no tensor '" + n +
+                    "'; it belongs to a different model configuration");
+      }
+      float* dst = (k[0] == 'm' ? opt.m() : opt.v()).data() + e.offset;
+      r.read_f32(n, e.shape, dst);
+    }
+  }
+  try {
+    opt.set_steps_taken(std::stoll(steps->second));
+  } catch (const std::exception&) {
+    throw Error("optimizer state '" + path + "' has a bad adam_steps value");
+  }
+  return r.metadata();
+}
+
+}  // namespace attnres
