@@ -1,0 +1,90 @@
+// attnres/train.hpp — the training loop: data, model, AdamW, evaluation, checkpoints, metrics.
+//
+// A run directory holds everything a run produces:
+//   train_config.json          the TrainConfig (with the model config) the run started with
+//   tokenizer.model, tokens.bin  the BPE model (if any) and the token cache
+//   metrics.jsonl              one JSON object per logged step / evaluation (appended on resume)
+//   checkpoints/step_XXXXXXXX/ model.safetensors, optimizer.safetensors (+ tokenizer copy)
+//   latest                     name of the newest complete checkpoint directory
+//   model.safetensors          the final model (and a copy of the tokenizer beside it)
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "attnres/config.hpp"
+#include "attnres/optim.hpp"
+
+namespace attnres {
+
+struct TrainConfig {
+  // data
+  std::string data_path;           // UTF-8 text file or directory of them
+  std::string tokenizer = "byte";  // byte | bpe
+  int32_t bpe_vocab = 4096;
+  double val_fraction = 0.1;
+  // model (vocab_size and max_seq_len are filled in from the tokenizer and seq_len)
+  ModelConfig model;
+  // optimisation
+  int64_t batch_size = 8;  // sequences per micro-batch
+  int64_t seq_len = 128;
+  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  int64_t steps = 1000;
+  AdamWConfig adamw;
+  ScheduleConfig schedule;  // total_steps is set to `steps`
+  double grad_clip = 1.0;
+  // evaluation, checkpoints, logging
+  int64_t eval_every = 100;  // 0 = only at the end
+  int64_t eval_batches = 16;
+  int64_t save_every = 0;    // 0 = only at the end (and on interruption)
+  int64_t keep_checkpoints = 2;
+  int64_t log_every = 10;
+  int64_t max_bad_steps = 10;  // non-finite loss/gradient steps skipped before giving up
+  uint64_t seed = 1337;
+  std::string out_dir = "runs/default";
+  bool resume = false;
+
+  void validate() const;  // throws Error naming the field
+  std::string to_json() const;
+  static TrainConfig from_json(const std::string& text);
+};
+
+struct StepInfo {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double tokens_per_s = 0, elapsed_s = 0, eta_s = 0;
+};
+
+struct EvalInfo {
+  int64_t step = 0;
+  double val_loss = 0, train_loss = 0;
+};
+
+struct TrainResult {
+  int64_t steps_done = 0;
+  bool interrupted = false;
+  double final_train_loss = 0, final_val_loss = 0;
+  double tokens_per_s = 0, model_gflops = 0, seconds = 0;
+  int64_t num_params = 0;
+  int64_t skipped_steps = 0;
+  std::string model_path;  // final model.safetensors
+};
+
+// What the library tells the caller while training (the CLI draws the progress bar).
+struct TrainEvents {
+  std::function<void(const std::string&)> on_message;
+  std::function<void(const StepInfo&)> on_step;  // every step
+  std::function<void(const EvalInfo&)> on_eval;
+  const std::atomic<bool>* stop = nullptr;  // set (e.g. on SIGINT) to save and return early
+};
+
+// Trains according to cfg. With cfg.resume, continues the run in cfg.out_dir from its latest
+// checkpoint, reproducing the uninterrupted run's losses exactly (same thread count).
+TrainResult train(const TrainConfig& cfg, const TrainEvents& events);
+
+// Model FLOPs per trained token (forward + backward = 6N + attention), for throughput reports.
+double train_flops_per_token(const ModelConfig& c, int64_t seq_len);
+
+}  // namespace attnres

@@ -1,0 +1,95 @@
+// `attnres eval`: loss and perplexity of a checkpoint on a corpus's held-out split.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/data.hpp"
+#include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
+#include "attnres/train.hpp"
+#include "cli/commands.hpp"
+#include "cli/progress.hpp"
+
+namespace fs = std::filesystem;
+
+namespace attnres::cli {
+
+namespace {
+
+struct EvalArgs {
+  std::string model, data, split = "val";
+  int64_t seq_len = 0, batch_size = 8, batches = 50;
+  double val_fraction = -1;
+};
+
+void run_eval(const EvalArgs& a) {
+  Metadata meta;
+  auto model = load_model(a.model, &meta);
+  const fs::path dir = fs::path(a.model).parent_path();
+  // Defaults from the run that produced the model, when its train_config.json is beside it.
+  std::string data = a.data;
+  double val_fraction = a.val_fraction;
+  const fs::path tc = dir / "train_config.json";
+  if (fs::exists(tc)) {
+    const TrainConfig t = TrainConfig::from_json(read_file(tc.string()));
+    if (data.empty()) data = t.data_path;
+    if (val_fraction < 0) val_fraction = t.val_fraction;
+  }
+  check(!data.empty(), "no --data given and no train_config.json beside '" + a.model + "'");
+  if (val_fraction < 0) val_fraction = 0.1;
+  check(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
+  auto it = meta.find("tokenizer");
+  auto tok = load_tokenizer(it == meta.end() ? "byte" : it->second, dir.string());
+  check(tok->vocab_size() == model->config().vocab_size,
+        "tokenizer vocabulary (" + std::to_string(tok->vocab_size()) +
+            ") does not match the model's (" + std::to_string(model->config().vocab_size) + ")");
+  const Corpus corpus = read_corpus(data);
+  const std::vector<int32_t> ids = tok->encode(corpus.text);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t n_train = static_cast<int64_t>(static_cast<double>(n) * (1.0 - val_fraction));
+  TokenSpan span = a.split == "val"     ? TokenSpan(ids.data() + n_train, n - n_train)
+                   : a.split == "train" ? TokenSpan(ids.data(), n_train)
+                                        : TokenSpan(ids.data(), n);
+  const int64_t T = a.seq_len > 0 ? std::min(a.seq_len, model->config().max_seq_len)
+                                  : model->config().max_seq_len;
+  const int64_t windows = span.num_windows(T);
+  check(windows >= 1, "the " + a.split + " split has " + std::to_string(span.size()) +
+                          " tokens, fewer than seq_len + 1; use --seq-len smaller or more data");
+  const int64_t B = std::min(a.batch_size, windows);
+  const int64_t nb = std::min(a.batches, (windows + B - 1) / B);
+  Progress bar(10);
+  Batch batch;
+  double total = 0;
+  for (int64_t i = 0; i < nb; i++) {
+    span.window_batch(i * B, B, T, batch);
+    total += model->forward(batch.inputs.data(), batch.targets.data(), B, T);
+    char f[64];
+    std::snprintf(f, sizeof f, "loss %.4f", total / static_cast<double>(i + 1));
+    bar.update(i + 1, nb, f, 0);
+  }
+  bar.finish();
+  const double loss = total / static_cast<double>(nb);
+  std::printf("%s split of %s: %lld tokens evaluated | loss %.4f | perplexity %.3f | %.4f bits/token\n",
+              a.split.c_str(), data.c_str(), static_cast<long long>(nb * B * T), loss,
+              std::exp(loss), loss / std::log(2.0));
+}
+
+}  // namespace
+
+void add_eval(CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* s = app.add_subcommand("eval", "Loss and perplexity of a checkpoint on a corpus");
+  s->add_option("model,--model", a->model, "model.safetensors to evaluate")->required();
+  s->add_option("--data", a->data, "Corpus (default: the one the model was trained on)");
+  s->add_option("--split", a->split, "val | train | all")
+      ->check(CLI::IsMember({"val", "train", "all"}))
+      ->capture_default_str();
+  s->add_option("--val-fraction", a->val_fraction, "Held-out fraction (default: the run's)");
+  s->add_option("--seq-len", a->seq_len, "Window length (default: the model's context)");
+  s->add_option("--batch-size", a->batch_size, "Windows per batch")->capture_default_str();
+  s->add_option("--batches", a->batches, "Most batches to evaluate")->capture_default_str();
+  s->callback([a] { run_eval(*a); });
+}
+
+}  // namespace attnres::cli

@@ -1,0 +1,66 @@
+// `attnres generate`: stream text from a checkpoint with KV-cache decoding.
+#include <cstdio>
+#include <filesystem>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/generate.hpp"
+#include "attnres/tokenizer.hpp"
+#include "cli/commands.hpp"
+
+namespace attnres::cli {
+
+namespace {
+
+struct GenArgs {
+  std::string model, prompt;
+  int64_t max_new = 200;
+  SamplingConfig sc;
+};
+
+void run_generate(const GenArgs& a) {
+  a.sc.validate();
+  Metadata meta;
+  auto model = load_model(a.model, &meta);
+  auto it = meta.find("tokenizer");
+  auto tok = load_tokenizer(it == meta.end() ? "byte" : it->second,
+                            std::filesystem::path(a.model).parent_path().string());
+  // Exactly the prompt's tokens: no BOS or other token is added.
+  const std::vector<int32_t> prompt = tok->encode(a.prompt);
+  std::fputs(a.prompt.c_str(), stdout);
+  std::fflush(stdout);
+  // Stream: decode everything generated so far and print what is new (so multi-token characters
+  // and pieces come out whole).
+  std::vector<int32_t> gen;
+  std::string printed;
+  generate(*model, prompt, a.max_new, a.sc, [&](int32_t t) {
+    gen.push_back(t);
+    const std::string text = tok->decode(gen);
+    if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
+      std::fwrite(text.data() + printed.size(), 1, text.size() - printed.size(), stdout);
+      std::fflush(stdout);
+      printed = text;
+    }
+    return true;
+  });
+  std::fputs("\n", stdout);
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto a = std::make_shared<GenArgs>();
+  CLI::App* s = app.add_subcommand("generate", "Generate text from a checkpoint (KV-cache decoding)");
+  s->add_option("model,--model", a->model, "model.safetensors")->required();
+  s->add_option("--prompt", a->prompt, "Text to continue (its tokens exactly; no BOS added)")
+      ->required();
+  s->add_option("--max-new-tokens,-n", a->max_new, "Tokens to generate")->capture_default_str();
+  s->add_option("--temperature", a->sc.temperature, "0 = greedy (deterministic)")
+      ->capture_default_str();
+  s->add_option("--top-k", a->sc.top_k, "Sample from the k most likely tokens (0 = off)")
+      ->capture_default_str();
+  s->add_option("--top-p", a->sc.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
+  s->add_option("--seed", a->sc.seed, "Sampling seed")->capture_default_str();
+  s->callback([a] { run_generate(*a); });
+}
+
+}  // namespace attnres::cli

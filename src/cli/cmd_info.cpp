@@ -1,0 +1,60 @@
+// `attnres info`: a checkpoint's configuration and parameter counts.
+#include <cstdio>
+#include <map>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/train.hpp"
+#include "cli/commands.hpp"
+
+namespace attnres::cli {
+
+namespace {
+
+void run_info(const std::string& path) {
+  Metadata meta;
+  auto model = load_model(path, &meta);
+  const ModelConfig& c = model->config();
+  std::printf("checkpoint: %s\n", path.c_str());
+  for (const auto& [k, v] : meta) {
+    if (k != "config") std::printf("  %-10s %s\n", (k + ":").c_str(), v.c_str());
+  }
+  std::printf("config:\n");
+  std::printf("  residual    %s\n  n_layer     %lld (%lld sublayers)\n  d_model     %lld\n",
+              c.residual.mode.c_str(), static_cast<long long>(c.n_layer),
+              static_cast<long long>(c.n_sublayers()), static_cast<long long>(c.d_model));
+  std::printf("  n_head      %lld (kv %lld, head_dim %lld)\n  ffn_hidden  %lld\n",
+              static_cast<long long>(c.n_head), static_cast<long long>(c.n_kv_head),
+              static_cast<long long>(c.head_dim()), static_cast<long long>(c.ffn_hidden));
+  std::printf("  vocab_size  %lld\n  max_seq_len %lld\n  tied head   %s\n  norm_eps    %g\n"
+              "  rope_theta  %g\n",
+              static_cast<long long>(c.vocab_size), static_cast<long long>(c.max_seq_len),
+              c.tied ? "yes" : "no", c.norm_eps, c.rope_theta);
+  // Parameter counts by role.
+  std::map<std::string, int64_t> groups;
+  for (const ParamEntry& e : model->layout().entries()) {
+    std::string g = "other";
+    if (e.name == "tok_embeddings.weight") g = "embedding";
+    else if (e.name == "output.weight") g = "lm head";
+    else if (e.name.find(".attention.") != std::string::npos) g = "attention";
+    else if (e.name.find(".feed_forward.") != std::string::npos) g = "mlp";
+    else if (e.name.find("norm.weight") != std::string::npos) g = "norms";
+    groups[g] += e.numel;
+  }
+  std::printf("parameters: %lld total\n", static_cast<long long>(model->num_params()));
+  for (const auto& [g, n] : groups) {
+    std::printf("  %-10s %12lld\n", g.c_str(), static_cast<long long>(n));
+  }
+  std::printf("training FLOPs per token at T=%lld: %.3g\n", static_cast<long long>(c.max_seq_len),
+              train_flops_per_token(c, c.max_seq_len));
+}
+
+}  // namespace
+
+void add_info(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  CLI::App* s = app.add_subcommand("info", "Print a checkpoint's config and parameter counts");
+  s->add_option("model,--model", *path, "model.safetensors")->required();
+  s->callback([path] { run_info(*path); });
+}
+
+}  // namespace attnres::cli

@@ -1,0 +1,16 @@
+// The attnres CLI's subcommands. Each add_* registers its options and the callback that runs it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace attnres::cli {
+
+void add_train(CLI::App& app);
+void add_eval(CLI::App& app);
+void add_generate(CLI::App& app);
+void add_info(CLI::App& app);
+
+// The default corpus: Debian's `fortunes` package (installed by scripts/setup.sh).
+inline const char* kDefaultCorpus = "/usr/share/games/fortunes";
+
+}  // namespace attnres::cli

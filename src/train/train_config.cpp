@@ -1,0 +1,105 @@
+// TrainConfig validation and its JSON form (train_config.json in the run directory).
+#include <nlohmann/json.hpp>
+
+#include "attnres/error.hpp"
+#include "attnres/train.hpp"
+
+namespace attnres {
+
+void TrainConfig::validate() const {
+  auto need = [](bool ok, const std::string& m) { check(ok, "invalid training setting: " + m); };
+  need(tokenizer == "byte" || tokenizer == "bpe",
+       "--tokenizer must be 'byte' or 'bpe', got '" + tokenizer + "'");
+  need(bpe_vocab >= 64 && bpe_vocab <= 1000000, "--vocab-size must be in [64, 1000000]");
+  need(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
+  need(batch_size >= 1, "--batch-size must be >= 1");
+  need(seq_len >= 1 && seq_len <= 1 << 20, "--seq-len must be in [1, 1048576]");
+  need(grad_accum >= 1, "--grad-accum must be >= 1");
+  need(steps >= 1, "--steps must be >= 1");
+  need(adamw.lr > 0 && adamw.lr < 10, "--lr must be in (0, 10)");
+  need(adamw.beta1 >= 0 && adamw.beta1 < 1 && adamw.beta2 >= 0 && adamw.beta2 < 1,
+       "AdamW betas must be in [0, 1)");
+  need(adamw.eps > 0, "AdamW eps must be > 0");
+  need(adamw.weight_decay >= 0, "--weight-decay must be >= 0");
+  need(grad_clip >= 0, "--grad-clip must be >= 0 (0 disables)");
+  need(eval_every >= 0 && eval_batches >= 1, "--eval-every must be >= 0, --eval-batches >= 1");
+  need(save_every >= 0 && keep_checkpoints >= 1, "--save-every >= 0, --keep-checkpoints >= 1");
+  need(log_every >= 1, "--log-every must be >= 1");
+  need(!out_dir.empty(), "--out must name a run directory");
+  schedule.validate();
+}
+
+std::string TrainConfig::to_json() const {
+  nlohmann::json j = {
+      {"data_path", data_path},
+      {"tokenizer", tokenizer},
+      {"bpe_vocab", bpe_vocab},
+      {"val_fraction", val_fraction},
+      {"model", nlohmann::json::parse(model.to_json())},
+      {"batch_size", batch_size},
+      {"seq_len", seq_len},
+      {"grad_accum", grad_accum},
+      {"steps", steps},
+      {"lr", adamw.lr},
+      {"beta1", adamw.beta1},
+      {"beta2", adamw.beta2},
+      {"adam_eps", adamw.eps},
+      {"weight_decay", adamw.weight_decay},
+      {"schedule", schedule.kind},
+      {"warmup_steps", schedule.warmup_steps},
+      {"min_lr_ratio", schedule.min_lr_ratio},
+      {"decay_fraction", schedule.decay_fraction},
+      {"grad_clip", grad_clip},
+      {"eval_every", eval_every},
+      {"eval_batches", eval_batches},
+      {"save_every", save_every},
+      {"keep_checkpoints", keep_checkpoints},
+      {"log_every", log_every},
+      {"max_bad_steps", max_bad_steps},
+      {"seed", seed},
+      {"out_dir", out_dir},
+  };
+  return j.dump(2);
+}
+
+TrainConfig TrainConfig::from_json(const std::string& text) {
+  TrainConfig c;
+  try {
+    const auto j = nlohmann::json::parse(text);
+    auto get = [&](const char* k, auto& dst) {
+      if (j.contains(k)) dst = j.at(k).get<std::decay_t<decltype(dst)>>();
+    };
+    get("data_path", c.data_path);
+    get("tokenizer", c.tokenizer);
+    get("bpe_vocab", c.bpe_vocab);
+    get("val_fraction", c.val_fraction);
+    if (j.contains("model")) c.model = ModelConfig::from_json(j.at("model").dump());
+    get("batch_size", c.batch_size);
+    get("seq_len", c.seq_len);
+    get("grad_accum", c.grad_accum);
+    get("steps", c.steps);
+    get("lr", c.adamw.lr);
+    get("beta1", c.adamw.beta1);
+    get("beta2", c.adamw.beta2);
+    get("adam_eps", c.adamw.eps);
+    get("weight_decay", c.adamw.weight_decay);
+    get("schedule", c.schedule.kind);
+    get("warmup_steps", c.schedule.warmup_steps);
+    get("min_lr_ratio", c.schedule.min_lr_ratio);
+    get("decay_fraction", c.schedule.decay_fraction);
+    get("grad_clip", c.grad_clip);
+    get("eval_every", c.eval_every);
+    get("eval_batches", c.eval_batches);
+    get("save_every", c.save_every);
+    get("keep_checkpoints", c.keep_checkpoints);
+    get("log_every", c.log_every);
+    get("max_bad_steps", c.max_bad_steps);
+    get("seed", c.seed);
+    get("out_dir", c.out_dir);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("training config JSON is invalid: ") + e.what());
+  }
+  return c;
+}
+
+}  // namespace attnres

@@ -1,0 +1,315 @@
+// The training loop (attnres/train.hpp): deterministic batches from (seed, step, micro), so a run
+// resumed from a checkpoint continues exactly where it stopped.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/data.hpp"
+#include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
+#include "attnres/model.hpp"
+#include "attnres/train.hpp"
+
+namespace fs = std::filesystem;
+
+namespace attnres {
+
+double train_flops_per_token(const ModelConfig& c, int64_t seq_len) {
+  // 6 FLOPs per weight per token (2 forward, 4 backward) over every matmul weight, including the
+  // LM head but not the embedding lookup; plus attention's q k^T and a v: 2 * 2 * T * H * hd per
+  // token and layer forward, times 3 with backward (the PaLM convention, full T x T).
+  const int64_t d = c.d_model, hd = c.head_dim();
+  const int64_t per_layer = (c.n_head + 2 * c.n_kv_head) * hd * d + d * c.n_head * hd +
+                            3 * c.ffn_hidden * d;
+  const double matmul_params = static_cast<double>(per_layer * c.n_layer + c.vocab_size * d);
+  const double attn = 12.0 * static_cast<double>(c.n_layer * seq_len * c.n_head * hd);
+  return 6.0 * matmul_params + attn;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Mean loss over up to max_batches validation batches of consecutive windows.
+double evaluate(Model& model, const TokenSpan& val, int64_t B, int64_t T, int64_t max_batches) {
+  const int64_t windows = val.num_windows(T);
+  check(windows >= 1, "validation split has " + std::to_string(val.size()) +
+                          " tokens, fewer than seq_len + 1; use a larger corpus, a larger "
+                          "--val-fraction or a smaller --seq-len");
+  const int64_t batches = std::min(max_batches, (windows + B - 1) / B);
+  Batch batch;
+  double total = 0.0;
+  for (int64_t i = 0; i < batches; i++) {
+    val.window_batch(i * B, B, T, batch);
+    total += model.forward(batch.inputs.data(), batch.targets.data(), B, T);
+  }
+  return total / static_cast<double>(batches);
+}
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+void fsync_dir(const std::string& dir) {
+  FILE* f = std::fopen(dir.c_str(), "r");
+  if (f) {
+    ::fsync(fileno(f));
+    std::fclose(f);
+  }
+}
+
+class RunDir {
+ public:
+  RunDir(const TrainConfig& cfg, const PreparedData& data) : cfg_(cfg), data_(data) {}
+
+  std::string ckpt_root() const { return (fs::path(cfg_.out_dir) / "checkpoints").string(); }
+
+  // Writes checkpoints/step_N into a temporary directory, renames it into place, then points
+  // `latest` at it: a crash at any moment leaves the previous checkpoint complete and current.
+  void save(const Model& model, AdamW& opt, int64_t step) {
+    const fs::path root = ckpt_root();
+    fs::create_directories(root);
+    const std::string name = step_dir_name(step);
+    const fs::path dir = root / name, tmp = root / (name + ".tmp");
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp);
+    const Metadata meta = {{"tokenizer", data_.tokenizer_ref}, {"step", std::to_string(step)}};
+    save_model((tmp / "model.safetensors").string(), model, meta);
+    save_optimizer((tmp / "optimizer.safetensors").string(), model, opt, meta);
+    if (!data_.tokenizer_path.empty()) {
+      write_file_atomic((tmp / fs::path(data_.tokenizer_path).filename()).string(),
+                        read_file(data_.tokenizer_path));
+    }
+    fsync_dir(tmp.string());
+    fs::remove_all(dir, ec);
+    fs::rename(tmp, dir);
+    fsync_dir(root.string());
+    write_file_atomic((fs::path(cfg_.out_dir) / "latest").string(), name + "\n");
+    prune(name);
+  }
+
+  // Path of the newest complete checkpoint directory; Error if there is none.
+  std::string latest() const {
+    const fs::path p = fs::path(cfg_.out_dir) / "latest";
+    check(fs::exists(p), "nothing to resume in '" + cfg_.out_dir +
+                             "': it has no 'latest' checkpoint; start the run without --resume");
+    std::string name = read_file(p.string());
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    const fs::path dir = fs::path(ckpt_root()) / name;
+    check(!name.empty() && fs::is_directory(dir),
+          "'" + p.string() + "' names checkpoint '" + name + "', which does not exist");
+    return dir.string();
+  }
+
+ private:
+  void prune(const std::string& keep_name) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(ckpt_root())) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) {
+        names.push_back(n);
+      }
+    }
+    std::sort(names.begin(), names.end());
+    const int64_t excess = static_cast<int64_t>(names.size()) - cfg_.keep_checkpoints;
+    for (int64_t i = 0; i < excess; i++) {
+      if (names[i] == keep_name) continue;
+      std::error_code ec;
+      fs::remove_all(fs::path(ckpt_root()) / names[i], ec);
+    }
+  }
+
+  const TrainConfig& cfg_;
+  const PreparedData& data_;
+};
+
+}  // namespace
+
+TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
+  auto msg = [&](const std::string& m) {
+    if (ev.on_message) ev.on_message(m);
+  };
+  TrainConfig cfg = cfg_in;
+  const fs::path cfg_path = fs::path(cfg.out_dir) / "train_config.json";
+  if (cfg.resume) {
+    check(fs::exists(cfg_path), "cannot resume: '" + cfg_path.string() +
+                                    "' does not exist; start the run without --resume");
+    const std::string out = cfg.out_dir;
+    cfg = TrainConfig::from_json(read_file(cfg_path.string()));
+    cfg.out_dir = out;
+    cfg.resume = true;
+  }
+  cfg.schedule.total_steps = cfg.steps;
+  cfg.validate();
+  fs::create_directories(cfg.out_dir);
+
+  DataOptions dopt;
+  dopt.corpus_path = cfg.data_path;
+  dopt.tokenizer = cfg.tokenizer;
+  dopt.vocab_size = cfg.bpe_vocab;
+  dopt.out_dir = cfg.out_dir;
+  dopt.val_fraction = cfg.val_fraction;
+  PreparedData data = prepare_data(dopt);
+  msg("data: " + std::to_string(data.files.size()) + " file(s), " +
+      std::to_string(data.corpus_bytes) + " bytes; tokenizer " + data.tokenizer_ref +
+      " (vocab " + std::to_string(data.tokenizer->vocab_size()) + "); " +
+      std::to_string(data.train.size()) + " train / " + std::to_string(data.val.size()) +
+      " validation tokens" + (data.cache_reused ? " (cached)" : ""));
+  if (data.replaced_invalid_utf8 > 0) {
+    msg("data: replaced " + std::to_string(data.replaced_invalid_utf8) +
+        " invalid UTF-8 sequence(s) with U+FFFD");
+  }
+  check(data.train.size() >= cfg.seq_len + 1,
+        "the training split has " + std::to_string(data.train.size()) +
+            " tokens, fewer than seq_len + 1 = " + std::to_string(cfg.seq_len + 1) +
+            "; use a larger corpus or a smaller --seq-len");
+
+  cfg.model.vocab_size = data.tokenizer->vocab_size();
+  cfg.model.max_seq_len = cfg.seq_len;
+  cfg.model.resolve();
+  cfg.model.validate();
+  Model model(cfg.model);
+  model.init_weights(cfg.seed);
+  AdamW opt(model.layout(), cfg.adamw);
+  RunDir run(cfg, data);
+
+  int64_t start = 0;
+  if (cfg.resume) {
+    const std::string dir = run.latest();
+    auto r = SafetensorsReader::open(dir + "/model.safetensors");
+    load_weights(model, r);
+    load_optimizer(dir + "/optimizer.safetensors", model, opt);
+    start = std::stoll(r.metadata().at("step"));
+    msg("resumed from " + dir + " at step " + std::to_string(start));
+  } else {
+    write_file_atomic(cfg_path.string(), cfg.to_json() + "\n");
+  }
+
+  const double flops_tok = train_flops_per_token(cfg.model, cfg.seq_len);
+  const int64_t tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum;
+  msg("model: " + std::to_string(model.num_params()) + " parameters, residual " +
+      cfg.model.residual.mode + ", " + std::to_string(cfg.model.n_layer) + " layers, d " +
+      std::to_string(cfg.model.d_model) + "; " + std::to_string(tokens_per_step) +
+      " tokens/step, " + std::to_string(static_cast<int64_t>(flops_tok / 1e6)) +
+      " MFLOP/token");
+
+  std::ofstream metrics(fs::path(cfg.out_dir) / "metrics.jsonl", std::ios::app);
+  check(metrics.good(), "cannot write metrics to '" + cfg.out_dir + "/metrics.jsonl'");
+  auto log_json = [&](const nlohmann::json& j) {
+    metrics << j.dump() << "\n";
+    metrics.flush();
+  };
+
+  TrainResult res;
+  res.num_params = model.num_params();
+  Batch batch;
+  const auto t0 = Clock::now();
+  double timed_s = 0.0;  // excludes the first step (allocation, warm-up)
+  int64_t timed_steps = 0;
+  double recent_loss = 0.0;
+  int64_t recent_n = 0;
+  int64_t step = start;
+  for (; step < cfg.steps; step++) {
+    if (ev.stop && ev.stop->load()) {
+      res.interrupted = true;
+      msg("interrupted: saving a checkpoint at step " + std::to_string(step));
+      break;
+    }
+    const auto ts = Clock::now();
+    model.zero_grad();
+    double loss = 0.0;
+    for (int64_t micro = 0; micro < cfg.grad_accum; micro++) {
+      data.train.sample_batch(cfg.seed, step, micro, cfg.batch_size, cfg.seq_len, batch);
+      loss += model.forward(batch.inputs.data(), batch.targets.data(), cfg.batch_size,
+                            cfg.seq_len);
+      model.backward();
+    }
+    loss /= static_cast<double>(cfg.grad_accum);
+    if (cfg.grad_accum > 1) {
+      const float s = 1.0f / static_cast<float>(cfg.grad_accum);
+      float* g = model.grads();
+      for (int64_t i = 0; i < model.layout().total(); i++) g[i] *= s;
+    }
+    const double gnorm = clip_grad_norm(model.grads(), model.layout().total(), cfg.grad_clip);
+    const double lr = lr_at(cfg.schedule, cfg.adamw.lr, step);
+    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+      res.skipped_steps++;
+      msg("step " + std::to_string(step + 1) + ": non-finite loss or gradient, update skipped (" +
+          std::to_string(res.skipped_steps) + "/" + std::to_string(cfg.max_bad_steps) + ")");
+      log_json({{"step", step + 1}, {"skipped", true}, {"loss", std::isfinite(loss) ? loss : -1}});
+      check(res.skipped_steps <= cfg.max_bad_steps,
+            "training diverged: " + std::to_string(res.skipped_steps) +
+                " steps had a non-finite loss or gradient; lower --lr or raise --warmup. The "
+                "last good checkpoint is in '" + cfg.out_dir + "'");
+      continue;
+    }
+    opt.step(model.params(), model.grads(), lr);
+    const double dt = seconds_since(ts);
+    if (step > start) {
+      timed_s += dt;
+      timed_steps++;
+    }
+    recent_loss += loss;
+    recent_n++;
+    res.final_train_loss = loss;
+
+    StepInfo si;
+    si.step = step + 1;
+    si.total_steps = cfg.steps;
+    si.loss = loss;
+    si.lr = lr;
+    si.grad_norm = gnorm;
+    const double per_step = timed_steps > 0 ? timed_s / static_cast<double>(timed_steps) : dt;
+    si.tokens_per_s = static_cast<double>(tokens_per_step) / per_step;
+    si.elapsed_s = seconds_since(t0);
+    si.eta_s = per_step * static_cast<double>(cfg.steps - step - 1);
+    if (ev.on_step) ev.on_step(si);
+    const bool last = step + 1 == cfg.steps;
+    if ((step + 1) % cfg.log_every == 0 || last) {
+      log_json({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
+                {"tokens_per_s", si.tokens_per_s}, {"elapsed_s", si.elapsed_s},
+                {"tokens", (step + 1) * tokens_per_step}});
+    }
+    if ((cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last) {
+      EvalInfo ei;
+      ei.step = step + 1;
+      ei.val_loss = evaluate(model, data.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches);
+      ei.train_loss = recent_loss / static_cast<double>(std::max<int64_t>(1, recent_n));
+      recent_loss = 0.0;
+      recent_n = 0;
+      res.final_val_loss = ei.val_loss;
+      log_json({{"step", step + 1}, {"val_loss", ei.val_loss}, {"train_loss", ei.train_loss},
+                {"tokens", (step + 1) * tokens_per_step}});
+      if (ev.on_eval) ev.on_eval(ei);
+    }
+    if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0 && !last) {
+      run.save(model, opt, step + 1);
+    }
+  }
+  res.steps_done = step;
+  run.save(model, opt, step);
+  res.seconds = seconds_since(t0);
+  res.tokens_per_s = timed_steps > 0 ? tokens_per_step * timed_steps / timed_s : 0.0;
+  res.model_gflops = res.tokens_per_s * flops_tok / 1e9;
+  if (!res.interrupted) {
+    res.model_path = (fs::path(cfg.out_dir) / "model.safetensors").string();
+    save_model(res.model_path, model,
+               {{"tokenizer", data.tokenizer_ref}, {"step", std::to_string(step)}});
+  }
+  return res;
+}
+
+}  // namespace attnres
