@@ -15,7 +15,7 @@ struct ResidualConfig {
 struct ModelConfig {
   int64_t n_layer = 4;      // Transformer blocks; L = 2 * n_layer sublayers
   int64_t n_head = 4;       // query heads
-  int64_t n_kv_head = 4;    // key/value heads (grouped-query attention when < n_head)
+  int64_t n_kv_head = 0;    // key/value heads (GQA when < n_head); 0 = auto (n_head)
   int64_t d_model = 128;    // width d
   int64_t ffn_hidden = 0;   // SwiGLU hidden width; 0 = auto (8/3 d rounded up to a multiple of 32)
   int64_t vocab_size = 256;
@@ -27,7 +27,7 @@ struct ModelConfig {
 
   int64_t head_dim() const { return d_model / n_head; }
   int64_t n_sublayers() const { return 2 * n_layer; }
-  // Replaces ffn_hidden = 0 by its automatic value.
+  // Replaces the automatic values (ffn_hidden = 0, n_kv_head = 0) by what they stand for.
   void resolve();
   // Throws Error naming the first invalid field and a valid choice.
   void validate() const;

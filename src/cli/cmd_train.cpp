@@ -100,7 +100,7 @@ void add_train(CLI::App& app) {
   // model
   s->add_option("--n-layer", c.model.n_layer, "Transformer blocks")->capture_default_str();
   s->add_option("--n-head", c.model.n_head, "Attention heads")->capture_default_str();
-  s->add_option("--n-kv-head", c.model.n_kv_head, "Key/value heads (GQA)")->capture_default_str();
+  s->add_option("--n-kv-head", c.model.n_kv_head, "Key/value heads (GQA; 0 = n_head)")->capture_default_str();
   s->add_option("--d-model", c.model.d_model, "Model width")->capture_default_str();
   s->add_option("--ffn-hidden", c.model.ffn_hidden, "SwiGLU hidden width (0 = 8/3 d)")
       ->capture_default_str();

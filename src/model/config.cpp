@@ -8,6 +8,7 @@
 namespace attnres {
 
 void ModelConfig::resolve() {
+  if (n_kv_head == 0) n_kv_head = n_head;
   if (ffn_hidden == 0) {
     int64_t h = (8 * d_model + 2) / 3;  // Llama's 8/3 d, rounded to a multiple of 32
     ffn_hidden = (h + 31) / 32 * 32;

@@ -1,0 +1,134 @@
+// The attnres executable end to end: help, a tiny train/eval/generate/info round, config files,
+// and clear errors with a non-zero exit code.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CliRun {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+CliRun run(const std::string& args) {
+  const std::string cmd = std::string(ATTNRES_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  CliRun r{-1, ""};
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("attnres_test_cli_" + std::to_string(::getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+std::string corpus(const fs::path& dir) {
+  std::ofstream f(dir / "corpus.txt");
+  for (int i = 0; i < 400; i++) {
+    f << "line " << i % 17 << ": the quick brown fox jumps over the lazy dog number " << i % 7
+      << ".\n";
+  }
+  return (dir / "corpus.txt").string();
+}
+
+TEST(Cli, HelpEverywhere) {
+  CliRun r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* sub : {"train", "eval", "generate", "info"}) {
+    EXPECT_TRUE(contains(r.out, sub)) << sub;
+    CliRun s = run(std::string(sub) + " --help");
+    EXPECT_EQ(s.code, 0) << sub;
+    EXPECT_TRUE(contains(s.out, "Usage")) << s.out;
+  }
+  EXPECT_NE(run("").code, 0);  // a subcommand is required
+}
+
+TEST(Cli, TrainEvalGenerateInfo) {
+  const fs::path dir = temp_dir("round");
+  const std::string data = corpus(dir);
+  const std::string out = (dir / "run").string();
+  CliRun t = run("train --data " + data + " --out " + out +
+              " --steps 30 --n-layer 1 --d-model 32 --n-head 2 --n-kv-head 1 --seq-len 32"
+              " --batch-size 4 --eval-every 15 --log-every 10 --sample-tokens 20 --prompt line");
+  ASSERT_EQ(t.code, 0) << t.out;
+  // Not a terminal: plain progress lines, evaluation lines, the final summary and a sample.
+  EXPECT_TRUE(contains(t.out, "step 10/30")) << t.out;
+  EXPECT_TRUE(contains(t.out, "val loss")) << t.out;
+  EXPECT_TRUE(contains(t.out, "sample")) << t.out;
+  const std::string model = out + "/model.safetensors";
+  CliRun e = run("eval " + model);
+  EXPECT_EQ(e.code, 0) << e.out;
+  EXPECT_TRUE(contains(e.out, "perplexity")) << e.out;
+  CliRun g1 = run("generate " + model + " --prompt 'line 3' -n 20 --temperature 0");
+  CliRun g2 = run("generate " + model + " --prompt 'line 3' -n 20 --temperature 0");
+  EXPECT_EQ(g1.code, 0) << g1.out;
+  EXPECT_EQ(g1.out, g2.out);  // greedy decoding is deterministic
+  EXPECT_TRUE(contains(g1.out, "line 3"));
+  CliRun s1 = run("generate " + model + " --prompt x -n 20 --seed 5 --top-k 5 --top-p 0.9");
+  CliRun s2 = run("generate " + model + " --prompt x -n 20 --seed 5 --top-k 5 --top-p 0.9");
+  EXPECT_EQ(s1.out, s2.out);  // seeded sampling is reproducible
+  CliRun i = run("info " + model);
+  EXPECT_EQ(i.code, 0) << i.out;
+  EXPECT_TRUE(contains(i.out, "prenorm"));
+  EXPECT_TRUE(contains(i.out, "parameters"));
+}
+
+TEST(Cli, ConfigFileWithOverrides) {
+  const fs::path dir = temp_dir("config");
+  const std::string data = corpus(dir);
+  std::ofstream(dir / "cfg.toml") << "[train]\nsteps = 7\nn-layer = 1\nd-model = 16\n"
+                                     "n-head = 2\nseq-len = 16\nbatch-size = 2\n"
+                                     "sample-tokens = 0\nlog-every = 1\nlr = 0.002\n";
+  CliRun r = run("--config " + (dir / "cfg.toml").string() + " train --data " + data + " --out " +
+              (dir / "run").string() + " --steps 5");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "step 5/5")) << r.out;  // the command line wins over the file
+  std::ifstream f(dir / "run" / "train_config.json");
+  std::string js((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_TRUE(contains(js, "\"d_model\": 16")) << js;  // the file's value was used
+  EXPECT_TRUE(contains(js, "\"lr\": 0.002")) << js;
+}
+
+TEST(Cli, ErrorsAreClearAndNonZero) {
+  const fs::path dir = temp_dir("errors");
+  CliRun r = run("train --data /nonexistent/corpus.txt --out " + (dir / "r").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "error:")) << r.out;
+  EXPECT_TRUE(contains(r.out, "/nonexistent/corpus.txt")) << r.out;
+  r = run("info " + (dir / "missing.safetensors").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "missing.safetensors")) << r.out;
+  std::ofstream(dir / "garbage.safetensors") << "this is not a checkpoint";
+  r = run("generate " + (dir / "garbage.safetensors").string() + " --prompt hi");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "garbage.safetensors")) << r.out;
+  r = run("train --lr notanumber");
+  EXPECT_NE(r.code, 0);
+  EXPECT_FALSE(contains(r.out, "internal error")) << r.out;
+  r = run("train --data " + corpus(dir) + " --out " + (dir / "t").string() + " --schedule nope");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "nope")) << r.out;
+}
+
+}  // namespace
