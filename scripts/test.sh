@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-cd build && ctest --output-on-failure -j "$(nproc)"
+# Serial on purpose: the tests themselves use every core (OpenMP), and parallel jobs would
+# fight over them.
+cd build && ctest --output-on-failure

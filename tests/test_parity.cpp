@@ -104,8 +104,8 @@ TEST_P(Parity, TenAdamWStepsMatch) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
                          ::testing::Values("parity_prenorm_a.safetensors",
                                            "parity_prenorm_b.safetensors"),
-                         [](const auto& info) {
-                           std::string n = info.param;
+                         [](const auto& param_info) {
+                           std::string n = param_info.param;
                            return n.substr(7, n.find('.') - 7);  // "prenorm_a"
                          });
 

@@ -1,14 +1,35 @@
 // attnres: train, evaluate and sample Transformer language models with Attention Residuals.
 // The only place that prints errors and picks exit codes (library code throws attnres::Error).
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "attnres/error.hpp"
 #include "cli/commands.hpp"
 
+namespace {
+
+// GNU OpenMP spins 300k iterations at every barrier before sleeping. When two attnres processes
+// (or a test runner's jobs) share the cores, each barrier then waits out the other's time slice:
+// measured 100x slower on 2 cores. A spin count of 3000 keeps single-process speed and removes the
+// collapse. libgomp reads its environment before main(), so set it and re-execute once.
+void tune_openmp_wait(char** argv) {
+  if (std::getenv("GOMP_SPINCOUNT") || std::getenv("OMP_WAIT_POLICY") ||
+      std::getenv("ATTNRES_OMP_TUNED")) {
+    return;
+  }
+  ::setenv("GOMP_SPINCOUNT", "3000", 1);
+  ::setenv("ATTNRES_OMP_TUNED", "1", 1);
+  ::execv("/proc/self/exe", argv);  // returns only on failure: then run untuned
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  tune_openmp_wait(argv);
   CLI::App app{
       "attnres: a C++ engine that trains and runs Transformer language models with Attention "
       "Residuals.\nRun `attnres <command> --help` for a command's options."};

@@ -109,8 +109,14 @@ class RunDir {
     std::string name = read_file(p.string());
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
     const fs::path dir = fs::path(ckpt_root()) / name;
-    check(!name.empty() && fs::is_directory(dir),
-          "'" + p.string() + "' names checkpoint '" + name + "', which does not exist");
+    if (name.empty() || !fs::is_directory(dir)) {
+      std::string m = "'";  // built piecewise: GCC 12 warns falsely (-Wrestrict) on one long +
+      m += p.string();
+      m += "' names checkpoint '";
+      m += name;
+      m += "', which does not exist; resume from another run or start without --resume";
+      throw Error(m);
+    }
     return dir.string();
   }
 

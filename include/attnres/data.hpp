@@ -1,0 +1,153 @@
+// attnres/data.hpp — corpus reading, token caches, batch sampling and the data-prep pipeline.
+//
+// Flow: read_corpus (file or directory -> clean UTF-8 text) -> tokenizer (byte, or a BPE model
+// trained once per corpus) -> tokens cached in an mmapped file keyed by corpus + tokenizer ->
+// train/validation TokenSpans -> batches that depend only on (seed, step, micro, row), so a
+// resumed run sees exactly the batches an uninterrupted run would have.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attnres/fileio.hpp"
+#include "attnres/tokenizer.hpp"
+
+namespace attnres {
+
+// ---------------------------------------------------------------------------------------------
+// Corpus
+
+struct Corpus {
+  std::string text;                   // all included files, valid UTF-8, joined with "\n"
+  std::vector<std::string> files;     // included files, in the order their text appears
+  std::vector<std::string> skipped;   // "<path> (<reason>)" for each file or directory left out
+  int64_t replaced_invalid_utf8 = 0;  // invalid UTF-8 sequences replaced by U+FFFD
+};
+
+// Reads a text file, or a directory recursively in sorted (byte-wise) order, skipping hidden
+// entries, symlinks to files already included, symlinked directories, binary files (any NUL
+// byte) and `exclude_dir` if it lies inside (so an output directory inside the corpus is not
+// read back as text). Error if the path is missing, is a binary file, or yields no text.
+Corpus read_corpus(const std::string& path, const std::string& exclude_dir = "");
+
+// Appends `in` to `out` with each maximal invalid UTF-8 subpart replaced by U+FFFD; returns the
+// number of replacements.
+int64_t append_sanitized_utf8(std::string_view in, std::string& out);
+
+// ---------------------------------------------------------------------------------------------
+// Hashing
+
+constexpr uint64_t kFnv1a64Offset = 0xcbf29ce484222325ULL;
+
+// FNV-1a 64 of `data` continuing from `seed`, so fnv1a64(b, fnv1a64(a)) == fnv1a64(a + b).
+uint64_t fnv1a64(std::string_view data, uint64_t seed = kFnv1a64Offset);
+
+
+// ---------------------------------------------------------------------------------------------
+// Token cache
+//
+// Format (little-endian): "ARTOKCCH", u32 version = 1, u32 reserved = 0, u64 count,
+// u64 vocab_size, u64 key, then count int32 token ids. key = fnv1a64(corpus text + tokenizer ref
+// + tokenizer model bytes), so any change to the corpus or tokenizer invalidates the cache.
+
+constexpr uint32_t kTokenCacheVersion = 1;
+constexpr size_t kTokenCacheHeaderBytes = 40;
+
+// Writes `tokens` atomically as a token cache; Error if an id is outside [0, vocab_size).
+void write_token_cache(const std::string& path, const std::vector<int32_t>& tokens,
+                       int32_t vocab_size, uint64_t key);
+
+class TokenCache {
+ public:
+  // Maps and validates a cache: Error (with "delete it to rebuild") on bad magic, version, size,
+  // key or vocab, or any token id outside [0, vocab_size).
+  static TokenCache open(const std::string& path, uint64_t expected_key, int32_t vocab_size);
+
+  TokenCache() = default;
+  // Token ids (aligned: the header is 40 bytes and mappings are page-aligned).
+  const int32_t* data() const { return tokens_; }
+  // Number of tokens.
+  int64_t size() const { return count_; }
+  // Path the cache was opened from.
+  const std::string& path() const { return file_.path(); }
+
+ private:
+  MappedFile file_;  // moving a MappedFile keeps the mapping address, so data() stays valid
+  const int32_t* tokens_ = nullptr;
+  int64_t count_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Batches
+
+struct Batch {
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> inputs,
+      targets;  // (B, T) row-major; targets[i] is the token after inputs[i]
+};
+
+// A non-owning view of a token sequence (a train or validation split).
+class TokenSpan {
+ public:
+  TokenSpan() = default;
+  // Views n tokens at data; the memory must outlive the span.
+  TokenSpan(const int32_t* data, int64_t n);
+  // Number of tokens.
+  int64_t size() const { return n_; }
+  // First token.
+  const int32_t* data() const { return data_; }
+
+  // Fills `out` with B random windows of T+1 tokens; row r starts at an offset drawn uniformly
+  // from [0, n-T-1] by splitmix64 of (seed, step, micro, r) only. Error if n < T+1.
+  void sample_batch(uint64_t seed, int64_t step, int64_t micro, int64_t B, int64_t T,
+                    Batch& out) const;
+  // Number of evaluation windows: windows of T+1 tokens starting at k*T (targets don't overlap).
+  int64_t num_windows(int64_t T) const;
+  // Fills `out` with windows first_window .. first_window+B-1 (modulo num_windows(T), so the last
+  // batch wraps around; count only rows with first_window + r < num_windows). Error if none fit.
+  void window_batch(int64_t first_window, int64_t B, int64_t T, Batch& out) const;
+
+ private:
+  void check_fits(int64_t B, int64_t T) const;
+  const int32_t* data_ = nullptr;
+  int64_t n_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Data preparation
+
+struct DataOptions {
+  std::string corpus_path;
+  std::string tokenizer = "byte";  // "byte" | "bpe"
+  int32_t vocab_size = 4096;       // only for "bpe"
+  std::string out_dir;             // where tokenizer.model and tokens.bin are written (created)
+  double val_fraction = 0.1;       // the last val_fraction of the tokens is the validation split
+};
+
+struct PreparedData {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::string tokenizer_ref;   // "byte" or "sentencepiece:tokenizer.model"
+  std::string tokenizer_path;  // model file path for "bpe", "" for "byte"
+  std::vector<std::string> files;
+  std::vector<std::string> skipped;
+  int64_t corpus_bytes = 0;
+  int64_t replaced_invalid_utf8 = 0;
+  bool tokenizer_trained = false;  // false when an existing model for this corpus was reused
+  bool cache_reused = false;       // false when tokens.bin was (re)built
+  TokenCache tokens;               // owns the mapping train and val point into
+  TokenSpan train, val;
+};
+
+// Reads the corpus, trains or reuses the tokenizer, tokenises (or reuses out_dir/tokens.bin) and
+// splits into train/validation. Error naming the fix on bad options or a too-small corpus.
+PreparedData prepare_data(const DataOptions& opt);
+
+// Encodes text in parallel over chunks cut after '\n' (identical to tok.encode(text) for the byte
+// and SentencePiece tokenizers, whose tokens never span a newline).
+std::vector<int32_t> encode_parallel(const Tokenizer& tok, std::string_view text,
+                                     size_t min_chunk_bytes = size_t{1} << 20);
+
+}  // namespace attnres

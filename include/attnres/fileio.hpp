@@ -1,0 +1,101 @@
+// attnres/fileio.hpp — whole-file reads, crash-safe writes and read-only memory maps.
+//
+// Every file the engine produces (checkpoints, tokenizer models, token caches) goes through the
+// atomic writers here, so a crash, a full disk or a kill never leaves a half-written file under
+// the final name: readers either see the old file or the complete new one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace attnres {
+
+// Returns the whole content of `path`; throws Error naming the path if it is missing or unreadable.
+std::string read_file(const std::string& path);
+
+// Replaces `path` with `data` atomically (temp file in the same directory, fsync, rename, fsync of
+// the directory). On any failure the temp file is removed, the old `path` is untouched and Error
+// names `path` and the OS error.
+void write_file_atomic(const std::string& path, std::string_view data);
+
+// Streams a large file to `path` with the guarantees of write_file_atomic. Nothing is visible under
+// `path` until commit() succeeds; destroying an uncommitted writer removes the temp file.
+class AtomicFileWriter {
+ public:
+  // Creates the temp file "<path>.tmp.<pid>" next to `path`; throws Error if it cannot.
+  explicit AtomicFileWriter(std::string path);
+  // Removes the temp file unless commit() succeeded. Never throws.
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  // Appends n bytes; throws Error (and discards the temp file) on a failed or short write.
+  void write(const void* p, size_t n);
+  // Appends a string's bytes; same contract as write(p, n).
+  void write(std::string_view s) { write(s.data(), s.size()); }
+  // Flushes, fsyncs and renames the temp file over `path`; throws Error on failure.
+  void commit();
+  // Bytes written so far.
+  uint64_t bytes_written() const { return written_; }
+  // Final destination path.
+  const std::string& path() const { return path_; }
+  // Temp file path (exposed for tests and error messages).
+  const std::string& temp_path() const { return tmp_; }
+
+ private:
+  void flush_buffer();
+  void write_raw(const void* p, size_t n);
+  [[noreturn]] void fail(const std::string& what, int err);
+  void discard() noexcept;
+
+  std::string path_;
+  std::string tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+  uint64_t written_ = 0;
+  std::string buf_;  // coalesces small writes (headers, many small tensors) into large syscalls
+};
+
+// A read-only memory map of a whole file. Empty files map to data() == nullptr, size() == 0.
+// Note: if another process truncates the file while it is mapped, reads fault (SIGBUS); the engine
+// only maps files it replaces by rename, which never truncates the mapped inode.
+class MappedFile {
+ public:
+  // Maps `path` read-only; throws Error naming the path if it is missing, a directory or
+  // unmappable.
+  static MappedFile open(const std::string& path);
+
+  MappedFile() = default;
+  ~MappedFile();
+  MappedFile(MappedFile&& o) noexcept;
+  MappedFile& operator=(MappedFile&& o) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  // First byte of the mapping (nullptr for an empty file).
+  const uint8_t* data() const { return data_; }
+  // File size in bytes at the time it was mapped.
+  size_t size() const { return size_; }
+  // Path the file was opened with.
+  const std::string& path() const { return path_; }
+
+ private:
+  void release() noexcept;
+
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Returns strerror(err) as a std::string (thread-safe).
+std::string errno_text(int err);
+
+// Returns the last path component of `path` ("a/b/c.txt" -> "c.txt").
+std::string file_name_of(const std::string& path);
+
+// Joins a directory and a relative path with exactly one '/' ("" dir returns rel unchanged).
+std::string join_path(const std::string& dir, const std::string& rel);
+
+}  // namespace attnres

@@ -1,0 +1,295 @@
+// fileio.cpp — POSIX implementation of read_file, the atomic writers and MappedFile.
+#include "attnres/fileio.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "attnres/error.hpp"
+
+namespace attnres {
+
+namespace {
+
+// Directory part of a path, for the fsync that makes a rename durable.
+std::string dir_of(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Unique temp suffix per writer: the pid keeps concurrent processes apart, the counter keeps
+// concurrent writers to the same path inside one process apart.
+std::string temp_name_for(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+}
+
+// Hint appended to write failures so the user knows what to do about the common causes.
+std::string write_fix_hint(int err) {
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+      return "free disk space or write to another directory";
+    case EFBIG:
+      return "the file size limit (ulimit -f) or filesystem maximum was hit; raise it or write "
+             "elsewhere";
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return "check that the directory is writable";
+    case ENOENT:
+    case ENOTDIR:
+      return "create the directory first or fix the path";
+    default:
+      return "check the disk and the path";
+  }
+}
+
+}  // namespace
+
+std::string errno_text(int err) {
+  char buf[256];
+  // GNU strerror_r may return a static string instead of filling buf; handle both variants.
+#if defined(__GLIBC__) && defined(_GNU_SOURCE)
+  const char* s = strerror_r(err, buf, sizeof(buf));
+  return std::string(s);
+#else
+  if (strerror_r(err, buf, sizeof(buf)) != 0) return "errno " + std::to_string(err);
+  return std::string(buf);
+#endif
+}
+
+std::string file_name_of(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string join_path(const std::string& dir, const std::string& rel) {
+  if (dir.empty()) return rel;
+  if (!rel.empty() && rel.front() == '/') return rel;
+  if (dir.back() == '/') return dir + rel;
+  return dir + "/" + rel;
+}
+
+std::string read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    throw Error("cannot read '" + path + "': " + errno_text(err) +
+                (err == ENOENT ? "; check the path" : "; check the file's permissions"));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    throw Error("cannot read '" + path + "': it is a directory, not a file; give a file path");
+  }
+  std::string out;
+  // st_size is only a hint (procfs and pipes report 0); the loop below reads until EOF anyway.
+  if (st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t r = ::read(fd, buf, sizeof(buf));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      throw Error("cannot read '" + path + "': " + errno_text(err) + "; check the disk and path");
+    }
+    if (r == 0) break;
+    out.append(buf, static_cast<size_t>(r));
+  }
+  ::close(fd);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// AtomicFileWriter
+
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
+  check(!path_.empty(), "cannot write a file with an empty path; give an output path");
+  tmp_ = temp_name_for(path_);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
+    int err = errno;
+    throw Error("cannot write '" + path_ + "': creating temp file '" + tmp_ +
+                "' failed: " + errno_text(err) + "; " + write_fix_hint(err));
+  }
+  // Keep the permissions of the file being replaced (e.g. a read-only-for-group checkpoint).
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    (void)::fchmod(fd_, st.st_mode & 07777);
+  }
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (!committed_) discard();
+}
+
+void AtomicFileWriter::discard() noexcept {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void AtomicFileWriter::fail(const std::string& what, int err) {
+  discard();
+  committed_ = true;  // nothing left to clean up; later calls must not touch the (gone) temp file
+  throw Error("cannot write '" + path_ + "': " + what + ": " + errno_text(err) + "; " +
+              write_fix_hint(err) + " (the previous '" + file_name_of(path_) +
+              "', if any, is unchanged)");
+}
+
+void AtomicFileWriter::write_raw(const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    // Linux caps a single write at ~2 GiB; chunk explicitly so large tensors are fine.
+    size_t chunk = n < (size_t{1} << 30) ? n : (size_t{1} << 30);
+    ssize_t w = ::write(fd_, c, chunk);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail("write failed after " + std::to_string(written_) + " bytes", errno);
+    }
+    if (w == 0) fail("write made no progress after " + std::to_string(written_) + " bytes", EIO);
+    c += w;
+    n -= static_cast<size_t>(w);
+    written_ += static_cast<uint64_t>(w);
+  }
+}
+
+void AtomicFileWriter::flush_buffer() {
+  if (buf_.empty()) return;
+  std::string pending;
+  pending.swap(buf_);
+  write_raw(pending.data(), pending.size());
+}
+
+void AtomicFileWriter::write(const void* p, size_t n) {
+  check(fd_ >= 0 && !committed_,
+        "internal: write to '" + path_ + "' after commit or after a failed write");
+  constexpr size_t kBuf = size_t{1} << 20;
+  if (n == 0) return;
+  if (buf_.size() + n <= kBuf) {
+    if (buf_.capacity() < kBuf) buf_.reserve(kBuf);
+    buf_.append(static_cast<const char*>(p), n);
+    return;
+  }
+  flush_buffer();
+  if (n < kBuf) {
+    buf_.append(static_cast<const char*>(p), n);
+  } else {
+    write_raw(p, n);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  check(fd_ >= 0 && !committed_,
+        "internal: commit of '" + path_ + "' twice or after a failed write");
+  flush_buffer();
+  // fsync before rename: otherwise a crash can leave the new name pointing at an empty inode.
+  if (::fsync(fd_) != 0) fail("fsync failed", errno);
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    int err = errno;
+    fail("close failed", err);
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    int err = errno;
+    fail("renaming '" + tmp_ + "' over it failed", err);
+  }
+  committed_ = true;
+  // fsync the directory so the rename itself survives a crash. Some filesystems refuse fsync on
+  // directories (EINVAL); the data is in place then, so only real I/O errors are reported.
+  int dfd = ::open(dir_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    int rc = ::fsync(dfd);
+    int err = errno;
+    ::close(dfd);
+    if (rc != 0 && err == EIO) {
+      throw Error("wrote '" + path_ + "' but syncing its directory failed: " + errno_text(err) +
+                  "; the disk may be failing, check it before trusting the file");
+    }
+  }
+}
+
+void write_file_atomic(const std::string& path, std::string_view data) {
+  AtomicFileWriter w(path);
+  w.write(data.data(), data.size());
+  w.commit();
+}
+
+// ---------------------------------------------------------------------------------------------
+// MappedFile
+
+MappedFile MappedFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    throw Error("cannot open '" + path + "': " + errno_text(err) +
+                (err == ENOENT ? "; check the path" : "; check the file's permissions"));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw Error("cannot stat '" + path + "': " + errno_text(err) + "; check the path");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error("cannot map '" + path + "': not a regular file; give a file path");
+  }
+  MappedFile m;
+  m.path_ = path;
+  m.size_ = static_cast<size_t>(st.st_size);
+  if (m.size_ > 0) {
+    void* p = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      throw Error("cannot map '" + path + "' (" + std::to_string(m.size_) +
+                  " bytes): " + errno_text(err) + "; check available memory / address space");
+    }
+    m.data_ = static_cast<const uint8_t*>(p);
+  }
+  // The mapping keeps the inode alive; the descriptor is no longer needed.
+  ::close(fd);
+  return m;
+}
+
+MappedFile::~MappedFile() { release(); }
+
+void MappedFile::release() noexcept {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+MappedFile::MappedFile(MappedFile&& o) noexcept
+    : path_(std::move(o.path_)), data_(o.data_), size_(o.size_) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    release();
+    path_ = std::move(o.path_);
+    data_ = o.data_;
+    size_ = o.size_;
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+}  // namespace attnres

@@ -1,0 +1,103 @@
+// token_cache.cpp — FNV-1a hashing and the mmapped token cache file.
+#include <bit>
+#include <cstring>
+
+#include "attnres/data.hpp"
+#include "attnres/error.hpp"
+
+namespace attnres {
+
+static_assert(std::endian::native == std::endian::little,
+              "token caches are little-endian; big-endian hosts would need byte swapping");
+
+namespace {
+constexpr char kMagic[8] = {'A', 'R', 'T', 'O', 'K', 'C', 'C', 'H'};
+constexpr char kRebuild[] = "; delete it to rebuild it from the corpus";
+}  // namespace
+
+uint64_t fnv1a64(std::string_view data, uint64_t seed) {
+  uint64_t h = seed;
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+void write_token_cache(const std::string& path, const std::vector<int32_t>& tokens,
+                       int32_t vocab_size, uint64_t key) {
+  check(vocab_size > 0,
+        "cannot write token cache '" + path + "' with vocab size " + std::to_string(vocab_size));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    check(tokens[i] >= 0 && tokens[i] < vocab_size,
+          "cannot write token cache '" + path + "': token id " + std::to_string(tokens[i]) +
+              " at index " + std::to_string(i) + " is outside the vocabulary [0," +
+              std::to_string(vocab_size) + ")");
+  }
+  uint8_t header[kTokenCacheHeaderBytes] = {};
+  const uint32_t version = kTokenCacheVersion, reserved = 0;
+  const uint64_t count = tokens.size(), vocab = static_cast<uint64_t>(vocab_size);
+  std::memcpy(header, kMagic, 8);
+  std::memcpy(header + 8, &version, 4);
+  std::memcpy(header + 12, &reserved, 4);
+  std::memcpy(header + 16, &count, 8);
+  std::memcpy(header + 24, &vocab, 8);
+  std::memcpy(header + 32, &key, 8);
+  AtomicFileWriter w(path);
+  w.write(header, sizeof(header));
+  w.write(tokens.data(), tokens.size() * sizeof(int32_t));
+  w.commit();
+}
+
+TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int32_t vocab_size) {
+  TokenCache tc;
+  tc.file_ = MappedFile::open(path);
+  const std::string f = "token cache '" + path + "'";
+  const uint8_t* p = tc.file_.data();
+  const uint64_t size = tc.file_.size();
+  check(size >= kTokenCacheHeaderBytes, f + " is truncated (" + std::to_string(size) +
+                                            " bytes, the header alone is 40)" + kRebuild);
+  check(std::memcmp(p, kMagic, 8) == 0,
+        f + " is not a token cache (bad magic)" + std::string(kRebuild));
+  uint32_t version;
+  uint64_t count, vocab, key;
+  std::memcpy(&version, p + 8, 4);
+  std::memcpy(&count, p + 16, 8);
+  std::memcpy(&vocab, p + 24, 8);
+  std::memcpy(&key, p + 32, 8);
+  check(version == kTokenCacheVersion, f + " has format version " + std::to_string(version) +
+                                           ", expected " + std::to_string(kTokenCacheVersion) +
+                                           kRebuild);
+  // Compare via division so a hostile count cannot overflow the size computation.
+  const uint64_t payload = size - kTokenCacheHeaderBytes;
+  check(payload % 4 == 0 && count == payload / 4,
+        f + " has the wrong size: header says " + std::to_string(count) +
+            " tokens but the file "
+            "holds " +
+            std::to_string(payload) + " payload bytes (truncated?)" + kRebuild);
+  check(vocab == static_cast<uint64_t>(vocab_size),
+        f + " was built for vocab size " + std::to_string(vocab) + ", the tokenizer has " +
+            std::to_string(vocab_size) + kRebuild);
+  check(key == expected_key, f + " was built from a different corpus or tokenizer (key mismatch)" +
+                                 std::string(kRebuild));
+  tc.tokens_ = reinterpret_cast<const int32_t*>(p + kTokenCacheHeaderBytes);
+  tc.count_ = static_cast<int64_t>(count);
+
+  // Every id is checked once here so the model's embedding lookup can trust them.
+  const int32_t* t = tc.tokens_;
+  const int64_t n = tc.count_;
+  int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+  for (int64_t i = 0; i < n; ++i) bad |= (t[i] < 0 || t[i] >= vocab_size) ? 1 : 0;
+  if (bad) {
+    for (int64_t i = 0; i < n; ++i) {
+      check(t[i] >= 0 && t[i] < vocab_size,
+            f + " has token id " + std::to_string(t[i]) + " at index " + std::to_string(i) +
+                ", outside the vocabulary [0," + std::to_string(vocab_size) + "); it is corrupt" +
+                kRebuild);
+    }
+  }
+  return tc;
+}
+
+}  // namespace attnres

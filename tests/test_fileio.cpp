@@ -1,0 +1,219 @@
+// Tests for attnres/fileio.hpp: atomic replacement, failure cleanup, and memory maps.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
+
+namespace fs = std::filesystem;
+using namespace attnres;
+
+namespace {
+
+// A fresh directory under the system temp dir, removed with its contents at scope exit.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "attnres_fileio_XXXXXX").string();
+    char* p = ::mkdtemp(tmpl.data());
+    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+// Names in dir containing ".tmp." (leftover temp files).
+int count_temp_files(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().find(".tmp.") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST(FileIO, ReadMissingFileNamesPath) {
+  TempDir d;
+  try {
+    read_file(d.file("nope.txt"));
+    FAIL() << "expected Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nope.txt"), std::string::npos) << e.what();
+  }
+}
+
+TEST(FileIO, AtomicWriteCreatesAndReplaces) {
+  TempDir d;
+  const std::string p = d.file("a.bin");
+  write_file_atomic(p, "first version");
+  EXPECT_EQ(read_file(p), "first version");
+  std::string big(3 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
+  write_file_atomic(p, big);
+  EXPECT_EQ(read_file(p), big);
+  write_file_atomic(p, "");
+  EXPECT_EQ(read_file(p), "");
+  EXPECT_EQ(count_temp_files(d.path), 0);
+}
+
+TEST(FileIO, StreamedWriterCommitsAndDiscards) {
+  TempDir d;
+  const std::string p = d.file("s.bin");
+  {
+    AtomicFileWriter w(p);
+    for (int i = 0; i < 1000; ++i) w.write("0123456789", 10);
+    std::string large(5 << 20, 'x');  // bypasses the internal buffer
+    w.write(large);
+    EXPECT_FALSE(fs::exists(p)) << "nothing may appear under the final name before commit";
+    w.commit();
+    EXPECT_EQ(w.bytes_written(), 10000u + (5u << 20));
+  }
+  EXPECT_EQ(fs::file_size(p), 10000u + (5u << 20));
+  {
+    AtomicFileWriter w(p);
+    w.write("replacement that is abandoned");
+    EXPECT_TRUE(fs::exists(w.temp_path()));
+  }  // destroyed without commit
+  EXPECT_EQ(fs::file_size(p), 10000u + (5u << 20));
+  EXPECT_EQ(count_temp_files(d.path), 0);
+}
+
+TEST(FileIO, WriteIntoMissingDirectoryFailsCleanly) {
+  TempDir d;
+  const std::string p = d.file("no_such_dir/x.bin");
+  try {
+    write_file_atomic(p, "data");
+    FAIL() << "expected Error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("no_such_dir/x.bin"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("No such file"), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(fs::exists(p));
+}
+
+// A write that exceeds RLIMIT_FSIZE fails with EFBIG mid-stream (like ENOSPC would). Done in a
+// forked child so the limit does not affect the test process.
+TEST(FileIO, FailedWriteKeepsOldFileAndRemovesTemp) {
+  TempDir d;
+  const std::string p = d.file("ckpt.bin");
+  const std::string old_content = "old checkpoint content";
+  write_file_atomic(p, old_content);
+
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl {};
+    rl.rlim_cur = rl.rlim_max = 64 * 1024;
+    if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) ::_exit(10);
+    int code = 11;
+    try {
+      write_file_atomic(p, std::string(1 << 20, 'n'));  // 1 MiB > 64 KiB limit
+      code = 12;                                        // should not succeed
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      code = (msg.find("ckpt.bin") != std::string::npos &&
+              msg.find("File too large") != std::string::npos)
+                 ? 0
+                 : 13;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child exit code (12: write succeeded, 13: bad message)";
+  EXPECT_EQ(read_file(p), old_content);
+  EXPECT_EQ(count_temp_files(d.path), 0);
+}
+
+TEST(FileIO, StreamedWriterFailureMidStream) {
+  TempDir d;
+  const std::string p = d.file("big.bin");
+  write_file_atomic(p, "keep me");
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl {};
+    rl.rlim_cur = rl.rlim_max = 3 << 20;
+    if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) ::_exit(10);
+    try {
+      AtomicFileWriter w(p);
+      std::string chunk(1 << 20, 'z');
+      for (int i = 0; i < 8; ++i) w.write(chunk);
+      w.commit();
+      ::_exit(12);
+    } catch (const Error&) {
+      ::_exit(0);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(read_file(p), "keep me");
+  EXPECT_EQ(count_temp_files(d.path), 0);
+}
+
+TEST(FileIO, PreservesPermissionsOfReplacedFile) {
+  TempDir d;
+  const std::string p = d.file("perm.txt");
+  write_file_atomic(p, "a");
+  fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  write_file_atomic(p, "b");
+  EXPECT_EQ(fs::status(p).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+}
+
+TEST(FileIO, MappedFileReadsAndMoves) {
+  TempDir d;
+  const std::string p = d.file("m.bin");
+  write_file_atomic(p, "hello mmap");
+  MappedFile m = MappedFile::open(p);
+  ASSERT_EQ(m.size(), 10u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m.data()), m.size()), "hello mmap");
+  EXPECT_EQ(m.path(), p);
+  const uint8_t* before = m.data();
+  MappedFile m2 = std::move(m);
+  EXPECT_EQ(m2.data(), before);
+  EXPECT_EQ(m.data(), nullptr);
+  MappedFile m3;
+  m3 = std::move(m2);
+  EXPECT_EQ(m3.data(), before);
+  EXPECT_EQ(m3.size(), 10u);
+
+  const std::string e = d.file("empty.bin");
+  write_file_atomic(e, "");
+  MappedFile me = MappedFile::open(e);
+  EXPECT_EQ(me.size(), 0u);
+}
+
+TEST(FileIO, MappedFileErrors) {
+  TempDir d;
+  EXPECT_THROW(MappedFile::open(d.file("missing.bin")), Error);
+  EXPECT_THROW(MappedFile::open(d.path), Error);  // a directory
+  EXPECT_THROW(read_file(d.path), Error);
+}
+
+TEST(FileIO, PathHelpers) {
+  EXPECT_EQ(file_name_of("a/b/c.txt"), "c.txt");
+  EXPECT_EQ(file_name_of("c.txt"), "c.txt");
+  EXPECT_EQ(join_path("a", "b"), "a/b");
+  EXPECT_EQ(join_path("a/", "b"), "a/b");
+  EXPECT_EQ(join_path("", "b"), "b");
+  EXPECT_EQ(join_path("a", "/abs"), "/abs");
+}
