@@ -11,5 +11,5 @@ shift || true
 exec ./build/attnres train --data "$DATA" --out runs/demo \
   --tokenizer bpe --vocab-size 2048 \
   --n-layer 4 --d-model 128 --n-head 4 --seq-len 128 --batch-size 16 \
-  --steps 800 --lr 3e-3 --warmup 50 --eval-every 200 --save-every 200 \
+  --steps 1500 --lr 3e-3 --warmup 50 --eval-every 200 --save-every 200 \
   --prompt "The meaning of life is" "$@"
