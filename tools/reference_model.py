@@ -17,8 +17,15 @@ Conventions (see tools/README.md for the full list):
     sublayer 2i+1 is block i's MLP (SPEC numbers them 1-based).
 
 Residual paths are pluggable objects with begin(emb) / input(l) / push(l, out)
-/ final():  PreNormResidual (mode "prenorm"), FullAttnRes (mode "full") and
-BlockAttnRes (mode "block", block_size S sublayers per block).
+/ final():  PreNormResidual (mode "prenorm"), FullAttnRes (mode "full"),
+BlockAttnRes (mode "block", block_size S sublayers per block), StaticMix (mode
+"static": input-independent softmax(logits) weights over the full source list)
+and DenseFormer (mode "denseformer": depth-weighted averages of block outputs).
+
+The AttnRes depth mix (modes full / block) has the ablation options of the
+paper (SPEC 6): gate softmax|sigmoid, key norm rms|none, H depth heads,
+static|dynamic query, sliding window K.  See tools/README.md for the exact
+definitions.
 """
 
 from __future__ import annotations
@@ -47,8 +54,14 @@ class Config:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tied: bool = False
-    residual: str = "prenorm"  # "prenorm" | "full" | "block"
-    block_size: int = 0  # sublayers per block, only for residual == "block"
+    residual: str = "prenorm"  # "prenorm" | "full" | "block" | "static" | "denseformer"
+    block_size: int = 0  # sublayers per block, only for residual == "block" (full == S = 1)
+    # AttnRes depth-mix options (modes full / block only; defaults = the paper's method)
+    attnres_gate: str = "softmax"    # "softmax" | "sigmoid" (no normalisation over sources)
+    attnres_key_norm: str = "rms"    # "rms" (keys = RMSNorm(v; g)) | "none" (keys = v, no gain)
+    attnres_heads: int = 1           # H contiguous slices of d, one depth attention each
+    attnres_query: str = "static"    # "static" (q = w) | "dynamic" (q = w + W u, u = last source)
+    attnres_window: int = 0          # K > 0: sources = [emb] + last K non-embedding sources
 
     @property
     def head_dim(self) -> int:
@@ -58,63 +71,110 @@ class Config:
     def n_sublayer(self) -> int:
         return 2 * self.n_layer
 
+    @property
+    def is_attnres(self) -> bool:
+        """Modes with the pseudo-query depth attention (full, block)."""
+        return self.residual in ("full", "block")
+
+    @property
+    def sublayers_per_block(self) -> int:
+        """S; full AttnRes is block AttnRes with S = 1."""
+        return 1 if self.residual == "full" else self.block_size
+
+    ATTNRES_KEYS = ("attnres_gate", "attnres_key_norm", "attnres_heads",
+                    "attnres_query", "attnres_window")
+
     def to_json(self) -> str:
+        """Metadata "config".  prenorm: exactly the original key set (fixture bytes stay
+        stable).  Other modes add block_size (full: 1, block: S; absent for static and
+        denseformer) and always the five attnres_* keys."""
         d = asdict(self)
-        if self.residual != "block":
-            d.pop("block_size")
         keys = ["n_layer", "n_head", "n_kv_head", "d_model", "ffn_hidden",
                 "vocab_size", "norm_eps", "rope_theta", "tied", "residual"]
-        if "block_size" in d:
-            keys.append("block_size")
+        if self.residual != "prenorm":
+            d["block_size"] = self.sublayers_per_block
+            if self.is_attnres:
+                keys.append("block_size")
+            keys += list(self.ATTNRES_KEYS)
         return json.dumps({k: d[k] for k in keys})
 
     def validate(self) -> None:
         assert self.d_model % self.n_head == 0
         assert self.n_head % self.n_kv_head == 0
         assert self.head_dim % 2 == 0
-        assert self.residual in ("prenorm", "full", "block")
+        assert self.residual in ("prenorm", "full", "block", "static", "denseformer")
         if self.residual == "block":
             assert self.block_size >= 1
+        if self.residual == "full":
+            assert self.block_size in (0, 1)
+        assert self.attnres_gate in ("softmax", "sigmoid")
+        assert self.attnres_key_norm in ("rms", "none")
+        assert self.attnres_query in ("static", "dynamic")
+        assert self.attnres_heads >= 1 and self.d_model % self.attnres_heads == 0
+        assert self.attnres_window >= 0
+        if not self.is_attnres:  # the options only exist for the pseudo-query mix
+            assert (self.attnres_gate, self.attnres_key_norm, self.attnres_heads,
+                    self.attnres_query, self.attnres_window) == ("softmax", "rms", 1, "static", 0)
 
 
 # --------------------------------------------------------------------------
 # parameter names and initialisation
 # --------------------------------------------------------------------------
 
+def mixer_shapes(cfg: Config, prefix: str, n_src: int) -> "OrderedDict[str, tuple]":
+    """Parameters of one depth mixer ("layers.{i}.attn_res.", "layers.{i}.mlp_res.",
+    "out_res.").  n_src = number of sources (only used by mode static)."""
+    d = cfg.d_model
+    s: "OrderedDict[str, tuple]" = OrderedDict()
+    if cfg.residual == "static":
+        s[prefix + "logits"] = (n_src,)
+    elif cfg.is_attnres:
+        s[prefix + "query"] = (d,)
+        if cfg.attnres_key_norm == "rms":
+            s[prefix + "key_norm.weight"] = (d,)
+        if cfg.attnres_query == "dynamic":
+            s[prefix + "query_proj.weight"] = (d, d)
+    return s
+
+
 def param_shapes(cfg: Config) -> "OrderedDict[str, tuple]":
     """Checkpoint name -> shape, in the canonical order used by the fixtures."""
     d, hd = cfg.d_model, cfg.head_dim
+    L = cfg.n_sublayer
     s: "OrderedDict[str, tuple]" = OrderedDict()
     s["tok_embeddings.weight"] = (cfg.vocab_size, d)
     for i in range(cfg.n_layer):
         p = f"layers.{i}."
-        if cfg.residual != "prenorm":
-            s[p + "attn_res.query"] = (d,)
-            s[p + "attn_res.key_norm.weight"] = (d,)
+        s.update(mixer_shapes(cfg, p + "attn_res.", 2 * i + 1))
         s[p + "attention_norm.weight"] = (d,)
         s[p + "attention.wq.weight"] = (cfg.n_head * hd, d)
         s[p + "attention.wk.weight"] = (cfg.n_kv_head * hd, d)
         s[p + "attention.wv.weight"] = (cfg.n_kv_head * hd, d)
         s[p + "attention.wo.weight"] = (d, cfg.n_head * hd)
-        if cfg.residual != "prenorm":
-            s[p + "mlp_res.query"] = (d,)
-            s[p + "mlp_res.key_norm.weight"] = (d,)
+        s.update(mixer_shapes(cfg, p + "mlp_res.", 2 * i + 2))
         s[p + "ffn_norm.weight"] = (d,)
         s[p + "feed_forward.w1.weight"] = (cfg.ffn_hidden, d)
         s[p + "feed_forward.w2.weight"] = (d, cfg.ffn_hidden)
         s[p + "feed_forward.w3.weight"] = (cfg.ffn_hidden, d)
-    if cfg.residual != "prenorm":
-        s["out_res.query"] = (d,)
-        s["out_res.key_norm.weight"] = (d,)
+        if cfg.residual == "denseformer":
+            s[p + "dwa.weight"] = (i + 2,)  # alpha_{i,0..i+1} over X_0 .. X_{i+1}
+    s.update(mixer_shapes(cfg, "out_res.", L + 1))
     s["norm.weight"] = (d,)
     if not cfg.tied:
         s["output.weight"] = (cfg.vocab_size, d)
     return s
 
 
+def is_router_param(name: str) -> bool:
+    """Parameters of the residual path itself (depth mixers, DWA weights)."""
+    return ("_res." in name or name.startswith("out_res.") or name.endswith("dwa.weight"))
+
+
 def is_decayed(name: str, shape) -> bool:
-    """AdamW weight-decay group: 2-D weight matrices except the embedding."""
-    return len(shape) == 2 and name != "tok_embeddings.weight"
+    """AdamW weight-decay group: 2-D weight matrices except the embedding and the
+    dynamic-query projections (*.query_proj.weight).  No router param is decayed."""
+    return (len(shape) == 2 and name != "tok_embeddings.weight"
+            and not name.endswith("query_proj.weight"))
 
 
 def init_params(cfg: Config, rng: np.random.Generator,
@@ -128,23 +188,31 @@ def init_params(cfg: Config, rng: np.random.Generator,
       RMSNorm gains (*norm.weight)            uniform(0.5, 1.5)
       attn-res query                          0 ("paper") or normal(0, 1/sqrt(d)) ("random")
       attn-res key_norm.weight                1 ("paper") or uniform(0.5, 1.5) ("random")
-    Constant tensors ("paper" init) consume no random numbers.
+      attn-res query_proj.weight (d, d)       0 ("paper") or normal(0, 0.5/sqrt(d)) ("random")
+      static-mix logits                       0 ("paper") or normal(0, 1) ("random")
+      layers.{i}.dwa.weight (i+2)             e_{i+1} ("paper", = plain residual) or
+                                              normal(0, 0.5) + e_{i+1} ("random")
+    (normal(0, s) means standard deviation s.)  Constant tensors ("paper" init) consume
+    no random numbers, so the other weights equal those of a prenorm model with the same seed.
     """
     cfg.validate()
+    assert attnres_init in ("paper", "random")
+    paper = attnres_init == "paper"
     out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
     for name, shape in param_shapes(cfg).items():
         if name == "tok_embeddings.weight":
             a = rng.standard_normal(shape)
         elif name.endswith(".query"):
-            if attnres_init == "paper":
-                a = np.zeros(shape)
-            else:
-                a = rng.standard_normal(shape) / math.sqrt(cfg.d_model)
+            a = np.zeros(shape) if paper else rng.standard_normal(shape) / math.sqrt(cfg.d_model)
         elif name.endswith("key_norm.weight"):
-            if attnres_init == "paper":
-                a = np.ones(shape)
-            else:
-                a = rng.uniform(0.5, 1.5, shape)
+            a = np.ones(shape) if paper else rng.uniform(0.5, 1.5, shape)
+        elif name.endswith("query_proj.weight"):
+            a = np.zeros(shape) if paper else 0.5 * rng.standard_normal(shape) / math.sqrt(cfg.d_model)
+        elif name.endswith(".logits"):
+            a = np.zeros(shape) if paper else rng.standard_normal(shape)
+        elif name.endswith("dwa.weight"):
+            a = np.zeros(shape) if paper else 0.5 * rng.standard_normal(shape)
+            a[-1] += 1.0
         elif name.endswith("norm.weight"):
             a = rng.uniform(0.5, 1.5, shape)
         else:
@@ -214,18 +282,55 @@ def mlp(x: torch.Tensor, P, pre: str) -> torch.Tensor:
 # --------------------------------------------------------------------------
 
 def sublayer_prefix(l: int) -> str:
-    """0-based sublayer index -> parameter prefix of its attn-res mix."""
+    """0-based sublayer index -> parameter prefix of its depth mixer."""
     return f"layers.{l // 2}." + ("attn_res." if l % 2 == 0 else "mlp_res.")
 
 
-def depth_mix(sources: List[torch.Tensor], w: torch.Tensor, g: torch.Tensor,
-              eps: float) -> torch.Tensor:
-    """softmax-over-depth mix (SPEC 2): keys RMSNorm(v_i; g), score w.k_i, values raw v_i."""
-    V = torch.stack(sources, dim=0)  # (n, B, T, d)
-    K = rms_norm(V, g, eps)
-    s = (K * w).sum(dim=-1)  # (n, B, T)
-    a = torch.softmax(s, dim=0)
-    return (a.unsqueeze(-1) * V).sum(dim=0)
+def window_sources(sources: List[torch.Tensor], K: int) -> List[torch.Tensor]:
+    """Sliding window: [emb] + the last K non-embedding sources (all if fewer); K = 0: off."""
+    if K <= 0:
+        return list(sources)
+    rest = sources[1:]
+    return [sources[0]] + rest[max(0, len(rest) - K):]
+
+
+def depth_mix(sources: List[torch.Tensor], P, pre: str, cfg: Config) -> torch.Tensor:
+    """Pseudo-query depth attention (SPEC 2, with the SPEC 6 ablation options).
+
+    sources: list of (B,T,d) tensors, sources[0] = embedding.  Per token and head h
+    (slice of dh = d/H channels):
+      keys    k = g * v * rsqrt(mean_slice(v^2) + eps)   (key norm "rms"; "none": k = v)
+      query   q = w                                     (static)
+              q = w + W u, u = last source in the list   (dynamic)
+      score   s_{i,h} = sum_{c in slice h} q_c k_{i,c}   (no temperature)
+      gate    a = softmax_i(s)  or  sigmoid(s)
+      output  x_c = sum_i a_{i,h(c)} v_{i,c}            (values are the raw sources)
+    """
+    srcs = window_sources(sources, cfg.attnres_window)
+    V = torch.stack(srcs, dim=0)  # (n, B, T, d)
+    n, B, T, d = V.shape
+    H = cfg.attnres_heads
+    dh = d // H
+    Vh = V.reshape(n, B, T, H, dh)
+    if cfg.attnres_key_norm == "rms":
+        g = P[pre + "key_norm.weight"].reshape(H, dh)
+        K = Vh * torch.rsqrt(Vh.pow(2).mean(dim=-1, keepdim=True) + cfg.norm_eps) * g
+    else:
+        K = Vh
+    q = P[pre + "query"]  # (d)
+    if cfg.attnres_query == "dynamic":
+        q = q + srcs[-1] @ P[pre + "query_proj.weight"].T  # (B, T, d)
+    qh = q.reshape(*q.shape[:-1], H, dh)
+    s = (K * qh).sum(dim=-1)  # (n, B, T, H)
+    a = torch.softmax(s, dim=0) if cfg.attnres_gate == "softmax" else torch.sigmoid(s)
+    return (a.unsqueeze(-1) * Vh).sum(dim=0).reshape(B, T, d)
+
+
+def static_mix(sources: List[torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+    """Input-independent scalar mixing: x = sum_i softmax(logits)_i v_i (same for every token)."""
+    V = torch.stack(sources, dim=0)
+    a = torch.softmax(logits, dim=0)
+    return (a.view(-1, 1, 1, 1) * V).sum(dim=0)
 
 
 class PreNormResidual:
@@ -251,28 +356,27 @@ class FullAttnRes:
     """SPEC 2: every sublayer mixes all previous raw outputs v_0..v_{l-1}."""
 
     def __init__(self, P, cfg: Config):
-        self.P, self.eps = P, cfg.norm_eps
+        self.P, self.cfg = P, cfg
         self.v: List[torch.Tensor] = []
 
     def begin(self, emb):
         self.v = [emb]
 
     def input(self, l):
-        pre = sublayer_prefix(l)
-        return depth_mix(self.v, self.P[pre + "query"], self.P[pre + "key_norm.weight"], self.eps)
+        return depth_mix(self.v, self.P, sublayer_prefix(l), self.cfg)
 
     def push(self, l, out):
         self.v.append(out)
 
     def final(self):
-        return depth_mix(self.v, self.P["out_res.query"], self.P["out_res.key_norm.weight"], self.eps)
+        return depth_mix(self.v, self.P, "out_res.", self.cfg)
 
 
 class BlockAttnRes:
     """SPEC 3: sources are [b_0 .. b_{n-1}] (+ partial sum p_n^(i) when i > 0)."""
 
     def __init__(self, P, cfg: Config):
-        self.P, self.eps, self.S = P, cfg.norm_eps, cfg.block_size
+        self.P, self.cfg, self.S = P, cfg, cfg.block_size
         self.blocks: List[torch.Tensor] = []
         self.partial: Optional[torch.Tensor] = None
 
@@ -284,8 +388,7 @@ class BlockAttnRes:
         return self.blocks + ([self.partial] if self.partial is not None else [])
 
     def input(self, l):
-        pre = sublayer_prefix(l)
-        return depth_mix(self._sources(), self.P[pre + "query"], self.P[pre + "key_norm.weight"], self.eps)
+        return depth_mix(self._sources(), self.P, sublayer_prefix(l), self.cfg)
 
     def push(self, l, out):
         self.partial = out if self.partial is None else self.partial + out
@@ -294,11 +397,61 @@ class BlockAttnRes:
             self.partial = None
 
     def final(self):
-        return depth_mix(self._sources(), self.P["out_res.query"], self.P["out_res.key_norm.weight"], self.eps)
+        return depth_mix(self._sources(), self.P, "out_res.", self.cfg)
+
+
+class StaticMix:
+    """Mode static: sources as in full AttnRes, weights softmax(logits) per mixer."""
+
+    def __init__(self, P, cfg: Config):
+        self.P = P
+        self.v: List[torch.Tensor] = []
+
+    def begin(self, emb):
+        self.v = [emb]
+
+    def input(self, l):
+        return static_mix(self.v, self.P[sublayer_prefix(l) + "logits"])
+
+    def push(self, l, out):
+        self.v.append(out)
+
+    def final(self):
+        return static_mix(self.v, self.P["out_res.logits"])
+
+
+class DenseFormer:
+    """DenseFormer (Pagliardini et al. 2024): PreNorm blocks; after block i the next block's
+    input is the depth-weighted average z_{i+1} = sum_{j<=i+1} alpha_{i,j} X_j of the
+    embedding X_0 and the block outputs X_1..X_{i+1} (alpha = layers.{i}.dwa.weight)."""
+
+    def __init__(self, P, cfg: Config):
+        self.P = P
+        self.X: List[torch.Tensor] = []
+        self.h = None
+
+    def begin(self, emb):
+        self.X = [emb]
+        self.h = emb  # z_0 = X_0
+
+    def input(self, l):
+        return self.h  # z_i for the attention, z_i + attn for the MLP
+
+    def push(self, l, out):
+        self.h = self.h + out
+        if l % 2 == 1:  # end of transformer block i = l // 2
+            self.X.append(self.h)
+            alpha = self.P[f"layers.{l // 2}.dwa.weight"]
+            V = torch.stack(self.X, dim=0)
+            self.h = (alpha.view(-1, 1, 1, 1) * V).sum(dim=0)
+
+    def final(self):
+        return self.h
 
 
 def make_residual(P, cfg: Config):
-    return {"prenorm": PreNormResidual, "full": FullAttnRes, "block": BlockAttnRes}[cfg.residual](P, cfg)
+    return {"prenorm": PreNormResidual, "full": FullAttnRes, "block": BlockAttnRes,
+            "static": StaticMix, "denseformer": DenseFormer}[cfg.residual](P, cfg)
 
 
 # --------------------------------------------------------------------------

@@ -6,10 +6,26 @@
 
 namespace attnres {
 
-// The residual path (see SPEC.md). Only `prenorm` exists so far; AttnRes modes plug in through
-// DepthRouter (residual.hpp).
+// The residual path (SPEC.md), implemented by a DepthRouter (residual.hpp):
+//   prenorm      plain sum (SPEC 1)
+//   full         Full AttnRes (SPEC 2), including the output mix
+//   block        Block AttnRes with block_size sublayers per block (SPEC 3, two-phase SPEC 4)
+//   static       input-independent softmax-mixing weights per (sublayer, source) (SPEC 6)
+//   denseformer  DenseFormer's depth-weighted average of block outputs, identity at init
+// The attnres_* ablations (SPEC 6) apply to full and block.
 struct ResidualConfig {
   std::string mode = "prenorm";
+  int64_t block_size = 4;          // block: sublayers per block (full behaves as 1)
+  std::string gate = "softmax";    // softmax | sigmoid
+  std::string key_norm = "rms";    // rms | none
+  int64_t heads = 1;               // split d into this many slices, one softmax each
+  std::string query = "static";    // static | dynamic (w + W u, u = most recent source)
+  int64_t window = 0;              // > 0: embedding plus the last `window` sources
+  bool two_phase = true;           // how block mode computes (not part of the model function)
+
+  bool is_attnres() const { return mode == "full" || mode == "block"; }
+  // Sublayers per block as computed: 1 for full.
+  int64_t effective_block_size() const { return mode == "full" ? 1 : block_size; }
 };
 
 struct ModelConfig {

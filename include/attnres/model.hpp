@@ -38,7 +38,9 @@ class Model {
   const float* param(const std::string& name) const;
 
   // Deterministic initialisation from seed: linear weights N(0, 0.02), output projections (wo, w2)
-  // scaled by 1/sqrt(2 n_layer), embeddings N(0, 0.02), norm gains 1; router params per its mode.
+  // scaled by 1/sqrt(2 n_layer), embeddings N(0, 0.02), norm gains 1; the residual mode's own
+  // parameters as its router defines (SPEC 2: pseudo-queries 0, key-norm gains 1). The shared
+  // weights do not depend on the residual mode, so runs in different modes start alike.
   void init_weights(uint64_t seed);
 
   // Forward over tokens (B,T), T <= max_seq_len. With targets (B,T) returns the mean
@@ -62,6 +64,7 @@ class Model {
 
   ModelConfig cfg_;
   ParamLayout layout_;
+  size_t n_core_entries_ = 0;  // layout entries before the router's own
   std::vector<float> params_, grads_;
   std::unique_ptr<DepthRouter> router_;
   std::unique_ptr<Acts> acts_;

@@ -32,8 +32,12 @@ class DepthRouter {
 
   // Adds the router's own parameters (if any) to the layout. Called once, before bind().
   virtual void add_params(ParamLayout& layout) = 0;
-  // Points the router at the flat parameter and gradient buffers (after layout is final).
+  // Points the router at the flat parameter and gradient buffers (after layout is final). grads
+  // may be null for inference-only use.
   virtual void bind(const ParamLayout& layout, float* params, float* grads) = 0;
+  // Writes the mode's initial values of its own parameters into params (SPEC 2: pseudo-queries
+  // zero, key-norm gains one; DenseFormer: identity weights; static: uniform logits).
+  virtual void init_params(float* params) const {}
 
   // --- forward ---
   // Starts a pass over n rows; emb (n,d) is v_0 (copied).
@@ -62,7 +66,8 @@ class DepthRouter {
   virtual int64_t activation_bytes(int64_t n) const = 0;
 };
 
-// Builds the router for cfg.residual.mode ("prenorm"). Throws Error on an unknown mode.
+// Builds the router for cfg.residual.mode (prenorm, full, block, static, denseformer). Throws
+// Error on an unknown mode.
 std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg);
 
 }  // namespace attnres

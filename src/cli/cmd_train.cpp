@@ -105,7 +105,29 @@ void add_train(CLI::App& app) {
   s->add_option("--ffn-hidden", c.model.ffn_hidden, "SwiGLU hidden width (0 = 8/3 d)")
       ->capture_default_str();
   s->add_flag("--untied", a->untied, "Separate LM head instead of the tied embedding");
-  s->add_option("--residual", c.model.residual.mode, "Residual mode: prenorm")
+  ResidualConfig& r = c.model.residual;
+  s->add_option("--residual", r.mode, "Residual: prenorm | full | block | static | denseformer")
+      ->check(CLI::IsMember({"prenorm", "full", "block", "static", "denseformer"}))
+      ->capture_default_str();
+  s->add_option("--block-size", r.block_size, "block: sublayers per block (S)")
+      ->capture_default_str();
+  s->add_option("--attnres-gate", r.gate, "full/block: softmax | sigmoid")
+      ->check(CLI::IsMember({"softmax", "sigmoid"}))
+      ->capture_default_str();
+  s->add_option("--attnres-key-norm", r.key_norm, "full/block: rms | none (RMSNorm on keys)")
+      ->check(CLI::IsMember({"rms", "none"}))
+      ->capture_default_str();
+  s->add_option("--attnres-heads", r.heads, "full/block: depth-attention heads (split d)")
+      ->capture_default_str();
+  s->add_option("--attnres-query", r.query,
+                "full/block: static | dynamic (query = w + W * most recent source)")
+      ->check(CLI::IsMember({"static", "dynamic"}))
+      ->capture_default_str();
+  s->add_option("--attnres-window", r.window,
+                "full/block: embedding plus the last K sources only (0 = all)")
+      ->capture_default_str();
+  s->add_option("--attnres-two-phase", r.two_phase,
+                "block: two-phase computation (SPEC 4); same function, for comparisons")
       ->capture_default_str();
   // optimisation
   s->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();

@@ -32,8 +32,23 @@ void ModelConfig::validate() const {
   need(max_seq_len >= 1, "max_seq_len must be >= 1, got " + std::to_string(max_seq_len));
   need(norm_eps > 0, "norm_eps must be > 0");
   need(rope_theta > 0, "rope_theta must be > 0");
-  need(residual.mode == "prenorm",
-       "residual mode '" + residual.mode + "' is not available; use 'prenorm'");
+  const ResidualConfig& r = residual;
+  need(r.mode == "prenorm" || r.mode == "full" || r.mode == "block" || r.mode == "static" ||
+           r.mode == "denseformer",
+       "residual mode '" + r.mode + "' is unknown; use prenorm, full, block, static or denseformer");
+  if (r.is_attnres()) {
+    need(r.block_size >= 1, "block_size must be >= 1, got " + std::to_string(r.block_size));
+    need(r.gate == "softmax" || r.gate == "sigmoid",
+         "attnres gate '" + r.gate + "' is unknown; use softmax or sigmoid");
+    need(r.key_norm == "rms" || r.key_norm == "none",
+         "attnres key norm '" + r.key_norm + "' is unknown; use rms or none");
+    need(r.heads >= 1 && d_model % r.heads == 0,
+         "attnres heads (" + std::to_string(r.heads) + ") must divide d_model (" +
+             std::to_string(d_model) + ")");
+    need(r.query == "static" || r.query == "dynamic",
+         "attnres query '" + r.query + "' is unknown; use static or dynamic");
+    need(r.window >= 0, "attnres window must be >= 0 (0 = off)");
+  }
 }
 
 std::string ModelConfig::to_json() const {
@@ -43,6 +58,14 @@ std::string ModelConfig::to_json() const {
                       {"max_seq_len", max_seq_len}, {"norm_eps", norm_eps},
                       {"rope_theta", rope_theta}, {"tied", tied},
                       {"residual", residual.mode}};
+  if (residual.is_attnres()) {
+    j["block_size"] = residual.effective_block_size();
+    j["attnres_gate"] = residual.gate;
+    j["attnres_key_norm"] = residual.key_norm;
+    j["attnres_heads"] = residual.heads;
+    j["attnres_query"] = residual.query;
+    j["attnres_window"] = residual.window;
+  }
   return j.dump();
 }
 
@@ -71,6 +94,14 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
     if (j.contains("rope_theta")) c.rope_theta = j.at("rope_theta").get<double>();
     if (j.contains("tied")) c.tied = j.at("tied").get<bool>();
     if (j.contains("residual")) c.residual.mode = j.at("residual").get<std::string>();
+    get_i("block_size", c.residual.block_size);
+    get_i("attnres_heads", c.residual.heads);
+    get_i("attnres_window", c.residual.window);
+    if (j.contains("attnres_gate")) c.residual.gate = j.at("attnres_gate").get<std::string>();
+    if (j.contains("attnres_key_norm")) {
+      c.residual.key_norm = j.at("attnres_key_norm").get<std::string>();
+    }
+    if (j.contains("attnres_query")) c.residual.query = j.at("attnres_query").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("model config has a field of the wrong type: ") + e.what());
   }

@@ -72,7 +72,8 @@ void Model::build_layout() {
   }
   layout_.add("norm.weight", {d}, false);
   if (!cfg_.tied) layout_.add("output.weight", {cfg_.vocab_size, d}, true);
-  router_->add_params(layout_);
+  n_core_entries_ = layout_.entries().size();
+  router_->add_params(layout_);  // the residual mode's own parameters come last
 }
 
 float* Model::param(const std::string& name) {
@@ -93,10 +94,8 @@ void Model::init_weights(uint64_t seed) {
     // Each tensor gets its own stream derived from (seed, index), so adding a tensor later never
     // changes the others' values.
     Rng rng(splitmix64(seed) ^ splitmix64(0x5EED0000ull + k));
-    const bool is_norm = e.name.find("norm.weight") != std::string::npos;
-    const bool is_router = e.name.find("_res.") != std::string::npos;
-    if (is_router) continue;  // the router's own init (zero queries, unit gains) is set below
-    if (is_norm) {
+    if (k >= n_core_entries_) continue;  // the router initialises its own parameters below
+    if (e.name.find("norm.weight") != std::string::npos) {
       for (int64_t i = 0; i < e.numel; i++) w[i] = 1.0f;
       continue;
     }
@@ -104,11 +103,7 @@ void Model::init_weights(uint64_t seed) {
     const double sd = is_out_proj ? std_out : std_w;
     for (int64_t i = 0; i < e.numel; i++) w[i] = static_cast<float>(sd * rng.normal());
   }
-  for (const ParamEntry& e : layout_.entries()) {
-    if (e.name.find("_res.key_norm.weight") != std::string::npos) {
-      std::fill_n(params_.data() + e.offset, e.numel, 1.0f);  // SPEC 2: gains start at 1
-    }
-  }
+  router_->init_params(params_.data());
 }
 
 void Model::ensure_acts(int64_t B, int64_t T) {

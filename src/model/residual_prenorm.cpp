@@ -5,6 +5,7 @@
 
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
+#include "model/routers.hpp"
 
 namespace attnres {
 
@@ -73,11 +74,8 @@ class PrenormRouter final : public DepthRouter {
 
 }  // namespace
 
-std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg) {
-  if (cfg.residual.mode == "prenorm") {
-    return std::make_unique<PrenormRouter>(cfg.n_sublayers(), cfg.d_model);
-  }
-  throw Error("unknown residual mode '" + cfg.residual.mode + "'; available: prenorm");
+std::unique_ptr<DepthRouter> make_prenorm_router(const ModelConfig& cfg) {
+  return std::make_unique<PrenormRouter>(cfg.n_sublayers(), cfg.d_model);
 }
 
 }  // namespace attnres

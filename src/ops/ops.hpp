@@ -76,4 +76,46 @@ double cross_entropy_forward(float* losses, float* lse, const float* logits,
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, int64_t N, int64_t V, float dloss);
 
+// ---- depth attention (depth_attention.cpp): the AttnRes mix over sources (SPEC 2-4) ----
+// Per token n, head slice h (dh = d/H channels), for sources i = 0..S-1:
+//   s_i = rstd_i * (qg . v_i)  (key norm rms; qg = query * key-norm gain)  or  qg . v_i  (none)
+//   a_i = softmax_i(s_i) or sigmoid(s_i);   x = sum_i a_i v_i   (values are the raw sources)
+struct DepthSource {
+  const float* v;      // (N,d) the source
+  const float* rstd;   // (N,H) inverse RMS per head slice (key norm rms), else unused
+  float* dv;           // (N,d) gradient accumulator (backward), may be null to drop it
+};
+struct DepthMix {
+  int64_t d = 0, H = 1;
+  bool softmax = true;   // false: sigmoid gate
+  bool key_norm = true;  // false: keys are the raw sources
+  float eps = 1e-5f;     // of the key RMSNorm (used by the reference; the fast path takes rstd)
+  int64_t dh() const { return d / H; }
+};
+// rstd (N,H) = 1 / sqrt(mean over each head slice of v^2 + eps), for v (N,d).
+void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H, float eps);
+// x (N,d) = the mix; lse (N,H) = log-sum-exp of the scores (softmax; may be null for sigmoid).
+// qg: (d) shared by every token when q_ld == 0, else row n at qg + n*q_ld (dynamic query).
+// One pass over the sources with an online softmax; never materialises scores.
+void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, const float* qg,
+                       int64_t q_ld, const DepthMix& m, int64_t N);
+// Plain loops in double over explicit score arrays. The reference for tests.
+void depth_mix_forward_reference(float* x, float* lse, const DepthSource* src, int64_t S,
+                                 const float* qg, int64_t q_ld, const DepthMix& m, int64_t N);
+// Backward of depth_mix_forward given dx (N,d), the forward's x and lse. Accumulates into every
+// src[i].dv and into dqg: (d) summed over tokens when q_ld == 0, else (N,d) rows of stride d.
+// Deterministic (per-thread partial sums are combined in thread order).
+void depth_mix_backward(float* dqg, const float* dx, const float* x, const float* lse,
+                        const DepthSource* src, int64_t S, const float* qg, int64_t q_ld,
+                        const DepthMix& m, int64_t N);
+// Two-phase computation (SPEC 4), softmax gate and per-token-independent queries only.
+// Phase 1: K queries qg[k] (d) score the same S sources in ONE pass over them; o[k] (N,d) gets the
+// normalised mix and lse[k] (N,H) its log-sum-exp.
+void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src, int64_t S,
+                      const float* const* qg, int64_t K, const DepthMix& m, int64_t N);
+// Phase 2: merges one more source p into a phase-1 result (o1, lse1):
+//   x = o1 + sigmoid(s_p - lse1) * (p - o1),  lse = log(exp(lse1) + exp(s_p)).
+void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
+                      const DepthSource& p, const float* qg, const DepthMix& m, int64_t N);
+
 }  // namespace attnres::ops

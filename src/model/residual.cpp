@@ -1,0 +1,23 @@
+// Picks the DepthRouter for a configuration's residual mode.
+#include "attnres/error.hpp"
+#include "attnres/residual.hpp"
+#include "model/routers.hpp"
+
+namespace attnres {
+
+std::string mixer_prefix(int64_t m, int64_t L) {
+  if (m == L) return "out_res.";
+  return "layers." + std::to_string(m / 2) + (m % 2 == 0 ? ".attn_res." : ".mlp_res.");
+}
+
+std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg) {
+  const std::string& mode = cfg.residual.mode;
+  if (mode == "prenorm") return make_prenorm_router(cfg);
+  if (mode == "full" || mode == "block") return make_attnres_router(cfg);
+  if (mode == "static") return make_static_router(cfg);
+  if (mode == "denseformer") return make_denseformer_router(cfg);
+  throw Error("unknown residual mode '" + mode +
+              "'; available: prenorm, full, block, static, denseformer");
+}
+
+}  // namespace attnres

@@ -1,0 +1,343 @@
+// Modes `full` and `block`: Attention Residuals (SPEC sections 2-4).
+//
+// Full AttnRes is Block AttnRes with one sublayer per block, so one implementation serves both.
+// Sublayer l (0-based) lies in block n = l / S at index k = l % S. Its sources are the embedding,
+// the completed block sums B_0..B_{n-1} and, for k > 0, the partial sum P of block n so far; the
+// output mix reads the embedding and every block sum (SPEC 3). Each source's per-token inverse RMS
+// is computed once, when the source is formed, and shared by every later reader (SPEC 2).
+//
+// Backward: dL/d(out of sublayer (n,k)) = dL/dB_n + sum_{i>k} dL/dP^(i), kept in one running
+// buffer per block that the partial sums' gradients are added to as the pass moves back.
+#include <cstring>
+#include <vector>
+
+#include "attnres/error.hpp"
+#include "model/routers.hpp"
+#include "ops/ops.hpp"
+
+namespace attnres {
+
+namespace {
+
+class AttnResRouter final : public DepthRouter {
+ public:
+  explicit AttnResRouter(const ModelConfig& c)
+      : L_(c.n_sublayers()),
+        d_(c.d_model),
+        S_(c.residual.effective_block_size()),
+        window_(c.residual.window),
+        dynamic_(c.residual.query == "dynamic"),
+        eps_(static_cast<float>(c.norm_eps)) {
+    mix_.d = d_;
+    mix_.H = c.residual.heads;
+    mix_.softmax = c.residual.gate == "softmax";
+    mix_.key_norm = c.residual.key_norm == "rms";
+    mix_.eps = eps_;
+    NB_ = (L_ + S_ - 1) / S_;
+    // Two-phase needs queries known before the block starts and one softmax over a fixed set of
+    // completed blocks: softmax gate, static query, no window.
+    two_phase_ = c.residual.two_phase && mix_.softmax && !dynamic_ && window_ == 0 && S_ > 1;
+  }
+
+  void add_params(ParamLayout& layout) override {
+    for (int64_t m = 0; m <= L_; m++) {
+      const std::string p = mixer_prefix(m, L_);
+      layout.add(p + "query", {d_}, false);
+      if (mix_.key_norm) layout.add(p + "key_norm.weight", {d_}, false);
+      if (dynamic_) layout.add(p + "query_proj.weight", {d_, d_}, false);
+    }
+  }
+
+  void bind(const ParamLayout& layout, float* params, float* grads) override {
+    params_ = params;
+    grads_ = grads;
+    off_.assign(L_ + 1, {});
+    for (int64_t m = 0; m <= L_; m++) {
+      const std::string p = mixer_prefix(m, L_);
+      off_[m].query = layout.find(p + "query")->offset;
+      if (mix_.key_norm) off_[m].gain = layout.find(p + "key_norm.weight")->offset;
+      if (dynamic_) off_[m].proj = layout.find(p + "query_proj.weight")->offset;
+    }
+  }
+
+  void init_params(float* params) const override {
+    for (int64_t m = 0; m <= L_; m++) {
+      std::fill_n(params + off_[m].query, d_, 0.0f);  // SPEC 2: pseudo-queries start at zero
+      if (off_[m].gain >= 0) std::fill_n(params + off_[m].gain, d_, 1.0f);
+      if (off_[m].proj >= 0) std::fill_n(params + off_[m].proj, d_ * d_, 0.0f);
+    }
+  }
+
+  // ---------------------------------------------------------------- forward
+  void begin(const float* emb, int64_t n) override {
+    alloc(n);
+    std::memcpy(emb_.v.data(), emb, sizeof(float) * n * d_);
+    if (mix_.key_norm) ops::depth_rstd(emb_.r.data(), emb_.v.data(), n, d_, mix_.H, eps_);
+    // Static queries fold the key-norm gain in once per pass: (w * g) . v_hat (SPEC 2 identity).
+    if (!dynamic_) {
+      qg_.resize((L_ + 1) * d_);
+      for (int64_t m = 0; m <= L_; m++) {
+        const float* w = params_ + off_[m].query;
+        const float* g = mix_.key_norm ? params_ + off_[m].gain : nullptr;
+        for (int64_t c = 0; c < d_; c++) qg_[m * d_ + c] = g ? w[c] * g[c] : w[c];
+      }
+    }
+    prepare_input(0);
+  }
+
+  const float* input(int64_t l) override { return xin_[l].data(); }
+  float* output_slot(int64_t) override { return out_.data(); }
+
+  void commit_output(int64_t l) override {
+    const int64_t blk = l / S_, k = l % S_, N = n_, nd = n_ * d_;
+    // The partial sum including this output: P^(k+1) = P^(k) + out (P^(0) = 0).
+    Source& dst = last_in_block(l) ? blocks_[blk] : part_[l + 1];
+    float* p = dst.v.data();
+    const float* o = out_.data();
+    if (k == 0) {
+      std::memcpy(p, o, sizeof(float) * nd);
+    } else {
+      const float* prev = part_[l].v.data();
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < nd; i++) p[i] = prev[i] + o[i];
+    }
+    if (mix_.key_norm) ops::depth_rstd(dst.r.data(), p, N, d_, mix_.H, eps_);
+    if (l + 1 < L_) {
+      prepare_input(l + 1);
+    } else {
+      mix_forward(L_, final_.data(), lse_[L_].data());
+    }
+  }
+
+  const float* final_hidden() override { return final_.data(); }
+
+  // ---------------------------------------------------------------- backward
+  void begin_backward(const float* dh) override {
+    const int64_t nd = n_ * d_;
+    std::memset(emb_.g.data(), 0, sizeof(float) * nd);
+    for (auto& b : blocks_) std::memset(b.g.data(), 0, sizeof(float) * nd);
+    mix_backward(L_, dh, final_.data(), lse_[L_].data());
+  }
+
+  const float* grad_output(int64_t l) override {
+    // Entering block n from its end: every reader of B_n has been processed by now.
+    if (last_in_block(l)) {
+      std::memcpy(run_.data(), blocks_[l / S_].g.data(), sizeof(float) * n_ * d_);
+    }
+    return run_.data();
+  }
+
+  float* grad_input_slot(int64_t) override {
+    std::memset(dx_.data(), 0, sizeof(float) * n_ * d_);
+    return dx_.data();
+  }
+
+  void commit_grad_input(int64_t l) override {
+    // The partial source P^(k)'s gradient lands in run_, turning it into dL/d out_{l-1}.
+    mix_backward(l, dx_.data(), xin_[l].data(), lse_[l].data());
+  }
+
+  const float* grad_embedding() override { return emb_.g.data(); }
+
+  int64_t activation_bytes(int64_t n) const override {
+    const int64_t H = mix_.H;
+    const int64_t sources = 1 + NB_ + L_;  // embedding, blocks, partials (upper bound)
+    const int64_t per_row = sources * (2 * d_ + H) + L_ * (d_ + H) + 4 * d_ +
+                            (two_phase_ ? S_ * (d_ + H) : 0);
+    return static_cast<int64_t>(sizeof(float)) * n * per_row;
+  }
+
+ private:
+  struct Source {
+    std::vector<float> v, r, g;  // value (n,d), inverse RMS (n,H), gradient (n,d)
+  };
+  struct Offsets {
+    int64_t query = -1, gain = -1, proj = -1;
+  };
+
+  bool last_in_block(int64_t l) const { return l % S_ == S_ - 1 || l == L_ - 1; }
+
+  void alloc(int64_t n) {
+    n_ = n;
+    const size_t nd = static_cast<size_t>(n * d_), nh = static_cast<size_t>(n * mix_.H);
+    auto fit = [&](Source& s, bool grad) {
+      s.v.resize(nd);
+      s.r.resize(nh);
+      if (grad) s.g.resize(nd);
+    };
+    fit(emb_, true);
+    blocks_.resize(NB_);
+    for (auto& b : blocks_) fit(b, true);
+    part_.resize(L_);
+    for (int64_t l = 0; l < L_; l++) {
+      if (l % S_ != 0) fit(part_[l], false);  // partial before sublayer l exists for k > 0
+    }
+    xin_.resize(L_);
+    for (auto& x : xin_) x.resize(nd);
+    lse_.resize(L_ + 1);
+    for (auto& x : lse_) x.resize(nh);
+    final_.resize(nd);
+    out_.resize(nd);
+    run_.resize(nd);
+    dx_.resize(nd);
+    if (dynamic_) {
+      qdyn_.resize(nd);
+      qraw_.resize(nd);
+      dq_.resize(nd);
+    }
+    if (two_phase_) {
+      o1_.resize(S_);
+      lse1_.resize(S_);
+      for (auto& o : o1_) o.resize(nd);
+      for (auto& o : lse1_) o.resize(nh);
+    }
+  }
+
+  // Sources of mixer m (m == L_: the output mix), with gradient accumulators.
+  std::vector<ops::DepthSource> sources(int64_t m, bool completed_only = false) {
+    std::vector<ops::DepthSource> s;
+    const int64_t nb = m == L_ ? NB_ : m / S_;
+    for (int64_t j = 0; j < nb; j++) {
+      s.push_back({blocks_[j].v.data(), blocks_[j].r.data(), blocks_[j].g.data()});
+    }
+    if (m < L_ && m % S_ != 0 && !completed_only) {
+      s.push_back({part_[m].v.data(), part_[m].r.data(), run_.data()});
+    }
+    if (window_ > 0 && static_cast<int64_t>(s.size()) > window_) {
+      s.erase(s.begin(), s.end() - window_);
+    }
+    s.insert(s.begin(), {emb_.v.data(), emb_.r.data(), emb_.g.data()});
+    return s;
+  }
+
+  // Query (times gain) for mixer m: shared (d) for static queries, per token for dynamic ones.
+  const float* query(int64_t m, const std::vector<ops::DepthSource>& src, int64_t* q_ld) {
+    if (!dynamic_) {
+      *q_ld = 0;
+      return qg_.data() + m * d_;
+    }
+    // q_n = w + W u_n with u the most recent source (SPEC 6 "input-dependent query").
+    const float* u = src.back().v;
+    ops::matmul_forward(qraw_.data(), u, params_ + off_[m].proj, n_, d_, d_);
+    const float* w = params_ + off_[m].query;
+    const float* g = mix_.key_norm ? params_ + off_[m].gain : nullptr;
+    const int64_t n = n_, d = d_;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+      float* q = qraw_.data() + r * d;
+      float* qg = qdyn_.data() + r * d;
+      for (int64_t c = 0; c < d; c++) {
+        q[c] += w[c];
+        qg[c] = g ? q[c] * g[c] : q[c];
+      }
+    }
+    *q_ld = d_;
+    return qdyn_.data();
+  }
+
+  void mix_forward(int64_t m, float* x, float* lse) {
+    auto src = sources(m);
+    int64_t q_ld = 0;
+    const float* q = query(m, src, &q_ld);
+    ops::depth_mix_forward(x, lse, src.data(), static_cast<int64_t>(src.size()), q, q_ld, mix_,
+                           n_);
+  }
+
+  // Computes x_l once its sources exist (right after sublayer l-1's output).
+  void prepare_input(int64_t l) {
+    const int64_t k = l % S_;
+    if (!two_phase_) {
+      mix_forward(l, xin_[l].data(), lse_[l].data());
+      return;
+    }
+    if (k == 0) {
+      // Phase 1 (SPEC 4): every sublayer of this block scores the completed blocks in one pass.
+      const int64_t K = std::min(S_, L_ - l);
+      auto src = sources(l, /*completed_only=*/true);
+      std::vector<float*> o(K), ls(K);
+      std::vector<const float*> q(K);
+      for (int64_t j = 0; j < K; j++) {
+        o[j] = o1_[j].data();
+        ls[j] = lse1_[j].data();
+        q[j] = qg_.data() + (l + j) * d_;
+      }
+      ops::depth_mix_phase1(o.data(), ls.data(), src.data(), static_cast<int64_t>(src.size()),
+                            q.data(), K, mix_, n_);
+      std::memcpy(xin_[l].data(), o1_[0].data(), sizeof(float) * n_ * d_);
+      std::memcpy(lse_[l].data(), lse1_[0].data(), sizeof(float) * n_ * mix_.H);
+    } else {
+      // Phase 2: only the partial sum is new; merge it by log-sum-exp.
+      const ops::DepthSource p{part_[l].v.data(), part_[l].r.data(), nullptr};
+      ops::depth_mix_phase2(xin_[l].data(), lse_[l].data(), o1_[k].data(), lse1_[k].data(), p,
+                            qg_.data() + l * d_, mix_, n_);
+    }
+  }
+
+  // Backpropagates dx through mixer m into its sources' gradients and its parameters.
+  void mix_backward(int64_t m, const float* dx, const float* x, const float* lse) {
+    auto src = sources(m);
+    const int64_t S = static_cast<int64_t>(src.size());
+    const float* w = params_ + off_[m].query;
+    const float* g = mix_.key_norm ? params_ + off_[m].gain : nullptr;
+    float* dw = grads_ + off_[m].query;
+    float* dg = g ? grads_ + off_[m].gain : nullptr;
+    if (!dynamic_) {
+      std::vector<float> dqg(d_, 0.0f);
+      ops::depth_mix_backward(dqg.data(), dx, x, lse, src.data(), S, qg_.data() + m * d_, 0, mix_,
+                              n_);
+      for (int64_t c = 0; c < d_; c++) {  // qg = w * g
+        dw[c] += g ? dqg[c] * g[c] : dqg[c];
+        if (dg) dg[c] += dqg[c] * w[c];
+      }
+      return;
+    }
+    int64_t q_ld = 0;
+    query(m, src, &q_ld);  // recomputes qraw_/qdyn_: cheaper than storing L of them
+    std::memset(dq_.data(), 0, sizeof(float) * n_ * d_);
+    ops::depth_mix_backward(dq_.data(), dx, x, lse, src.data(), S, qdyn_.data(), q_ld, mix_, n_);
+    // dq_ holds d/d(qg) per token; qg = (w + W u) * g.
+    const int64_t n = n_, d = d_;
+    std::vector<float> dgs(d, 0.0f), dws(d, 0.0f);
+    for (int64_t r = 0; r < n; r++) {  // serial over rows: deterministic parameter sums
+      float* q = dq_.data() + r * d;
+      const float* qr = qraw_.data() + r * d;  // w + W u
+      for (int64_t c = 0; c < d; c++) {
+        if (g) {
+          dgs[c] += q[c] * qr[c];
+          q[c] *= g[c];
+        }
+        dws[c] += q[c];
+      }
+    }
+    for (int64_t c = 0; c < d; c++) {
+      dw[c] += dws[c];
+      if (dg) dg[c] += dgs[c];
+    }
+    // dW += dq^T u ; du += dq W  (u = the most recent source)
+    ops::matmul_backward(src.back().dv, grads_ + off_[m].proj, dq_.data(), src.back().v,
+                         params_ + off_[m].proj, n_, d_, d_);
+  }
+
+  const int64_t L_, d_, S_, window_;
+  const bool dynamic_;
+  const float eps_;
+  ops::DepthMix mix_;
+  int64_t NB_ = 0, n_ = 0;
+  bool two_phase_ = false;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  std::vector<Offsets> off_;
+  std::vector<float> qg_;  // ((L+1), d) static query * gain
+  Source emb_;
+  std::vector<Source> blocks_, part_;
+  std::vector<std::vector<float>> xin_, lse_, o1_, lse1_;
+  std::vector<float> final_, out_, run_, dx_, qdyn_, qraw_, dq_;
+};
+
+}  // namespace
+
+std::unique_ptr<DepthRouter> make_attnres_router(const ModelConfig& cfg) {
+  return std::make_unique<AttnResRouter>(cfg);
+}
+
+}  // namespace attnres

@@ -1,0 +1,143 @@
+// Mode `denseformer` (DenseFormer, Pagliardini et al. 2024; SPEC 6): ordinary PreNorm residuals
+// inside each Transformer block, and after block i a depth-weighted average of all block outputs:
+//   X_0 = emb;  X_{i+1} = z_i + attn_i(.) + mlp_i(.);  z_{i+1} = sum_{j<=i+1} alpha_{i,j} X_j.
+// alpha_{i,i+1} starts at 1 and the rest at 0, so the model starts as the plain residual.
+#include <cstring>
+#include <vector>
+
+#include "model/routers.hpp"
+
+namespace attnres {
+
+namespace {
+
+class DenseFormerRouter final : public DepthRouter {
+ public:
+  explicit DenseFormerRouter(const ModelConfig& c) : nl_(c.n_layer), d_(c.d_model) {}
+
+  void add_params(ParamLayout& layout) override {
+    for (int64_t i = 0; i < nl_; i++) layout.add(name(i), {i + 2}, false);
+  }
+  void bind(const ParamLayout& layout, float* params, float* grads) override {
+    params_ = params;
+    grads_ = grads;
+    off_.resize(nl_);
+    for (int64_t i = 0; i < nl_; i++) off_[i] = layout.find(name(i))->offset;
+  }
+  void init_params(float* params) const override {
+    for (int64_t i = 0; i < nl_; i++) {
+      std::fill_n(params + off_[i], i + 2, 0.0f);
+      params[off_[i] + i + 1] = 1.0f;
+    }
+  }
+
+  void begin(const float* emb, int64_t n) override {
+    n_ = n;
+    const size_t nd = static_cast<size_t>(n * d_);
+    for (auto* vv : {&X_, &z_, &dX_}) {
+      vv->resize(nl_ + 1);
+      for (auto& v : *vv) v.resize(nd);
+    }
+    h_.resize(nl_);
+    for (auto& v : h_) v.resize(nd);
+    out_.resize(nd);
+    dz_.resize(nd);
+    dh_.resize(nd);
+    dx_.resize(nd);
+    std::memcpy(X_[0].data(), emb, sizeof(float) * nd);
+    std::memcpy(z_[0].data(), emb, sizeof(float) * nd);
+  }
+  const float* input(int64_t l) override { return l % 2 == 0 ? z_[l / 2].data() : h_[l / 2].data(); }
+  float* output_slot(int64_t) override { return out_.data(); }
+  void commit_output(int64_t l) override {
+    const int64_t i = l / 2, nd = n_ * d_;
+    const float* o = out_.data();
+    if (l % 2 == 0) {
+      add(h_[i].data(), z_[i].data(), o, nd);  // h_i = z_i + attention output
+      return;
+    }
+    add(X_[i + 1].data(), h_[i].data(), o, nd);  // X_{i+1} = h_i + MLP output
+    float* z = z_[i + 1].data();
+    const float* a = params_ + off_[i];
+    std::memset(z, 0, sizeof(float) * nd);
+    for (int64_t j = 0; j <= i + 1; j++) {
+      const float w = a[j];
+      const float* x = X_[j].data();
+#pragma omp parallel for simd schedule(static)
+      for (int64_t k = 0; k < nd; k++) z[k] += w * x[k];
+    }
+  }
+  const float* final_hidden() override { return z_[nl_].data(); }
+
+  void begin_backward(const float* dh) override {
+    for (auto& g : dX_) std::memset(g.data(), 0, sizeof(float) * n_ * d_);
+    std::memcpy(dz_.data(), dh, sizeof(float) * n_ * d_);  // d z_{n_layer}
+  }
+  const float* grad_output(int64_t l) override {
+    const int64_t i = l / 2, nd = n_ * d_;
+    if (l % 2 == 1) {
+      // Backward of z_{i+1} = sum_j alpha_{i,j} X_j; then every reader of X_{i+1} is done.
+      const float* a = params_ + off_[i];
+      float* da = grads_ + off_[i];
+      const float* dz = dz_.data();
+      for (int64_t j = 0; j <= i + 1; j++) {
+        const float w = a[j];
+        const float* x = X_[j].data();
+        float* g = dX_[j].data();
+        double s = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : s)
+        for (int64_t k = 0; k < nd; k++) {
+          s += double(dz[k]) * x[k];
+          g[k] += w * dz[k];
+        }
+        da[j] += static_cast<float>(s);
+      }
+      std::memcpy(dh_.data(), dX_[i + 1].data(), sizeof(float) * nd);  // X_{i+1} = h_i + out
+      return dX_[i + 1].data();
+    }
+    return dh_.data();  // h_i = z_i + out
+  }
+  float* grad_input_slot(int64_t) override {
+    std::memset(dx_.data(), 0, sizeof(float) * n_ * d_);
+    return dx_.data();
+  }
+  void commit_grad_input(int64_t l) override {
+    const int64_t nd = n_ * d_;
+    if (l % 2 == 1) {
+      add(dh_.data(), dh_.data(), dx_.data(), nd);  // d h_i += through the MLP
+    } else {
+      add(dz_.data(), dh_.data(), dx_.data(), nd);  // d z_i = d h_i + through attention
+    }
+  }
+  const float* grad_embedding() override {
+    add(dX_[0].data(), dX_[0].data(), dz_.data(), n_ * d_);  // emb is both X_0 and z_0
+    return dX_[0].data();
+  }
+
+  int64_t activation_bytes(int64_t n) const override {
+    return static_cast<int64_t>(sizeof(float)) * n * d_ * (4 * (nl_ + 1) + 4);
+  }
+
+ private:
+  static std::string name(int64_t i) { return "layers." + std::to_string(i) + ".dwa.weight"; }
+  static void add(float* dst, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t k = 0; k < n; k++) dst[k] = a[k] + b[k];
+  }
+
+  const int64_t nl_, d_;
+  int64_t n_ = 0;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  std::vector<int64_t> off_;
+  std::vector<std::vector<float>> X_, z_, dX_, h_;
+  std::vector<float> out_, dz_, dh_, dx_;
+};
+
+}  // namespace
+
+std::unique_ptr<DepthRouter> make_denseformer_router(const ModelConfig& cfg) {
+  return std::make_unique<DenseFormerRouter>(cfg);
+}
+
+}  // namespace attnres

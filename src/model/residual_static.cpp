@@ -1,0 +1,129 @@
+// Mode `static`: input-independent scalar mixing (the paper's ablation, SPEC 6). Mixer m (m < L
+// feeds sublayer m, m == L gives the final hidden state) owns logits z_m over sources v_0..v_m;
+// a = softmax(z_m) is the same for every token and x = sum_i a_i v_i. Logits start at zero, so the
+// mix is a uniform average, which after the sublayer's RMSNorm equals the PreNorm input.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "model/routers.hpp"
+
+namespace attnres {
+
+namespace {
+
+class StaticRouter final : public DepthRouter {
+ public:
+  explicit StaticRouter(const ModelConfig& c) : L_(c.n_sublayers()), d_(c.d_model) {}
+
+  void add_params(ParamLayout& layout) override {
+    for (int64_t m = 0; m <= L_; m++) layout.add(mixer_prefix(m, L_) + "logits", {m + 1}, false);
+  }
+  void bind(const ParamLayout& layout, float* params, float* grads) override {
+    params_ = params;
+    grads_ = grads;
+    off_.resize(L_ + 1);
+    for (int64_t m = 0; m <= L_; m++) off_[m] = layout.find(mixer_prefix(m, L_) + "logits")->offset;
+  }
+  void init_params(float* params) const override {
+    for (int64_t m = 0; m <= L_; m++) std::fill_n(params + off_[m], m + 1, 0.0f);
+  }
+
+  void begin(const float* emb, int64_t n) override {
+    n_ = n;
+    const size_t nd = static_cast<size_t>(n * d_);
+    v_.resize(L_ + 1);
+    g_.resize(L_ + 1);
+    for (auto& v : v_) v.resize(nd);
+    for (auto& g : g_) g.resize(nd);
+    x_.resize(L_ + 1);
+    for (auto& x : x_) x.resize(nd);
+    dx_.resize(nd);
+    std::memcpy(v_[0].data(), emb, sizeof(float) * nd);
+    mix(0);
+  }
+  const float* input(int64_t l) override { return x_[l].data(); }
+  float* output_slot(int64_t l) override { return v_[l + 1].data(); }
+  void commit_output(int64_t l) override { mix(l + 1); }
+  const float* final_hidden() override { return x_[L_].data(); }
+
+  void begin_backward(const float* dh) override {
+    for (auto& g : g_) std::memset(g.data(), 0, sizeof(float) * n_ * d_);
+    mix_backward(L_, dh);
+  }
+  const float* grad_output(int64_t l) override { return g_[l + 1].data(); }
+  float* grad_input_slot(int64_t) override {
+    std::memset(dx_.data(), 0, sizeof(float) * n_ * d_);
+    return dx_.data();
+  }
+  void commit_grad_input(int64_t l) override { mix_backward(l, dx_.data()); }
+  const float* grad_embedding() override { return g_[0].data(); }
+
+  int64_t activation_bytes(int64_t n) const override {
+    return static_cast<int64_t>(sizeof(float)) * n * d_ * (3 * (L_ + 1) + 1);
+  }
+
+ private:
+  std::vector<double> weights(int64_t m) const {
+    const float* z = params_ + off_[m];
+    double mx = z[0];
+    for (int64_t i = 1; i <= m; i++) mx = std::max(mx, double(z[i]));
+    std::vector<double> a(m + 1);
+    double sum = 0;
+    for (int64_t i = 0; i <= m; i++) sum += (a[i] = std::exp(double(z[i]) - mx));
+    for (auto& x : a) x /= sum;
+    return a;
+  }
+
+  // x_m = sum_{i<=m} a_i v_i
+  void mix(int64_t m) {
+    const auto a = weights(m);
+    float* x = x_[m].data();
+    const int64_t nd = n_ * d_;
+    std::memset(x, 0, sizeof(float) * nd);
+    for (int64_t i = 0; i <= m; i++) {
+      const float w = static_cast<float>(a[i]);
+      const float* v = v_[i].data();
+#pragma omp parallel for simd schedule(static)
+      for (int64_t j = 0; j < nd; j++) x[j] += w * v[j];
+    }
+  }
+
+  void mix_backward(int64_t m, const float* dx) {
+    const auto a = weights(m);
+    const int64_t nd = n_ * d_;
+    std::vector<double> da(m + 1, 0.0);
+    for (int64_t i = 0; i <= m; i++) {
+      const float w = static_cast<float>(a[i]);
+      const float* v = v_[i].data();
+      float* g = g_[i].data();
+      double s = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : s)
+      for (int64_t j = 0; j < nd; j++) {
+        s += double(dx[j]) * v[j];
+        g[j] += w * dx[j];
+      }
+      da[i] = s;
+    }
+    double dot = 0;
+    for (int64_t i = 0; i <= m; i++) dot += a[i] * da[i];
+    float* dz = grads_ + off_[m];
+    for (int64_t i = 0; i <= m; i++) dz[i] += static_cast<float>(a[i] * (da[i] - dot));
+  }
+
+  const int64_t L_, d_;
+  int64_t n_ = 0;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  std::vector<int64_t> off_;
+  std::vector<std::vector<float>> v_, g_, x_;  // sources, their gradients, mixer outputs
+  std::vector<float> dx_;
+};
+
+}  // namespace
+
+std::unique_ptr<DepthRouter> make_static_router(const ModelConfig& cfg) {
+  return std::make_unique<StaticRouter>(cfg);
+}
+
+}  // namespace attnres

@@ -1,0 +1,20 @@
+// Constructors of the residual modes (one file each); make_router() (residual.cpp) picks one.
+#pragma once
+
+#include <memory>
+
+#include "attnres/config.hpp"
+#include "attnres/residual.hpp"
+
+namespace attnres {
+
+std::unique_ptr<DepthRouter> make_prenorm_router(const ModelConfig& cfg);
+std::unique_ptr<DepthRouter> make_attnres_router(const ModelConfig& cfg);  // full, block
+std::unique_ptr<DepthRouter> make_static_router(const ModelConfig& cfg);
+std::unique_ptr<DepthRouter> make_denseformer_router(const ModelConfig& cfg);
+
+// Checkpoint prefix of mixer m (m < L: the mix feeding sublayer m; m == L: the output mix):
+// "layers.{m/2}.attn_res.", "layers.{m/2}.mlp_res." or "out_res.".
+std::string mixer_prefix(int64_t m, int64_t L);
+
+}  // namespace attnres
