@@ -107,7 +107,8 @@ TEST_P(DepthAttention, BackwardMatchesFiniteDifferences) {
                           t.q_ld, t.m, t.N);
   for (int64_t i = 0; i < t.S; i++) {
     // Relative step: the sources' scales differ by 1e6.
-    const double eps = 1e-2 * std::pow(10.0, -1.0 + 0.5 * i);
+    // Steps trade truncation (large scores curve sharply) against fp32 noise.
+    const double eps = (c.qscale > 1 ? 2e-3 : 1e-2) * std::pow(10.0, -1.0 + 0.5 * i);
     EXPECT_LT(fd_check(loss, t.v[i].data(), nd, t.g[i].data(), eps, 40), 2e-2)
         << "source " << i << " " << name_of(c);
   }
