@@ -57,6 +57,19 @@ class Model {
   // Bytes of activation memory currently allocated (for reports).
   int64_t activation_bytes() const;
 
+  // --- diagnostics (the SPEC 6 analyses); none of this is on the training path ---
+  struct SublayerStats {
+    std::vector<double> input_rms, output_rms;  // (L): RMS over tokens and channels
+  };
+  // With recording on, forward() also measures each sublayer's input and output RMS.
+  void set_record_stats(bool on) { record_stats_ = on; }
+  const SublayerStats& sublayer_stats() const { return stats_; }
+  // L2 norm of the current gradient of each sublayer's own weights (its RMSNorm gain and
+  // projections), (L) values.
+  std::vector<double> sublayer_grad_norms() const;
+  // The residual path (e.g. for its depth_weights() after a forward).
+  DepthRouter& router() { return *router_; }
+
  private:
   struct Acts;
   void build_layout();
@@ -65,6 +78,8 @@ class Model {
   ModelConfig cfg_;
   ParamLayout layout_;
   size_t n_core_entries_ = 0;  // layout entries before the router's own
+  bool record_stats_ = false;
+  SublayerStats stats_;
   std::vector<float> params_, grads_;
   std::unique_ptr<DepthRouter> router_;
   std::unique_ptr<Acts> acts_;

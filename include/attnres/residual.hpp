@@ -20,6 +20,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "attnres/config.hpp"
 #include "attnres/params.hpp"
@@ -61,6 +63,16 @@ class DepthRouter {
   virtual void commit_grad_input(int64_t l) = 0;
   // (n,d): gradient w.r.t. the embedding v_0, once every sublayer has committed.
   virtual const float* grad_embedding() = 0;
+
+  // Diagnostics of the last forward pass: the mean depth-attention weights (averaged over tokens
+  // and heads), one row per mixing point (`rows` labels, e.g. "L0.attn", ..., "out"), one column
+  // per source (`cols` labels, e.g. "emb", "L0.attn" or "block0", ..., "partial"); a source a
+  // row cannot see is NaN. Returns false for modes without learned depth weights (prenorm).
+  // Not on the training path.
+  virtual bool depth_weights(std::vector<std::vector<double>>& w, std::vector<std::string>& rows,
+                             std::vector<std::string>& cols) {
+    return false;
+  }
 
   // Bytes of activations held for n rows (for memory reports).
   virtual int64_t activation_bytes(int64_t n) const = 0;

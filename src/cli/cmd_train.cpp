@@ -1,5 +1,8 @@
 // `attnres train`: train a model on a text corpus, with a progress bar, evaluation and a sample.
+#include <sys/resource.h>
+
 #include <csignal>
+#include <cmath>
 #include <cstdio>
 
 #include "attnres/checkpoint.hpp"
@@ -57,12 +60,15 @@ void run_train(TrainArgs& a) {
                 static_cast<long long>(r.steps_done), cfg.out_dir.c_str());
     return;
   }
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
   std::printf(
       "done: %lld steps in %s | final val loss %.4f (ppl %.2f) | %s tok/s, %.1f GFLOP/s model "
-      "FLOPs | %lld params\nmodel: %s\n",
+      "FLOPs | %lld params | peak memory %.0f MiB\nmodel: %s\n",
       static_cast<long long>(r.steps_done), format_duration(r.seconds).c_str(),
       r.final_val_loss, std::exp(r.final_val_loss), format_count(r.tokens_per_s).c_str(),
-      r.model_gflops, static_cast<long long>(r.num_params), r.model_path.c_str());
+      r.model_gflops, static_cast<long long>(r.num_params), ru.ru_maxrss / 1024.0,
+      r.model_path.c_str());
   if (a.sample_tokens > 0) {
     Metadata meta;
     auto model = load_model(r.model_path, &meta);

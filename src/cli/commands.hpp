@@ -9,6 +9,7 @@ void add_train(CLI::App& app);
 void add_eval(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_info(CLI::App& app);
+void add_inspect(CLI::App& app);
 
 // The default corpus: Debian's `fortunes` package (installed by scripts/setup.sh).
 inline const char* kDefaultCorpus = "/usr/share/games/fortunes";

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   attnres::cli::add_eval(app);
   attnres::cli::add_generate(app);
   attnres::cli::add_info(app);
+  attnres::cli::add_inspect(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

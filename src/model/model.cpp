@@ -168,6 +168,20 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
   const float* wte = param("tok_embeddings.weight");
   ops::embedding_forward(a.emb.data(), tokens, wte, N, d);
   router_->begin(a.emb.data(), N);
+  if (record_stats_) {
+    stats_.input_rms.assign(cfg_.n_sublayers(), 0.0);
+    stats_.output_rms.assign(cfg_.n_sublayers(), 0.0);
+  }
+  auto rms = [&](const float* x) {
+    double ss = 0;
+    for (int64_t j = 0; j < N * d; j++) ss += double(x[j]) * x[j];
+    return std::sqrt(ss / static_cast<double>(N * d));
+  };
+  auto record = [&](int64_t l) {  // before commit_output(l): the slot holds the output
+    if (!record_stats_) return;
+    stats_.input_rms[l] = rms(router_->input(l));
+    stats_.output_rms[l] = rms(router_->output_slot(l));
+  };
 
   for (int64_t i = 0; i < cfg_.n_layer; i++) {
     const LayerViews w = layer_views(layout_, params_.data(), i);
@@ -183,6 +197,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
     ops::rope_forward(qkv + HD, a.rope_cos.data(), a.rope_sin.data(), B, T, as.Hkv, as.hd, QKV, 0);
     ops::attention_forward(atty, att, qkv, as);
     ops::matmul_forward(router_->output_slot(2 * i), atty, w.wo, N, HD, d);
+    record(2 * i);
     router_->commit_output(2 * i);
     // --- MLP sublayer (l = 2i+1) ---
     float* xm = a.xn_mlp.data() + i * N * d;
@@ -193,6 +208,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
     ops::matmul_forward(h13, xm, w.w13, N, d, 2 * F);
     ops::swiglu_forward(gate, h13, N, F);
     ops::matmul_forward(router_->output_slot(2 * i + 1), gate, w.w2, N, F, d);
+    record(2 * i + 1);
     router_->commit_output(2 * i + 1);
   }
 
@@ -276,6 +292,22 @@ void Model::backward() {
     }
   }
   ops::embedding_backward(grad_of(wte), router_->grad_embedding(), a.tokens.data(), N, d);
+}
+
+std::vector<double> Model::sublayer_grad_norms() const {
+  std::vector<double> ss(cfg_.n_sublayers(), 0.0);
+  for (size_t k = 0; k < n_core_entries_; k++) {
+    const ParamEntry& e = layout_.entries()[k];
+    if (e.name.rfind("layers.", 0) != 0) continue;
+    const int64_t i = std::stoll(e.name.substr(7));
+    const bool attn = e.name.find(".attention") != std::string::npos;  // incl. attention_norm
+    const float* g = grads_.data() + e.offset;
+    double s = 0;
+    for (int64_t j = 0; j < e.numel; j++) s += double(g[j]) * g[j];
+    ss[attn ? 2 * i : 2 * i + 1] += s;
+  }
+  for (auto& v : ss) v = std::sqrt(v);
+  return ss;
 }
 
 int64_t Model::activation_bytes() const {

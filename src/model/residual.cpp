@@ -5,9 +5,21 @@
 
 namespace attnres {
 
+// (Strings are appended piecewise: GCC 12 warns falsely, -Wrestrict, on "literal" + to_string.)
 std::string mixer_prefix(int64_t m, int64_t L) {
   if (m == L) return "out_res.";
-  return "layers." + std::to_string(m / 2) + (m % 2 == 0 ? ".attn_res." : ".mlp_res.");
+  std::string s = "layers.";
+  s += std::to_string(m / 2);
+  s += m % 2 == 0 ? ".attn_res." : ".mlp_res.";
+  return s;
+}
+
+std::string mixer_label(int64_t m, int64_t L) {
+  if (m == L) return "out";
+  std::string s = "L";
+  s += std::to_string(m / 2);
+  s += m % 2 == 0 ? ".attn" : ".mlp";
+  return s;
 }
 
 std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg) {

@@ -8,6 +8,7 @@
 //
 // Backward: dL/d(out of sublayer (n,k)) = dL/dB_n + sum_{i>k} dL/dP^(i), kept in one running
 // buffer per block that the partial sums' gradients are added to as the pass moves back.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -139,6 +140,31 @@ class AttnResRouter final : public DepthRouter {
 
   const float* grad_embedding() override { return emb_.g.data(); }
 
+  bool depth_weights(std::vector<std::vector<double>>& w, std::vector<std::string>& rows,
+                     std::vector<std::string>& cols) override {
+    cols = {"emb"};
+    for (int64_t j = 0; j < NB_; j++) {
+      cols.push_back(S_ == 1 ? mixer_label(j, L_) : "block" + std::to_string(j));
+    }
+    if (S_ > 1) cols.push_back("partial");
+    rows.clear();
+    w.assign(L_ + 1, std::vector<double>(cols.size(), std::nan("")));
+    for (int64_t m = 0; m <= L_; m++) {
+      rows.push_back(mixer_label(m, L_));
+      auto src = sources(m);
+      const auto idx = source_columns(m);
+      int64_t q_ld = 0;
+      const float* q = query(m, src, &q_ld);
+      std::vector<double> sum(src.size(), 0.0);
+      ops::depth_mix_weights(sum.data(), src.data(), static_cast<int64_t>(src.size()), q, q_ld,
+                             mix_, n_);
+      for (size_t i = 0; i < src.size(); i++) {
+        w[m][idx[i]] = sum[i] / static_cast<double>(n_ * mix_.H);
+      }
+    }
+    return true;
+  }
+
   int64_t activation_bytes(int64_t n) const override {
     const int64_t H = mix_.H;
     const int64_t sources = 1 + NB_ + L_;  // embedding, blocks, partials (upper bound)
@@ -208,6 +234,17 @@ class AttnResRouter final : public DepthRouter {
     }
     s.insert(s.begin(), {emb_.v.data(), emb_.r.data(), emb_.g.data()});
     return s;
+  }
+
+  // Column (as in depth_weights) of each of sources(m): emb 0, block j 1 + j, partial NB + 1.
+  std::vector<size_t> source_columns(int64_t m) const {
+    std::vector<size_t> c;
+    const int64_t nb = m == L_ ? NB_ : m / S_;
+    for (int64_t j = 0; j < nb; j++) c.push_back(1 + j);
+    if (m < L_ && m % S_ != 0) c.push_back(1 + NB_);
+    if (window_ > 0 && static_cast<int64_t>(c.size()) > window_) c.erase(c.begin(), c.end() - window_);
+    c.insert(c.begin(), 0);
+    return c;
   }
 
   // Query (times gain) for mixer m: shared (d) for static queries, per token for dynamic ones.

@@ -2,6 +2,7 @@
 // inside each Transformer block, and after block i a depth-weighted average of all block outputs:
 //   X_0 = emb;  X_{i+1} = z_i + attn_i(.) + mlp_i(.);  z_{i+1} = sum_{j<=i+1} alpha_{i,j} X_j.
 // alpha_{i,i+1} starts at 1 and the rest at 0, so the model starts as the plain residual.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -112,6 +113,20 @@ class DenseFormerRouter final : public DepthRouter {
   const float* grad_embedding() override {
     add(dX_[0].data(), dX_[0].data(), dz_.data(), n_ * d_);  // emb is both X_0 and z_0
     return dX_[0].data();
+  }
+
+  // DenseFormer's weights: row i is the average after block i, column j is block output X_j.
+  bool depth_weights(std::vector<std::vector<double>>& w, std::vector<std::string>& rows,
+                     std::vector<std::string>& cols) override {
+    cols = {"emb"};
+    for (int64_t j = 1; j <= nl_; j++) cols.push_back("X" + std::to_string(j));
+    rows.clear();
+    w.assign(nl_, std::vector<double>(nl_ + 1, std::nan("")));
+    for (int64_t i = 0; i < nl_; i++) {
+      rows.push_back("dwa" + std::to_string(i));
+      for (int64_t j = 0; j <= i + 1; j++) w[i][j] = params_[off_[i] + j];
+    }
+    return true;
   }
 
   int64_t activation_bytes(int64_t n) const override {

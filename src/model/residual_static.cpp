@@ -59,6 +59,20 @@ class StaticRouter final : public DepthRouter {
   void commit_grad_input(int64_t l) override { mix_backward(l, dx_.data()); }
   const float* grad_embedding() override { return g_[0].data(); }
 
+  bool depth_weights(std::vector<std::vector<double>>& w, std::vector<std::string>& rows,
+                     std::vector<std::string>& cols) override {
+    cols = {"emb"};
+    for (int64_t j = 0; j < L_; j++) cols.push_back(mixer_label(j, L_));
+    rows.clear();
+    w.assign(L_ + 1, std::vector<double>(L_ + 1, std::nan("")));
+    for (int64_t m = 0; m <= L_; m++) {
+      rows.push_back(mixer_label(m, L_));
+      const auto a = weights(m);
+      for (int64_t i = 0; i <= m; i++) w[m][i] = a[i];
+    }
+    return true;
+  }
+
   int64_t activation_bytes(int64_t n) const override {
     return static_cast<int64_t>(sizeof(float)) * n * d_ * (3 * (L_ + 1) + 1);
   }

@@ -16,5 +16,7 @@ std::unique_ptr<DepthRouter> make_denseformer_router(const ModelConfig& cfg);
 // Checkpoint prefix of mixer m (m < L: the mix feeding sublayer m; m == L: the output mix):
 // "layers.{m/2}.attn_res.", "layers.{m/2}.mlp_res." or "out_res.".
 std::string mixer_prefix(int64_t m, int64_t L);
+// Display name of mixer/sublayer m: "L{m/2}.attn", "L{m/2}.mlp" or "out" (m == L).
+std::string mixer_label(int64_t m, int64_t L);
 
 }  // namespace attnres

@@ -137,6 +137,22 @@ void depth_mix_forward_reference(float* x, float* lse, const DepthSource* src, i
   }
 }
 
+void depth_mix_weights(double* wsum, const DepthSource* src, int64_t S, const float* qg,
+                       int64_t q_ld, const DepthMix& m, int64_t N) {
+  std::vector<double> s(S);
+  for (int64_t n = 0; n < N; n++) {
+    for (int64_t h = 0; h < m.H; h++) {
+      double mx = -1e300, z = 0;
+      for (int64_t i = 0; i < S; i++) mx = std::max(mx, s[i] = score(src[i], qg + n * q_ld, n, h, m));
+      for (int64_t i = 0; i < S; i++) {
+        s[i] = m.softmax ? std::exp(s[i] - mx) : 1.0 / (1.0 + std::exp(-s[i]));
+        z += s[i];
+      }
+      for (int64_t i = 0; i < S; i++) wsum[i] += m.softmax ? s[i] / z : s[i];
+    }
+  }
+}
+
 void depth_mix_backward(float* dqg, const float* dx, const float* x, const float* lse,
                         const DepthSource* src, int64_t S, const float* qg, int64_t q_ld,
                         const DepthMix& m, int64_t N) {

@@ -113,6 +113,10 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
 // normalised mix and lse[k] (N,H) its log-sum-exp.
 void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src, int64_t S,
                       const float* const* qg, int64_t K, const DepthMix& m, int64_t N);
+// Diagnostics: wsum[i] += sum over tokens and heads of a_i (the depth-attention weights), for
+// averaging by the caller. Plain and slow; not on the training path.
+void depth_mix_weights(double* wsum, const DepthSource* src, int64_t S, const float* qg,
+                       int64_t q_ld, const DepthMix& m, int64_t N);
 // Phase 2: merges one more source p into a phase-1 result (o1, lse1):
 //   x = o1 + sigmoid(s_p - lse1) * (p - o1),  lse = log(exp(lse1) + exp(s_p)).
 void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,

@@ -11,6 +11,7 @@
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
+#include "attnres/diagnostics.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/model.hpp"
@@ -249,6 +250,10 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
       float* g = model.grads();
       for (int64_t i = 0; i < model.layout().total(); i++) g[i] *= s;
     }
+    const bool last = step + 1 == cfg.steps;
+    const bool eval_now = (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last;
+    std::vector<double> grad_norms;
+    if (eval_now) grad_norms = model.sublayer_grad_norms();  // before clipping
     const double gnorm = clip_grad_norm(model.grads(), model.layout().total(), cfg.grad_clip);
     const double lr = lr_at(cfg.schedule, cfg.adamw.lr, step);
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
@@ -283,13 +288,12 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
     si.elapsed_s = seconds_since(t0);
     si.eta_s = per_step * static_cast<double>(cfg.steps - step - 1);
     if (ev.on_step) ev.on_step(si);
-    const bool last = step + 1 == cfg.steps;
     if ((step + 1) % cfg.log_every == 0 || last) {
       log_json({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
                 {"tokens_per_s", si.tokens_per_s}, {"elapsed_s", si.elapsed_s},
                 {"tokens", (step + 1) * tokens_per_step}});
     }
-    if ((cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last) {
+    if (eval_now) {
       EvalInfo ei;
       ei.step = step + 1;
       ei.val_loss = evaluate(model, data.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches);
@@ -299,6 +303,14 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
       res.final_val_loss = ei.val_loss;
       log_json({{"step", step + 1}, {"val_loss", ei.val_loss}, {"train_loss", ei.train_loss},
                 {"tokens", (step + 1) * tokens_per_step}});
+      // Magnitudes and depth weights on the first validation batch (SPEC 6 analyses).
+      data.val.window_batch(0, cfg.batch_size, cfg.seq_len, batch);
+      Diagnostics dg = measure_diagnostics(model, batch.inputs.data(), cfg.batch_size, cfg.seq_len);
+      dg.grad_norm = grad_norms;
+      auto dj = nlohmann::json::parse(diagnostics_to_json(dg));
+      dj["step"] = step + 1;
+      dj["kind"] = "diagnostics";
+      log_json(dj);
       if (ev.on_eval) ev.on_eval(ei);
     }
     if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0 && !last) {

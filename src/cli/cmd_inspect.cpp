@@ -1,0 +1,90 @@
+// `attnres inspect`: the learned depth weights of a checkpoint (mean over a batch of text) and the
+// per-sublayer magnitudes, as tables.
+#include <cstdio>
+#include <filesystem>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/data.hpp"
+#include "attnres/diagnostics.hpp"
+#include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
+#include "attnres/train.hpp"
+#include "cli/commands.hpp"
+
+namespace fs = std::filesystem;
+
+namespace attnres::cli {
+
+namespace {
+
+struct InspectArgs {
+  std::string model, data, text;
+  int64_t tokens = 0;
+};
+
+void run_inspect(const InspectArgs& a) {
+  Metadata meta;
+  auto model = load_model(a.model, &meta);
+  const fs::path dir = fs::path(a.model).parent_path();
+  auto it = meta.find("tokenizer");
+  auto tok = load_tokenizer(it == meta.end() ? "byte" : it->second, dir.string());
+  const int64_t T_max = model->config().max_seq_len;
+  const int64_t want = a.tokens > 0 ? std::min(a.tokens, T_max) : T_max;
+  std::vector<int32_t> ids;
+  std::string source;
+  if (!a.text.empty()) {
+    ids = tok->encode(a.text);
+    source = "--text";
+  } else {
+    std::string data = a.data;
+    double val_fraction = 0.1;
+    const fs::path tc = dir / "train_config.json";
+    if (fs::exists(tc)) {
+      const TrainConfig t = TrainConfig::from_json(read_file(tc.string()));
+      if (data.empty()) data = t.data_path;
+      val_fraction = t.val_fraction;
+    }
+    check(!data.empty(), "give --text or --data (no train_config.json beside '" + a.model + "')");
+    const Corpus corpus = read_corpus(data);
+    // The start of the held-out split, as in training.
+    const int64_t start = static_cast<int64_t>(static_cast<double>(corpus.text.size()) *
+                                               (1.0 - val_fraction));
+    ids = tok->encode(std::string_view(corpus.text).substr(start, 64 * want));
+    source = data + " (validation split)";
+  }
+  check(!ids.empty(), "the text encodes to no tokens");
+  if (static_cast<int64_t>(ids.size()) > want) ids.resize(want);
+  const int64_t T = static_cast<int64_t>(ids.size());
+  const Diagnostics d = measure_diagnostics(*model, ids.data(), 1, T);
+  const ModelConfig& c = model->config();
+  std::printf("%s: residual %s", a.model.c_str(), c.residual.mode.c_str());
+  if (c.residual.mode == "block") std::printf(" (block size %lld)", static_cast<long long>(c.residual.block_size));
+  std::printf(", %lld sublayers; %lld tokens of %s\n\n", static_cast<long long>(c.n_sublayers()),
+              static_cast<long long>(T), source.c_str());
+  if (d.has_weights) {
+    std::printf("depth weights (rows: who reads; columns: sources; mean over tokens):\n%s\n",
+                depth_weights_table(d).c_str());
+  } else {
+    std::printf("mode %s has no learned depth weights (every earlier output weighs 1)\n\n",
+                c.residual.mode.c_str());
+  }
+  std::printf("%-9s %12s %12s\n", "sublayer", "input RMS", "output RMS");
+  for (size_t l = 0; l < d.sublayers.size(); l++) {
+    std::printf("%-9s %12.4g %12.4g\n", d.sublayers[l].c_str(), d.input_rms[l], d.output_rms[l]);
+  }
+}
+
+}  // namespace
+
+void add_inspect(CLI::App& app) {
+  auto a = std::make_shared<InspectArgs>();
+  CLI::App* s = app.add_subcommand(
+      "inspect", "Print a checkpoint's learned depth-attention weights and sublayer magnitudes");
+  s->add_option("model,--model", a->model, "model.safetensors")->required();
+  s->add_option("--text", a->text, "Text to run the model on");
+  s->add_option("--data", a->data, "Corpus whose validation split to use (default: the run's)");
+  s->add_option("--tokens", a->tokens, "Tokens to average over (default: the model's context)");
+  s->callback([a] { run_inspect(*a); });
+}
+
+}  // namespace attnres::cli
