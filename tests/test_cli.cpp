@@ -94,6 +94,35 @@ TEST(Cli, TrainEvalGenerateInfo) {
   EXPECT_TRUE(contains(i.out, "parameters"));
 }
 
+TEST(Cli, AttnResModesAndInspect) {
+  const fs::path dir = temp_dir("attnres");
+  const std::string data = corpus(dir);
+  const std::string out = (dir / "run").string();
+  CliRun t = run("train --data " + data + " --out " + out +
+                 " --residual block --block-size 2 --attnres-heads 2 --steps 20 --n-layer 2"
+                 " --d-model 32 --n-head 2 --seq-len 32 --batch-size 4 --eval-every 10"
+                 " --sample-tokens 0");
+  ASSERT_EQ(t.code, 0) << t.out;
+  CliRun i = run("inspect " + out + "/model.safetensors");
+  ASSERT_EQ(i.code, 0) << i.out;
+  EXPECT_TRUE(contains(i.out, "depth weights")) << i.out;
+  EXPECT_TRUE(contains(i.out, "partial")) << i.out;
+  EXPECT_TRUE(contains(i.out, "L1.mlp")) << i.out;
+  std::ifstream f(out + "/metrics.jsonl");
+  std::string all((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_TRUE(contains(all, "\"kind\":\"diagnostics\"")) << all.substr(0, 500);
+  EXPECT_TRUE(contains(all, "depth_weights"));
+  CliRun info = run("info " + out + "/model.safetensors");
+  EXPECT_TRUE(contains(info.out, "block")) << info.out;
+  CliRun bad = run("train --data " + data + " --out " + out + "2 --residual sideways");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_TRUE(contains(bad.out, "sideways")) << bad.out;
+  CliRun badh = run("train --data " + data + " --out " + out + "3 --residual full --attnres-heads 5"
+                    " --d-model 32 --n-head 2");
+  EXPECT_EQ(badh.code, 1);
+  EXPECT_TRUE(contains(badh.out, "heads")) << badh.out;
+}
+
 TEST(Cli, ConfigFileWithOverrides) {
   const fs::path dir = temp_dir("config");
   const std::string data = corpus(dir);

@@ -96,6 +96,23 @@ TEST(Train, LearnsFarBelowUnigramEntropy) {
   EXPECT_TRUE(fs::exists(dir / "run" / "checkpoints" / "step_00000150" / "optimizer.safetensors"));
 }
 
+class TrainModes : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TrainModes, LowersValidationLoss) {
+  const fs::path dir = temp_dir("mode_" + GetParam());
+  std::ofstream(dir / "corpus.txt") << make_corpus(1500, 4);
+  TrainConfig c = small_config(dir, dir / "corpus.txt");
+  c.model.residual.mode = GetParam();
+  c.model.residual.block_size = 2;
+  c.steps = 80;
+  c.eval_every = 0;
+  const TrainResult r = train(c, {});
+  EXPECT_LT(r.final_val_loss, std::log(256.0) - 2.0) << GetParam();  // from ~5.5 at init
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, TrainModes,
+                         ::testing::Values("prenorm", "full", "block", "static", "denseformer"));
+
 TEST(Train, ResumeReproducesTheUninterruptedRun) {
   const fs::path dir = temp_dir("resume");
   std::ofstream(dir / "corpus.txt") << make_corpus(800, 2);
