@@ -178,7 +178,8 @@ def is_decayed(name: str, shape) -> bool:
 
 
 def init_params(cfg: Config, rng: np.random.Generator,
-                attnres_init: str = "paper") -> "OrderedDict[str, torch.Tensor]":
+                attnres_init: str = "paper",
+                query_proj_std: float = 0.5) -> "OrderedDict[str, torch.Tensor]":
     """Draw parameters in float64, round to float32, return them as float64.
 
     Draw order = param_shapes order; for each tensor:
@@ -188,7 +189,8 @@ def init_params(cfg: Config, rng: np.random.Generator,
       RMSNorm gains (*norm.weight)            uniform(0.5, 1.5)
       attn-res query                          0 ("paper") or normal(0, 1/sqrt(d)) ("random")
       attn-res key_norm.weight                1 ("paper") or uniform(0.5, 1.5) ("random")
-      attn-res query_proj.weight (d, d)       0 ("paper") or normal(0, 0.5/sqrt(d)) ("random")
+      attn-res query_proj.weight (d, d)       0 ("paper") or normal(0, query_proj_std/sqrt(d))
+                                              ("random"; query_proj_std defaults to 0.5)
       static-mix logits                       0 ("paper") or normal(0, 1) ("random")
       layers.{i}.dwa.weight (i+2)             e_{i+1} ("paper", = plain residual) or
                                               normal(0, 0.5) + e_{i+1} ("random")
@@ -207,7 +209,8 @@ def init_params(cfg: Config, rng: np.random.Generator,
         elif name.endswith("key_norm.weight"):
             a = np.ones(shape) if paper else rng.uniform(0.5, 1.5, shape)
         elif name.endswith("query_proj.weight"):
-            a = np.zeros(shape) if paper else 0.5 * rng.standard_normal(shape) / math.sqrt(cfg.d_model)
+            a = (np.zeros(shape) if paper
+                 else query_proj_std * rng.standard_normal(shape) / math.sqrt(cfg.d_model))
         elif name.endswith(".logits"):
             a = np.zeros(shape) if paper else rng.standard_normal(shape)
         elif name.endswith("dwa.weight"):
@@ -501,11 +504,13 @@ def lr_at(s: int, tr: Dict) -> float:
     return lr_min + 0.5 * (lr - lr_min) * (1.0 + math.cos(math.pi * p))
 
 
-def train_adamw(P0, cfg: Config, tokens, targets, tr: Dict = DEFAULT_TRAIN):
+def train_adamw(P0, cfg: Config, tokens, targets, tr: Dict = DEFAULT_TRAIN,
+                grad_norms: Optional[List[float]] = None):
     """Runs tr["total_steps"] AdamW steps on one fixed batch.
 
     Returns (losses list, final params OrderedDict).  losses[s] is the loss
-    before update s.
+    before update s.  If grad_norms is a list, the pre-clip global grad norm of
+    every step is appended to it.
     """
     P = OrderedDict((n, t.clone().requires_grad_(True)) for n, t in P0.items())
     decay = [t for n, t in P.items() if is_decayed(n, t.shape)]
@@ -521,7 +526,9 @@ def train_adamw(P0, cfg: Config, tokens, targets, tr: Dict = DEFAULT_TRAIN):
         loss = loss_fn(forward(P, cfg, tokens), targets)
         losses.append(loss.item())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(P.values()), tr["grad_clip"])
+        n = torch.nn.utils.clip_grad_norm_(list(P.values()), tr["grad_clip"])
+        if grad_norms is not None:
+            grad_norms.append(float(n))
         for g in opt.param_groups:
             g["lr"] = lr_at(s, tr)
         opt.step()

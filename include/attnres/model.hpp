@@ -67,6 +67,9 @@ class Model {
   // L2 norm of the current gradient of each sublayer's own weights (its RMSNorm gain and
   // projections), (L) values.
   std::vector<double> sublayer_grad_norms() const;
+  // Hash of the parameters every residual mode has (all but the router's own): equal across
+  // modes when they were initialised from one seed.
+  uint64_t shared_weights_hash() const;
   // The residual path (e.g. for its depth_weights() after a forward).
   DepthRouter& router() { return *router_; }
 

@@ -44,6 +44,7 @@ struct TrainConfig {
   int64_t max_bad_steps = 10;  // non-finite loss/gradient steps skipped before giving up
   uint64_t seed = 1337;
   std::string out_dir = "runs/default";
+  std::string data_dir;  // where the tokenizer and token cache live; "" = out_dir (compare shares one)
   bool resume = false;
 
   void validate() const;  // throws Error naming the field
@@ -70,6 +71,9 @@ struct TrainResult {
   int64_t num_params = 0;
   int64_t skipped_steps = 0;
   std::string model_path;  // final model.safetensors
+  uint64_t init_hash = 0;   // hash of the initial weights every residual mode shares
+  uint64_t batch_hash = 0;  // hash of the first training batch (the batch order's fingerprint)
+  double flops_per_token = 0;
 };
 
 // What the library tells the caller while training (the CLI draws the progress bar).

@@ -294,6 +294,20 @@ void Model::backward() {
   ops::embedding_backward(grad_of(wte), router_->grad_embedding(), a.tokens.data(), N, d);
 }
 
+uint64_t Model::shared_weights_hash() const {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over names and bytes
+  for (size_t k = 0; k < n_core_entries_; k++) {
+    const ParamEntry& e = layout_.entries()[k];
+    auto mix = [&](const void* p, size_t n) {
+      const auto* b = static_cast<const unsigned char*>(p);
+      for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    };
+    mix(e.name.data(), e.name.size());
+    mix(params_.data() + e.offset, sizeof(float) * e.numel);
+  }
+  return h;
+}
+
 std::vector<double> Model::sublayer_grad_norms() const {
   std::vector<double> ss(cfg_.n_sublayers(), 0.0);
   for (size_t k = 0; k < n_core_entries_; k++) {

@@ -58,6 +58,7 @@ std::string TrainConfig::to_json() const {
       {"max_bad_steps", max_bad_steps},
       {"seed", seed},
       {"out_dir", out_dir},
+      {"data_dir", data_dir},
   };
   return j.dump(2);
 }
@@ -96,6 +97,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     get("max_bad_steps", c.max_bad_steps);
     get("seed", c.seed);
     get("out_dir", c.out_dir);
+    get("data_dir", c.data_dir);
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training config JSON is invalid: ") + e.what());
   }

@@ -167,7 +167,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
   dopt.corpus_path = cfg.data_path;
   dopt.tokenizer = cfg.tokenizer;
   dopt.vocab_size = cfg.bpe_vocab;
-  dopt.out_dir = cfg.out_dir;
+  dopt.out_dir = cfg.data_dir.empty() ? cfg.out_dir : cfg.data_dir;
   dopt.val_fraction = cfg.val_fraction;
   PreparedData data = prepare_data(dopt);
   msg("data: " + std::to_string(data.files.size()) + " file(s), " +
@@ -184,6 +184,11 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
             " tokens, fewer than seq_len + 1 = " + std::to_string(cfg.seq_len + 1) +
             "; use a larger corpus or a smaller --seq-len");
 
+  if (!data.tokenizer_path.empty() && !cfg.data_dir.empty()) {
+    // The final model resolves its tokenizer beside itself: keep a copy in the run directory.
+    const fs::path copy = fs::path(cfg.out_dir) / fs::path(data.tokenizer_path).filename();
+    if (!fs::exists(copy)) write_file_atomic(copy.string(), read_file(data.tokenizer_path));
+  }
   cfg.model.vocab_size = data.tokenizer->vocab_size();
   cfg.model.max_seq_len = cfg.seq_len;
   cfg.model.resolve();
@@ -222,7 +227,12 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
 
   TrainResult res;
   res.num_params = model.num_params();
+  res.flops_per_token = flops_tok;
   Batch batch;
+  if (!cfg.resume) res.init_hash = model.shared_weights_hash();
+  data.train.sample_batch(cfg.seed, 0, 0, cfg.batch_size, cfg.seq_len, batch);
+  res.batch_hash = fnv1a64(std::string_view(reinterpret_cast<const char*>(batch.inputs.data()),
+                                            batch.inputs.size() * sizeof(int32_t)));
   const auto t0 = Clock::now();
   double timed_s = 0.0;  // excludes the first step (allocation, warm-up)
   int64_t timed_steps = 0;

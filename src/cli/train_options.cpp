@@ -1,0 +1,105 @@
+// Options shared by `attnres train` and `attnres compare`, and the Ctrl-C handler.
+#include "cli/train_options.hpp"
+
+#include <csignal>
+#include <cstdlib>
+
+#include "cli/commands.hpp"
+
+namespace attnres::cli {
+
+namespace {
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) {
+  if (g_stop.load()) std::_Exit(130);  // second Ctrl-C: leave now
+  g_stop.store(true);
+}
+}  // namespace
+
+const std::atomic<bool>* install_stop_handler() {
+  g_stop.store(false);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  return &g_stop;
+}
+
+void remove_stop_handler() {
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+}
+
+void add_train_options(CLI::App* s, TrainArgs& a) {
+  TrainConfig& c = a.cfg;
+  c.data_path = kDefaultCorpus;
+  s->add_option("--data", c.data_path, "UTF-8 text file or directory of them")
+      ->capture_default_str();
+  s->add_option("--tokenizer", c.tokenizer, "byte | bpe (SentencePiece BPE trained on the corpus)")
+      ->capture_default_str();
+  s->add_option("--vocab-size", c.bpe_vocab, "BPE vocabulary size")->capture_default_str();
+  s->add_option("--val-fraction", c.val_fraction, "Held-out fraction of the tokens")
+      ->capture_default_str();
+  // model
+  s->add_option("--n-layer", c.model.n_layer, "Transformer blocks")->capture_default_str();
+  s->add_option("--n-head", c.model.n_head, "Attention heads")->capture_default_str();
+  s->add_option("--n-kv-head", c.model.n_kv_head, "Key/value heads (GQA; 0 = n_head)")->capture_default_str();
+  s->add_option("--d-model", c.model.d_model, "Model width")->capture_default_str();
+  s->add_option("--ffn-hidden", c.model.ffn_hidden, "SwiGLU hidden width (0 = 8/3 d)")
+      ->capture_default_str();
+  s->add_flag("--untied", a.untied, "Separate LM head instead of the tied embedding");
+  ResidualConfig& r = c.model.residual;
+  s->add_option("--residual", r.mode, "Residual: prenorm | full | block | static | denseformer")
+      ->check(CLI::IsMember({"prenorm", "full", "block", "static", "denseformer"}))
+      ->capture_default_str();
+  s->add_option("--block-size", r.block_size, "block: sublayers per block (S)")
+      ->capture_default_str();
+  s->add_option("--attnres-gate", r.gate, "full/block: softmax | sigmoid")
+      ->check(CLI::IsMember({"softmax", "sigmoid"}))
+      ->capture_default_str();
+  s->add_option("--attnres-key-norm", r.key_norm, "full/block: rms | none (RMSNorm on keys)")
+      ->check(CLI::IsMember({"rms", "none"}))
+      ->capture_default_str();
+  s->add_option("--attnres-heads", r.heads, "full/block: depth-attention heads (split d)")
+      ->capture_default_str();
+  s->add_option("--attnres-query", r.query,
+                "full/block: static | dynamic (query = w + W * most recent source)")
+      ->check(CLI::IsMember({"static", "dynamic"}))
+      ->capture_default_str();
+  s->add_option("--attnres-window", r.window,
+                "full/block: embedding plus the last K sources only (0 = all)")
+      ->capture_default_str();
+  s->add_option("--attnres-two-phase", r.two_phase,
+                "block: two-phase computation (SPEC 4); same function, for comparisons")
+      ->capture_default_str();
+  // optimisation
+  s->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
+  s->add_option("--seq-len", c.seq_len, "Tokens per sequence (context length)")
+      ->capture_default_str();
+  s->add_option("--grad-accum", c.grad_accum, "Micro-batches per step")->capture_default_str();
+  s->add_option("--steps", c.steps, "Optimizer steps")->capture_default_str();
+  s->add_option("--lr", c.adamw.lr, "Peak learning rate")->capture_default_str();
+  s->add_option("--min-lr-ratio", c.schedule.min_lr_ratio, "Final lr / peak lr")
+      ->capture_default_str();
+  s->add_option("--warmup", c.schedule.warmup_steps, "Linear warm-up steps")->capture_default_str();
+  s->add_option("--schedule", c.schedule.kind, "cosine | wsd | constant")->capture_default_str();
+  s->add_option("--decay-fraction", c.schedule.decay_fraction, "WSD: fraction of steps decaying")
+      ->capture_default_str();
+  s->add_option("--weight-decay", c.adamw.weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str();
+  s->add_option("--beta1", c.adamw.beta1, "AdamW beta1")->capture_default_str();
+  s->add_option("--beta2", c.adamw.beta2, "AdamW beta2")->capture_default_str();
+  s->add_option("--grad-clip", c.grad_clip, "Global grad-norm clip (0 = off)")
+      ->capture_default_str();
+  s->add_option("--seed", c.seed, "Seed for initialisation and batch order")->capture_default_str();
+  // evaluation, checkpoints, output
+  s->add_option("--eval-every", c.eval_every, "Evaluate every K steps (0 = at the end)")
+      ->capture_default_str();
+  s->add_option("--eval-batches", c.eval_batches, "Validation batches per evaluation")
+      ->capture_default_str();
+  s->add_option("--save-every", c.save_every, "Checkpoint every K steps (0 = at the end)")
+      ->capture_default_str();
+  s->add_option("--keep-checkpoints", c.keep_checkpoints, "Checkpoints kept")
+      ->capture_default_str();
+  s->add_option("--log-every", c.log_every, "Metrics line every K steps")->capture_default_str();
+}
+
+}  // namespace attnres::cli
