@@ -10,6 +10,12 @@ void add_eval(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_info(CLI::App& app);
 void add_inspect(CLI::App& app);
+void add_compare(CLI::App& app);
+void add_report(CLI::App& app);
+
+// The command line as typed (for reports).
+const std::string& command_line();
+void set_command_line(int argc, char** argv);
 
 // The default corpus: Debian's `fortunes` package (installed by scripts/setup.sh).
 inline const char* kDefaultCorpus = "/usr/share/games/fortunes";

@@ -28,8 +28,24 @@ void tune_openmp_wait(char** argv) {
 
 }  // namespace
 
+namespace attnres::cli {
+namespace {
+std::string g_command_line;
+}
+const std::string& command_line() { return g_command_line; }
+void set_command_line(int argc, char** argv) {
+  g_command_line = "attnres";
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    const bool plain = a.find_first_of(" '\"$`\\") == std::string::npos && !a.empty();
+    g_command_line += " " + (plain ? a : "'" + a + "'");
+  }
+}
+}  // namespace attnres::cli
+
 int main(int argc, char** argv) {
   tune_openmp_wait(argv);
+  attnres::cli::set_command_line(argc, argv);
   CLI::App app{
       "attnres: a C++ engine that trains and runs Transformer language models with Attention "
       "Residuals.\nRun `attnres <command> --help` for a command's options."};
@@ -46,6 +62,8 @@ int main(int argc, char** argv) {
   attnres::cli::add_generate(app);
   attnres::cli::add_info(app);
   attnres::cli::add_inspect(app);
+  attnres::cli::add_compare(app);
+  attnres::cli::add_report(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

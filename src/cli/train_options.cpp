@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdlib>
 
+#include "attnres/error.hpp"
 #include "cli/commands.hpp"
 
 namespace attnres::cli {
@@ -16,11 +17,26 @@ extern "C" void on_signal(int) {
 }
 }  // namespace
 
+TrainArgs::TrainArgs() { cfg.data_path = kDefaultCorpus; }
+
 const std::atomic<bool>* install_stop_handler() {
   g_stop.store(false);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   return &g_stop;
+}
+
+void apply_train_args(TrainArgs& a, const std::vector<std::string>& args) {
+  CLI::App tmp;
+  add_train_options(&tmp, a);
+  std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 takes them in reverse
+  try {
+    tmp.parse(rev);
+  } catch (const CLI::ParseError& e) {
+    std::string joined;
+    for (const auto& x : args) joined += (joined.empty() ? "" : " ") + x;
+    throw Error("invalid training option '" + joined + "': " + e.what());
+  }
 }
 
 void remove_stop_handler() {
@@ -30,7 +46,6 @@ void remove_stop_handler() {
 
 void add_train_options(CLI::App* s, TrainArgs& a) {
   TrainConfig& c = a.cfg;
-  c.data_path = kDefaultCorpus;
   s->add_option("--data", c.data_path, "UTF-8 text file or directory of them")
       ->capture_default_str();
   s->add_option("--tokenizer", c.tokenizer, "byte | bpe (SentencePiece BPE trained on the corpus)")

@@ -4,12 +4,14 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "attnres/train.hpp"
 
 namespace attnres::cli {
 
 struct TrainArgs {
+  TrainArgs();  // defaults, e.g. the corpus of Debian's fortunes package
   TrainConfig cfg;
   bool untied = false;
   int64_t sample_tokens = 200;
@@ -20,6 +22,10 @@ struct TrainArgs {
 
 // Registers every data, model, residual, optimiser and evaluation option on s, bound to a.
 void add_train_options(CLI::App* s, TrainArgs& a);
+
+// Parses training options (e.g. {"--block-size=4"}) into a, leaving other fields as they are.
+// Throws Error on an unknown option or a bad value.
+void apply_train_args(TrainArgs& a, const std::vector<std::string>& args);
 
 // SIGINT/SIGTERM set the returned flag (a second one exits at once); remove restores defaults.
 const std::atomic<bool>* install_stop_handler();

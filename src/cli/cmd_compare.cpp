@@ -1,0 +1,509 @@
+// `attnres compare`: train several configurations that differ only in the residual mode (or a
+// swept option) on the same data, tokenizer, initial shared weights, batch order and token budget,
+// over several seeds; then write results.json, report.md and plots. `attnres report` redraws them.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <omp.h>
+
+#include "attnres/data.hpp"
+#include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
+#include "attnres/model.hpp"
+#include "attnres/report.hpp"
+#include "attnres/train.hpp"
+#include "cli/commands.hpp"
+#include "cli/progress.hpp"
+#include "cli/train_options.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace attnres::cli {
+
+namespace {
+
+struct CompareArgs {
+  TrainArgs base;
+  std::string out = "runs/compare";
+  std::string modes = "prenorm,full,block";
+  int64_t seeds = 2;
+  std::vector<std::string> sweeps;
+  std::string preset = "small";
+  bool no_plots = false;
+  std::string command_line;
+  CLI::App* app = nullptr;
+};
+
+// Model sizes and budgets for 2 CPU cores (see README "The main job").
+const std::map<std::string, std::vector<std::pair<std::string, std::string>>>& presets() {
+  static const std::map<std::string, std::vector<std::pair<std::string, std::string>>> p = {
+      {"tiny",
+       {{"--n-layer", "2"}, {"--d-model", "64"}, {"--n-head", "4"}, {"--seq-len", "64"},
+        {"--batch-size", "8"}, {"--steps", "200"}, {"--lr", "3e-3"}, {"--warmup", "20"},
+        {"--eval-every", "50"}, {"--eval-batches", "8"}, {"--tokenizer", "byte"}}},
+      {"small",
+       {{"--n-layer", "4"}, {"--d-model", "128"}, {"--n-head", "4"}, {"--seq-len", "128"},
+        {"--batch-size", "16"}, {"--steps", "1500"}, {"--lr", "3e-3"}, {"--warmup", "100"},
+        {"--eval-every", "150"}, {"--eval-batches", "16"}, {"--tokenizer", "bpe"},
+        {"--vocab-size", "2048"}}},
+      {"base",
+       {{"--n-layer", "6"}, {"--d-model", "256"}, {"--n-head", "8"}, {"--seq-len", "256"},
+        {"--batch-size", "16"}, {"--steps", "3000"}, {"--lr", "2e-3"}, {"--warmup", "200"},
+        {"--eval-every", "250"}, {"--eval-batches", "16"}, {"--tokenizer", "bpe"},
+        {"--vocab-size", "4096"}}},
+  };
+  return p;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == sep) {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else if (c != ' ') {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+std::string safe_name(std::string s) {
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '.') c = '_';
+  }
+  return s;
+}
+
+struct Group {
+  std::string name;
+  TrainArgs args;
+  json sweep = json::object();
+  double est_step_s = 0;
+};
+
+// Seconds per optimizer step of cfg, timed on random tokens (after one warm-up step).
+double time_step(const TrainConfig& cfg) {
+  Model m(cfg.model);
+  m.init_weights(1);
+  const int64_t n = cfg.batch_size * cfg.seq_len;
+  std::vector<int32_t> tok(n);
+  for (int64_t i = 0; i < n; i++) tok[i] = static_cast<int32_t>((i * 7919) % cfg.model.vocab_size);
+  double best = 1e30;
+  for (int r = 0; r < 3; r++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    m.forward(tok.data(), tok.data(), cfg.batch_size, cfg.seq_len);
+    m.backward();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::min(best, s);
+  }
+  return best * static_cast<double>(cfg.grad_accum);
+}
+
+std::string cpu_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+std::string now_iso() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// Validation curve and final diagnostics of a finished run, from its metrics.jsonl.
+void read_metrics(const fs::path& metrics, json& curve, json& diagnostics) {
+  curve = json::array();
+  diagnostics = nullptr;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.empty()) continue;
+    const json j = json::parse(line);
+    if (j.contains("val_loss")) curve.push_back({j["tokens"], j["val_loss"]});
+    if (j.value("kind", "") == "diagnostics") diagnostics = j;
+  }
+}
+
+void run_compare(CompareArgs& a) {
+  // Presets fill in only what the command line did not set.
+  if (!a.preset.empty() && a.preset != "none") {
+    auto it = presets().find(a.preset);
+    check(it != presets().end(), "unknown --preset '" + a.preset + "'; use tiny, small, base or none");
+    for (const auto& [opt, val] : it->second) {
+      if (a.app->count(opt) == 0) apply_train_args(a.base, {opt + "=" + val});
+    }
+  }
+  a.base.finalize();
+  const std::vector<std::string> modes = split(a.modes, ',');
+  check(!modes.empty(), "--modes lists no residual mode");
+  check(a.seeds >= 1 && a.seeds <= 100, "--seeds must be in [1, 100]");
+
+  // Groups: every mode times every combination of swept values.
+  std::vector<std::vector<std::pair<std::string, std::string>>> combos = {{}};
+  for (const std::string& sw : a.sweeps) {
+    const auto eq = sw.find('=');
+    check(eq != std::string::npos && eq > 0,
+          "--sweep '" + sw + "' must look like OPTION=V1,V2 (e.g. block-size=2,4,8)");
+    const std::string key = sw.substr(0, eq);
+    const auto vals = split(sw.substr(eq + 1), ',');
+    check(!vals.empty(), "--sweep '" + sw + "' lists no value");
+    std::vector<std::vector<std::pair<std::string, std::string>>> next;
+    for (const auto& c : combos) {
+      for (const auto& v : vals) {
+        auto c2 = c;
+        c2.emplace_back(key, v);
+        next.push_back(c2);
+      }
+    }
+    combos = next;
+  }
+  std::vector<Group> groups;
+  for (const std::string& mode : modes) {
+    for (const auto& combo : combos) {
+      Group g;
+      g.args = a.base;
+      g.name = mode;
+      apply_train_args(g.args, {"--residual=" + mode});
+      bool sets_block = a.app->count("--block-size") > 0;
+      for (const auto& [k, v] : combo) {
+        apply_train_args(g.args, {"--" + k + "=" + v});
+        g.name += " " + k + "=" + v;
+        g.sweep[k] = v;
+        sets_block |= k == "block-size";
+      }
+      if (mode == "block" && !sets_block) {
+        // About 4-8 blocks: the smallest S >= 2 with ceil(L / S) <= 8.
+        const int64_t L = g.args.cfg.model.n_sublayers();
+        int64_t S = 2;
+        while ((L + S - 1) / S > 8) S++;
+        g.args.cfg.model.residual.block_size = S;
+        g.name += " S=" + std::to_string(S);
+      }
+      g.args.finalize();
+      groups.push_back(std::move(g));
+    }
+  }
+
+  // One tokenizer and token cache for every run.
+  fs::create_directories(a.out);
+  const std::string data_dir = (fs::path(a.out) / "data").string();
+  DataOptions dopt;
+  dopt.corpus_path = a.base.cfg.data_path;
+  dopt.tokenizer = a.base.cfg.tokenizer;
+  dopt.vocab_size = a.base.cfg.bpe_vocab;
+  dopt.out_dir = data_dir;
+  dopt.val_fraction = a.base.cfg.val_fraction;
+  std::printf("preparing data: %s (tokenizer %s)\n", dopt.corpus_path.c_str(), dopt.tokenizer.c_str());
+  std::fflush(stdout);
+  PreparedData data = prepare_data(dopt);
+  const int64_t vocab = data.tokenizer->vocab_size();
+
+  // The plan, with the compute per run and a timed estimate.
+  const TrainConfig& b = a.base.cfg;
+  const int64_t tokens_per_run = b.steps * b.batch_size * b.seq_len * b.grad_accum;
+  const int64_t n_runs = static_cast<int64_t>(groups.size()) * a.seeds;
+  std::printf("\ncompare: %zu configuration(s) x %lld seed(s) = %lld runs, %lld steps x %lld "
+              "tokens each (%s tokens), on %s (%s train / %s val tokens)\n",
+              groups.size(), static_cast<long long>(a.seeds), static_cast<long long>(n_runs),
+              static_cast<long long>(b.steps),
+              static_cast<long long>(b.batch_size * b.seq_len * b.grad_accum),
+              format_count(static_cast<double>(tokens_per_run)).c_str(), b.data_path.c_str(),
+              format_count(static_cast<double>(data.train.size())).c_str(),
+              format_count(static_cast<double>(data.val.size())).c_str());
+  std::printf("%-28s %12s %14s %14s\n", "configuration", "parameters", "MFLOP/token", "est. per run");
+  double est_total = 0;
+  for (Group& g : groups) {
+    TrainConfig c = g.args.cfg;
+    c.model.vocab_size = vocab;
+    c.model.max_seq_len = c.seq_len;
+    c.model.resolve();
+    c.model.validate();
+    Model probe(c.model);
+    g.est_step_s = time_step(c);
+    const double evals = c.eval_every > 0 ? static_cast<double>(c.steps / c.eval_every) : 1.0;
+    const double est = g.est_step_s * static_cast<double>(c.steps) +
+                       evals * static_cast<double>(c.eval_batches) * g.est_step_s / 3.0;
+    est_total += est * static_cast<double>(a.seeds);
+    std::printf("%-28s %12lld %14.1f %14s\n", g.name.c_str(),
+                static_cast<long long>(probe.num_params()),
+                train_flops_per_token(c.model, c.seq_len) / 1e6, format_duration(est).c_str());
+  }
+  std::printf("expected total: %s on %d threads\n\n", format_duration(est_total).c_str(),
+              omp_get_max_threads());
+  std::fflush(stdout);
+
+  // The runs, sequentially. A finished run (run.json present) is kept: rerunning the same command
+  // after an interruption continues where it stopped.
+  const auto t_start = std::chrono::steady_clock::now();
+  const std::atomic<bool>* stop = install_stop_handler();
+  json runs = json::array();
+  int64_t k = 0;
+  double remaining = est_total;
+  for (Group& g : groups) {
+    for (int64_t s = 0; s < a.seeds; s++, k++) {
+      TrainConfig c = g.args.cfg;
+      c.seed = b.seed + static_cast<uint64_t>(s);
+      c.data_dir = data_dir;
+      const fs::path dir = fs::path(a.out) / "runs" / safe_name(g.name) / ("seed" + std::to_string(c.seed));
+      c.out_dir = dir.string();
+      const fs::path run_json = dir / "run.json";
+      const double est = est_total / static_cast<double>(n_runs);
+      if (fs::exists(run_json)) {
+        std::printf("[run %lld/%lld] %s seed %llu: already done, kept\n",
+                    static_cast<long long>(k + 1), static_cast<long long>(n_runs), g.name.c_str(),
+                    static_cast<unsigned long long>(c.seed));
+        runs.push_back(json::parse(read_file(run_json.string())));
+        remaining -= est;
+        continue;
+      }
+      c.resume = fs::exists(dir / "latest") && fs::exists(dir / "train_config.json");
+      if (!c.resume) {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+      }
+      char head[200];
+      std::snprintf(head, sizeof head, "[run %lld/%lld] %s seed %llu%s",
+                    static_cast<long long>(k + 1), static_cast<long long>(n_runs), g.name.c_str(),
+                    static_cast<unsigned long long>(c.seed), c.resume ? " (resuming)" : "");
+      Progress bar(c.log_every * 10);
+      bar.message(head);
+      TrainEvents ev;
+      ev.stop = stop;
+      ev.on_step = [&](const StepInfo& si) {
+        char f[200];
+        const double left = std::max(0.0, remaining - est + si.eta_s);
+        std::snprintf(f, sizeof f, "%s | loss %.4f | %s tok/s | all runs ETA %s", g.name.c_str(),
+                      si.loss, format_count(si.tokens_per_s).c_str(),
+                      format_duration(left).c_str());
+        bar.update(si.step, si.total_steps, f, si.eta_s);
+      };
+      ev.on_eval = [&](const EvalInfo& e) {
+        char f[120];
+        std::snprintf(f, sizeof f, "  step %lld: val loss %.4f", static_cast<long long>(e.step),
+                      e.val_loss);
+        bar.message(f);
+      };
+      const TrainResult r = train(c, ev);
+      bar.finish();
+      if (r.interrupted) {
+        remove_stop_handler();
+        std::printf("interrupted; rerun the same command to continue from here\n");
+        return;
+      }
+      remaining -= est;
+      json curve, diag;
+      read_metrics(dir / "metrics.jsonl", curve, diag);
+      // Fingerprints of the initial shared weights and the batch order. A resumed run's are
+      // recomputed the way the trainer computes them (init from the seed).
+      uint64_t init_hash = r.init_hash;
+      if (c.resume) {
+        ModelConfig mc = c.model;
+        mc.vocab_size = vocab;
+        mc.max_seq_len = c.seq_len;
+        Model m(mc);
+        m.init_weights(c.seed);
+        init_hash = m.shared_weights_hash();
+      }
+      json rj = {{"group", g.name},
+                 {"seed", c.seed},
+                 {"dir", fs::relative(dir, a.out).string()},
+                 {"final_val_loss", r.final_val_loss},
+                 {"final_train_loss", r.final_train_loss},
+                 {"tokens_per_s", r.tokens_per_s},
+                 {"seconds", r.seconds},
+                 {"params", r.num_params},
+                 {"flops_per_token", r.flops_per_token},
+                 {"init_hash", std::to_string(init_hash)},
+                 {"batch_hash", std::to_string(r.batch_hash)},
+                 {"curve", curve},
+                 {"diagnostics", diag}};
+      write_file_atomic(run_json.string(), rj.dump() + "\n");
+      runs.push_back(rj);
+    }
+  }
+  remove_stop_handler();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+
+  // Aggregate per configuration.
+  const std::string baseline = std::find(modes.begin(), modes.end(), "prenorm") != modes.end() &&
+                                       combos.size() == 1
+                                   ? "prenorm"
+                                   : groups.front().name;
+  json gj = json::array();
+  double base_mean = 0;
+  for (const Group& g : groups) {
+    std::vector<double> v, tps;
+    int64_t params = 0;
+    double fpt = 0;
+    bool has_w = false;
+    for (const auto& r : runs) {
+      if (r["group"] != g.name) continue;
+      v.push_back(r["final_val_loss"]);
+      tps.push_back(r["tokens_per_s"]);
+      params = r["params"];
+      fpt = r["flops_per_token"];
+      has_w |= r["diagnostics"].is_object() && r["diagnostics"].contains("depth_weights");
+    }
+    double mean = 0, var = 0, tp = 0;
+    for (double x : v) mean += x / static_cast<double>(v.size());
+    for (double x : v) var += (x - mean) * (x - mean);
+    const double sd = v.size() > 1 ? std::sqrt(var / static_cast<double>(v.size() - 1)) : 0.0;
+    for (double x : tps) tp += x / static_cast<double>(tps.size());
+    if (g.name == baseline) base_mean = mean;
+    gj.push_back({{"name", g.name},
+                  {"mode", g.args.cfg.model.residual.mode},
+                  {"residual", json::parse(g.args.cfg.model.to_json())},
+                  {"sweep", g.sweep},
+                  {"params", params},
+                  {"flops_per_token", fpt},
+                  {"val_loss_mean", mean},
+                  {"val_loss_std", sd},
+                  {"ppl_mean", std::exp(mean)},
+                  {"tokens_per_s_mean", tp},
+                  {"seeds", static_cast<int>(v.size())},
+                  {"has_depth_weights", has_w}});
+  }
+  for (auto& g : gj) g["delta_vs_baseline"] = g["val_loss_mean"].get<double>() - base_mean;
+  // The runs of one seed must share initial weights and batch order across configurations.
+  bool same_init = true, same_batch = true;
+  for (const auto& r1 : runs) {
+    for (const auto& r2 : runs) {
+      if (r1["seed"] != r2["seed"]) continue;
+      same_init &= r1["init_hash"] == r2["init_hash"];
+      same_batch &= r1["batch_hash"] == r2["batch_hash"];
+    }
+  }
+  TrainConfig mc = groups.front().args.cfg;
+  mc.model.vocab_size = vocab;
+  mc.model.max_seq_len = mc.seq_len;
+  mc.model.resolve();
+  json seeds = json::array();
+  for (int64_t s = 0; s < a.seeds; s++) seeds.push_back(b.seed + static_cast<uint64_t>(s));
+  json results = {
+      {"format", "attnres-compare/1"},
+      {"command", a.command_line},
+      {"created", now_iso()},
+      {"hardware", {{"cpu", cpu_name()}, {"threads", omp_get_max_threads()}}},
+      {"wall_time_s", wall},
+      {"preset", a.preset},
+      {"data",
+       {{"path", b.data_path},
+        {"tokenizer", data.tokenizer_ref},
+        {"vocab_size", vocab},
+        {"train_tokens", data.train.size()},
+        {"val_tokens", data.val.size()}}},
+      {"model", json::parse(mc.model.to_json())},
+      {"train",
+       {{"steps", b.steps},
+        {"batch_size", b.batch_size},
+        {"seq_len", b.seq_len},
+        {"grad_accum", b.grad_accum},
+        {"tokens_per_run", tokens_per_run},
+        {"lr", b.adamw.lr},
+        {"weight_decay", b.adamw.weight_decay},
+        {"grad_clip", b.grad_clip},
+        {"schedule", b.schedule.kind},
+        {"warmup_steps", b.schedule.warmup_steps},
+        {"eval_every", b.eval_every},
+        {"eval_batches", b.eval_batches}}},
+      {"seeds", seeds},
+      {"baseline", baseline},
+      {"groups", gj},
+      {"runs", runs},
+      {"checks", {{"shared_init", same_init}, {"shared_batches", same_batch}}}};
+  const std::string results_path = (fs::path(a.out) / "results.json").string();
+  std::string why;
+  bool plotted = false;
+  write_file_atomic(results_path, results.dump(1) + "\n");
+  if (!a.no_plots) {
+    plotted = render_plots(a.out, &why);
+  } else {
+    why = "--no-plots was given; draw them with `attnres report " + a.out + "`";
+  }
+  if (!plotted) {
+    results["plots_note"] = why;
+    write_file_atomic(results_path, results.dump(1) + "\n");
+  }
+  write_report(a.out);
+
+  std::printf("\n%-28s %22s %10s %12s\n", "configuration", "val loss (mean +- std)", "ppl",
+              "vs baseline");
+  for (const auto& g : gj) {
+    std::printf("%-28s %13.4f +- %.4f %10.2f %+12.4f\n", g["name"].get<std::string>().c_str(),
+                g["val_loss_mean"].get<double>(), g["val_loss_std"].get<double>(),
+                g["ppl_mean"].get<double>(), g["delta_vs_baseline"].get<double>());
+  }
+  std::printf("\nshared initial weights: %s, shared batch order: %s\n", same_init ? "yes" : "NO",
+              same_batch ? "yes" : "NO");
+  if (!plotted) std::printf("plots not drawn: %s\n", why.c_str());
+  std::printf("report: %s/report.md (wall time %s)\n", a.out.c_str(), format_duration(wall).c_str());
+}
+
+}  // namespace
+
+void add_compare(CLI::App& app) {
+  auto a = std::make_shared<CompareArgs>();
+  CLI::App* s = app.add_subcommand(
+      "compare",
+      "Train residual modes side by side (same data, initial weights, batches and budget) over "
+      "several seeds; write a report with plots");
+  a->app = s;
+  add_train_options(s, a->base);
+  s->add_option("--out", a->out, "Run directory of the comparison")->capture_default_str();
+  s->add_option("--modes", a->modes, "Residual modes to compare, comma-separated")
+      ->capture_default_str();
+  s->add_option("--seeds", a->seeds, "Repeats with seeds seed, seed+1, ...")->capture_default_str();
+  s->add_option("--sweep", a->sweeps,
+                "Also vary a training option: OPTION=V1,V2,... (e.g. block-size=2,4,8; "
+                "repeatable: the product is run)");
+  s->add_option("--preset", a->preset,
+                "Model size and budget for 2 CPU cores: tiny (~1 min), small (~15 min), base "
+                "(hours), none; explicit options win")
+      ->capture_default_str();
+  s->add_flag("--no-plots", a->no_plots, "Skip the PNG plots (draw later with `attnres report`)");
+  s->callback([a] {
+    a->command_line = command_line();
+    run_compare(*a);
+  });
+}
+
+void add_report(CLI::App& app) {
+  auto dir = std::make_shared<std::string>();
+  CLI::App* s = app.add_subcommand(
+      "report", "Regenerate report.md and the plots of a comparison from its results.json");
+  s->add_option("run_dir,--run-dir", *dir, "Directory written by `attnres compare`")->required();
+  s->callback([dir] {
+    check(fs::exists(fs::path(*dir) / "results.json"),
+          "'" + *dir + "' has no results.json; give the directory `attnres compare --out` wrote");
+    std::string why;
+    const bool ok = render_plots(*dir, &why);
+    // Record whether the plots exist, so the report says so.
+    const std::string rp = (fs::path(*dir) / "results.json").string();
+    json r = json::parse(read_file(rp));
+    if (ok) {
+      r.erase("plots_note");
+    } else {
+      r["plots_note"] = why;
+    }
+    write_file_atomic(rp, r.dump(1) + "\n");
+    write_report(*dir);
+    if (!ok) std::printf("plots not drawn: %s\n", why.c_str());
+    std::printf("report: %s/report.md\n", dir->c_str());
+  });
+}
+
+}  // namespace attnres::cli

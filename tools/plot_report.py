@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Draws the plots of an `attnres compare` report from RUN_DIR/results.json.
+
+Usage: python3 tools/plot_report.py RUN_DIR
+(The attnres binary embeds this script and runs it for `attnres compare` / `attnres report`.)
+Writes val_loss.png, output_rms.png, grad_norm.png and depth_weights_<group>.png into RUN_DIR.
+Needs only matplotlib (Debian: python3-matplotlib).
+"""
+import json
+import math
+import os
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def safe(name):
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def main(run_dir):
+    with open(os.path.join(run_dir, "results.json")) as f:
+        res = json.load(f)
+    groups = res["groups"]
+    runs = res["runs"]
+    by_group = {g["name"]: [r for r in runs if r["group"] == g["name"]] for g in groups}
+    written = []
+
+    # 1. Validation loss vs tokens: mean over seeds, shaded min..max.
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    for g in groups:
+        rs = by_group[g["name"]]
+        if not rs or not rs[0]["curve"]:
+            continue
+        n = min(len(r["curve"]) for r in rs)
+        toks = [rs[0]["curve"][i][0] for i in range(n)]
+        vals = [[r["curve"][i][1] for r in rs] for i in range(n)]
+        m = [mean(v) for v in vals]
+        line, = ax.plot(toks, m, marker="o", markersize=3, label=g["name"])
+        if len(rs) > 1:
+            ax.fill_between(toks, [min(v) for v in vals], [max(v) for v in vals],
+                            color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title("Validation loss\n(mean over seeds, band = min..max)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(run_dir, "val_loss.png"))
+    plt.close(fig)
+    written.append("val_loss.png")
+
+    # 2./3. Per-sublayer output RMS and gradient norm vs depth (final diagnostics).
+    for key, fname, ylabel, title in [
+        ("output_rms", "output_rms.png", "RMS of sublayer output", "Sublayer output magnitude vs depth"),
+        ("grad_norm", "grad_norm.png", "gradient norm of sublayer weights", "Gradient norm vs depth"),
+    ]:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        for g in groups:
+            rs = [r for r in by_group[g["name"]] if r.get("diagnostics") and r["diagnostics"].get(key)]
+            if not rs:
+                continue
+            L = len(rs[0]["diagnostics"][key])
+            ys = [mean([r["diagnostics"][key][l] for r in rs]) for l in range(L)]
+            ax.plot(range(L), ys, marker="o", markersize=3, label=g["name"])
+        ax.set_xlabel("sublayer (0 = first attention; even = attention, odd = MLP)")
+        ax.set_ylabel(ylabel)
+        ax.set_yscale("log")
+        ax.set_title(title + "\n(end of training, mean over seeds)", fontsize=10)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(run_dir, fname))
+        plt.close(fig)
+        written.append(fname)
+
+    # 4. Depth-attention weights heatmap per mode that has them (mean over seeds).
+    for g in groups:
+        rs = [r for r in by_group[g["name"]]
+              if r.get("diagnostics") and r["diagnostics"].get("depth_weights")]
+        if not rs:
+            continue
+        dw = rs[0]["diagnostics"]["depth_weights"]
+        rows, cols = dw["rows"], dw["cols"]
+        W = [[mean([r["diagnostics"]["depth_weights"]["w"][i][j] for r in rs])
+              for j in range(len(cols))] for i in range(len(rows))]
+        fig, ax = plt.subplots(figsize=(1.0 + 0.55 * len(cols), 1.0 + 0.42 * len(rows)), dpi=100)
+        masked = [[(x if math.isfinite(x) else float("nan")) for x in row] for row in W]
+        im = ax.imshow(masked, cmap="viridis", vmin=0.0, aspect="auto")
+        ax.set_xticks(range(len(cols)))
+        ax.set_xticklabels(cols, rotation=60, ha="right", fontsize=7)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels(rows, fontsize=7)
+        for i, row in enumerate(W):
+            for j, x in enumerate(row):
+                if math.isfinite(x):
+                    ax.text(j, i, "%.0f" % (100 * x), ha="center", va="center", fontsize=6,
+                            color="white" if x < 0.5 else "black")
+        ax.set_xlabel("source")
+        ax.set_ylabel("reader")
+        ax.set_title("Depth weights, %s (%%)" % g["name"], fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.04)
+        fig.tight_layout()
+        fname = "depth_weights_%s.png" % safe(g["name"])
+        fig.savefig(os.path.join(run_dir, fname))
+        plt.close(fig)
+        written.append(fname)
+    print(" ".join(written))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
