@@ -11,10 +11,12 @@ PACKAGES=(
   libsentencepiece-dev   # BPE tokenizer training and encoding
   libgtest-dev libgmock-dev libbenchmark-dev
   fortunes               # the default demo corpus (/usr/share/games/fortunes)
+  python3 python3-matplotlib  # plots of `attnres compare` reports
 )
-# Optional extras, installed with `scripts/setup.sh --python` (plots, PyTorch fixtures).
+# Optional extras, installed with `scripts/setup.sh --python`: PyTorch, to regenerate the parity
+# fixtures (tools/gen_fixtures.py) and run the PyTorch benchmarks.
 if [[ "${1:-}" == "--python" ]]; then
-  PACKAGES+=(python3 python3-numpy python3-matplotlib python3-torch)
+  PACKAGES+=(python3-numpy python3-torch)
 fi
 
 missing=()

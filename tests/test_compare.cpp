@@ -1,0 +1,182 @@
+// `attnres compare` / `attnres report` end to end on a tiny budget: the report's numbers are the
+// ones in results.json, the plots are valid PNGs, and the runs of one seed really share their
+// initial weights and batch order while different seeds do not.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+int run(const std::string& args, std::string* out = nullptr) {
+  const std::string cmd = std::string(ATTNRES_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  std::string o;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) o.append(buf.data(), n);
+  const int st = ::pclose(p);
+  if (out) *out = o;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("attnres_test_compare_" + std::to_string(::getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string corpus(const fs::path& dir) {
+  std::ofstream f(dir / "corpus.txt");
+  const char* w[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far"};
+  unsigned x = 1;
+  for (int i = 0; i < 6000; i++) {
+    x = x * 1103515245u + 12345u;
+    f << w[(x >> 16) % 10] << ((i % 9 == 8) ? ".\n" : " ");
+  }
+  return (dir / "corpus.txt").string();
+}
+
+// A PNG: signature, an IHDR chunk with a non-empty size, and IEND at the end.
+void expect_png(const fs::path& p) {
+  ASSERT_TRUE(fs::exists(p)) << p;
+  const std::string s = slurp(p);
+  ASSERT_GT(s.size(), 100u) << p;
+  EXPECT_EQ(s.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << p;
+  EXPECT_EQ(s.substr(12, 4), "IHDR") << p;
+  auto be32 = [&](size_t o) {
+    return (uint32_t(uint8_t(s[o])) << 24) | (uint32_t(uint8_t(s[o + 1])) << 16) |
+           (uint32_t(uint8_t(s[o + 2])) << 8) | uint32_t(uint8_t(s[o + 3]));
+  };
+  EXPECT_GT(be32(16), 10u) << "width of " << p;
+  EXPECT_GT(be32(20), 10u) << "height of " << p;
+  EXPECT_EQ(s.substr(s.size() - 8, 4), "IEND") << p;
+}
+
+std::string f4(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4f", x);
+  return b;
+}
+
+TEST(Compare, TinyEndToEndReportMatchesResultsAndPlotsExist) {
+  const fs::path dir = temp_dir("e2e");
+  const std::string data = corpus(dir);
+  const fs::path out = dir / "cmp";
+  std::string log;
+  ASSERT_EQ(run("compare --preset tiny --modes prenorm,block --seeds 2 --steps 200 --data " +
+                    data + " --out " + out.string(),
+                &log),
+            0)
+      << log;
+  const json r = json::parse(slurp(out / "results.json"));
+  const std::string report = slurp(out / "report.md");
+  ASSERT_EQ(r["groups"].size(), 2u);
+  ASSERT_EQ(r["runs"].size(), 4u);
+  EXPECT_EQ(r["baseline"], "prenorm");
+  for (const auto& g : r["groups"]) {
+    // Every number of the results table comes from results.json.
+    EXPECT_NE(report.find(f4(g["val_loss_mean"].get<double>()) + " +- " +
+                          f4(g["val_loss_std"].get<double>())),
+              std::string::npos)
+        << g["name"] << "\n" << report;
+    // ... and results.json's aggregate is the mean of its runs.
+    double mean = 0;
+    int n = 0;
+    for (const auto& run : r["runs"]) {
+      if (run["group"] == g["name"]) {
+        mean += run["final_val_loss"].get<double>();
+        n++;
+      }
+    }
+    EXPECT_EQ(n, 2);
+    EXPECT_NEAR(g["val_loss_mean"].get<double>(), mean / n, 1e-12);
+    EXPECT_LT(g["val_loss_mean"].get<double>(), 5.0);  // it trained (from ~5.5)
+  }
+  // Shared initial weights and batch order within a seed; different across seeds.
+  std::map<uint64_t, std::set<std::string>> init_by_seed, batch_by_seed;
+  for (const auto& run : r["runs"]) {
+    init_by_seed[run["seed"]].insert(run["init_hash"].get<std::string>());
+    batch_by_seed[run["seed"]].insert(run["batch_hash"].get<std::string>());
+  }
+  ASSERT_EQ(init_by_seed.size(), 2u);
+  for (const auto& [seed, hs] : init_by_seed) EXPECT_EQ(hs.size(), 1u) << "seed " << seed;
+  for (const auto& [seed, hs] : batch_by_seed) EXPECT_EQ(hs.size(), 1u) << "seed " << seed;
+  EXPECT_NE(*init_by_seed.begin()->second.begin(), *init_by_seed.rbegin()->second.begin());
+  EXPECT_NE(*batch_by_seed.begin()->second.begin(), *batch_by_seed.rbegin()->second.begin());
+  EXPECT_TRUE(r["checks"]["shared_init"].get<bool>());
+  EXPECT_TRUE(r["checks"]["shared_batches"].get<bool>());
+  // Plots.
+  for (const char* png : {"val_loss.png", "output_rms.png", "grad_norm.png"}) expect_png(out / png);
+  const std::string block_name = r["groups"][1]["name"];
+  EXPECT_EQ(block_name, "block S=2");
+  expect_png(out / "depth_weights_block_S_2.png");
+  EXPECT_FALSE(fs::exists(out / "depth_weights_prenorm.png"));
+  EXPECT_NE(report.find("depth_weights_block_S_2.png"), std::string::npos);
+  EXPECT_EQ(report.find("Plots were not drawn"), std::string::npos) << report;
+  // `attnres report` regenerates the same report from results.json.
+  fs::remove(out / "report.md");
+  fs::remove(out / "val_loss.png");
+  ASSERT_EQ(run("report " + out.string(), &log), 0) << log;
+  EXPECT_EQ(slurp(out / "report.md"), report);
+  expect_png(out / "val_loss.png");
+  // Rerunning the same command keeps the finished runs.
+  ASSERT_EQ(run("compare --preset tiny --modes prenorm,block --seeds 2 --steps 200 --data " +
+                    data + " --out " + out.string() + " --no-plots",
+                &log),
+            0);
+  EXPECT_NE(log.find("already done"), std::string::npos) << log;
+}
+
+TEST(Compare, SweepAnyTrainOption) {
+  const fs::path dir = temp_dir("sweep");
+  const std::string data = corpus(dir);
+  const fs::path out = dir / "cmp";
+  std::string log;
+  ASSERT_EQ(run("compare --preset tiny --modes block --sweep block-size=1,4 --sweep "
+                "attnres-heads=1,2 --seeds 1 --steps 10 --no-plots --data " + data + " --out " +
+                    out.string(),
+                &log),
+            0)
+      << log;
+  const json r = json::parse(slurp(out / "results.json"));
+  std::set<std::string> names;
+  for (const auto& g : r["groups"]) names.insert(g["name"]);
+  EXPECT_EQ(names.size(), 4u);
+  EXPECT_TRUE(names.count("block block-size=1 attnres-heads=2")) << log;
+  for (const auto& g : r["groups"]) {
+    if (g["name"] == "block block-size=4 attnres-heads=2") {
+      EXPECT_EQ(g["residual"]["block_size"], 4);
+      EXPECT_EQ(g["residual"]["attnres_heads"], 2);
+    }
+  }
+  EXPECT_NE(slurp(out / "report.md").find("Plots were not drawn"), std::string::npos);
+  // Unknown options and malformed sweeps are errors that say what is wrong.
+  EXPECT_EQ(run("compare --preset tiny --sweep nosuchoption=1,2 --data " + data + " --out " +
+                    (dir / "bad").string(), &log), 1);
+  EXPECT_NE(log.find("nosuchoption"), std::string::npos) << log;
+  EXPECT_EQ(run("compare --preset tiny --sweep block-size --data " + data + " --out " +
+                    (dir / "bad2").string(), &log), 1);
+  EXPECT_NE(log.find("OPTION=V1,V2"), std::string::npos) << log;
+  EXPECT_EQ(run("report " + (dir / "nothing").string(), &log), 1);
+  EXPECT_NE(log.find("results.json"), std::string::npos) << log;
+}
+
+}  // namespace
