@@ -10,34 +10,16 @@
 #include <fstream>
 #include <string>
 
+#include "test_util.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;  // stdout and stderr together
-};
+using attnres::testing::CliRun;
+using attnres::testing::TempDir;
 
-CliRun run(const std::string& args) {
-  const std::string cmd = std::string(ATTNRES_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  CliRun r{-1, ""};
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("attnres_test_cli_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+CliRun run(const std::string& args) { return attnres::testing::run_cli(args); }
 
 bool contains(const std::string& s, const std::string& needle) {
   return s.find(needle) != std::string::npos;
@@ -65,7 +47,8 @@ TEST(Cli, HelpEverywhere) {
 }
 
 TEST(Cli, TrainEvalGenerateInfo) {
-  const fs::path dir = temp_dir("round");
+  TempDir td;
+  const fs::path dir = td.path;
   const std::string data = corpus(dir);
   const std::string out = (dir / "run").string();
   CliRun t = run("train --data " + data + " --out " + out +
@@ -95,7 +78,8 @@ TEST(Cli, TrainEvalGenerateInfo) {
 }
 
 TEST(Cli, AttnResModesAndInspect) {
-  const fs::path dir = temp_dir("attnres");
+  TempDir td;
+  const fs::path dir = td.path;
   const std::string data = corpus(dir);
   const std::string out = (dir / "run").string();
   CliRun t = run("train --data " + data + " --out " + out +
@@ -124,7 +108,8 @@ TEST(Cli, AttnResModesAndInspect) {
 }
 
 TEST(Cli, ConfigFileWithOverrides) {
-  const fs::path dir = temp_dir("config");
+  TempDir td;
+  const fs::path dir = td.path;
   const std::string data = corpus(dir);
   std::ofstream(dir / "cfg.toml") << "[train]\nsteps = 7\nn-layer = 1\nd-model = 16\n"
                                      "n-head = 2\nseq-len = 16\nbatch-size = 2\n"
@@ -140,7 +125,8 @@ TEST(Cli, ConfigFileWithOverrides) {
 }
 
 TEST(Cli, ErrorsAreClearAndNonZero) {
-  const fs::path dir = temp_dir("errors");
+  TempDir td;
+  const fs::path dir = td.path;
   CliRun r = run("train --data /nonexistent/corpus.txt --out " + (dir / "r").string());
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "error:")) << r.out;

@@ -14,33 +14,20 @@
 #include <set>
 #include <string>
 
+#include "test_util.hpp"
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
+using attnres::testing::slurp;
+using attnres::testing::TempDir;
+
 int run(const std::string& args, std::string* out = nullptr) {
-  const std::string cmd = std::string(ATTNRES_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  std::string o;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) o.append(buf.data(), n);
-  const int st = ::pclose(p);
-  if (out) *out = o;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("attnres_test_compare_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  const auto r = attnres::testing::run_cli(args);
+  if (out) *out = r.out;
+  return r.code;
 }
 
 std::string corpus(const fs::path& dir) {
@@ -77,7 +64,8 @@ std::string f4(double x) {
 }
 
 TEST(Compare, TinyEndToEndReportMatchesResultsAndPlotsExist) {
-  const fs::path dir = temp_dir("e2e");
+  TempDir td;
+  const fs::path dir = td.path;
   const std::string data = corpus(dir);
   const fs::path out = dir / "cmp";
   std::string log;
@@ -146,7 +134,8 @@ TEST(Compare, TinyEndToEndReportMatchesResultsAndPlotsExist) {
 }
 
 TEST(Compare, SweepAnyTrainOption) {
-  const fs::path dir = temp_dir("sweep");
+  TempDir td;
+  const fs::path dir = td.path;
   const std::string data = corpus(dir);
   const fs::path out = dir / "cmp";
   std::string log;

@@ -13,26 +13,14 @@
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "core/rng.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace attnres;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnres_data_XXXXXX").string();
-    char* p = ::mkdtemp(tmpl.data());
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+using attnres::testing::TempDir;
 
 bool contains(const std::vector<std::string>& v, const std::string& needle) {
   for (const auto& s : v) {

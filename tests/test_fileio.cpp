@@ -11,6 +11,7 @@
 
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace attnres;
@@ -18,20 +19,7 @@ using namespace attnres;
 namespace {
 
 // A fresh directory under the system temp dir, removed with its contents at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnres_fileio_XXXXXX").string();
-    char* p = ::mkdtemp(tmpl.data());
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+using attnres::testing::TempDir;
 
 // Names in dir containing ".tmp." (leftover temp files).
 int count_temp_files(const std::string& dir) {

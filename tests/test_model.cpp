@@ -51,10 +51,10 @@ std::vector<int32_t> ids(int64_t n, int64_t V, uint64_t seed) {
   return v;
 }
 
+// Files in one temporary directory per test process, removed at exit.
 std::string temp_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("attnres_test_model_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  static attnres::testing::TempDir dir;
+  return dir.file(name);
 }
 
 class ModelGrad : public ::testing::TestWithParam<std::pair<bool, int64_t>> {};

@@ -146,10 +146,8 @@ TEST_P(Modes, KvCacheDecodingMatchesFullForward) {
 TEST_P(Modes, SaveLoadRoundTrip) {
   Model m(GetParam().cfg);
   randomize(m, 8);
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("attnres_test_residual_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string path = (dir / (GetParam().name + ".safetensors")).string();
+  attnres::testing::TempDir dir;
+  const std::string path = dir.file(GetParam().name + ".safetensors");
   save_model(path, m, {});
   auto m2 = load_model(path);
   EXPECT_EQ(m2->config().to_json(), m.config().to_json());

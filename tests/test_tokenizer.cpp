@@ -11,26 +11,14 @@
 #include "attnres/fileio.hpp"
 #include "attnres/tokenizer.hpp"
 #include "core/rng.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace attnres;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attnres_tok_XXXXXX").string();
-    char* p = ::mkdtemp(tmpl.data());
-    if (p == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+using attnres::testing::TempDir;
 
 // Deterministic English-like text: sentences of common words with punctuation and newlines.
 std::string english_like(int sentences, uint64_t seed) {

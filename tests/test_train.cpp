@@ -18,12 +18,7 @@ using namespace attnres;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("attnres_test_train_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using attnres::testing::TempDir;
 
 // A small structured corpus: sentences from a tiny grammar, so a model can learn far below the
 // unigram entropy.
@@ -83,7 +78,8 @@ std::vector<double> read_losses(const fs::path& metrics) {
 }
 
 TEST(Train, LearnsFarBelowUnigramEntropy) {
-  const fs::path dir = temp_dir("learn");
+  TempDir td;
+  const fs::path dir = td.path;
   const std::string text = make_corpus(3000, 1);
   std::ofstream(dir / "corpus.txt") << text;
   TrainConfig c = small_config(dir, dir / "corpus.txt");
@@ -99,7 +95,8 @@ TEST(Train, LearnsFarBelowUnigramEntropy) {
 class TrainModes : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TrainModes, LowersValidationLoss) {
-  const fs::path dir = temp_dir("mode_" + GetParam());
+  TempDir td;
+  const fs::path dir = td.path;
   std::ofstream(dir / "corpus.txt") << make_corpus(1500, 4);
   TrainConfig c = small_config(dir, dir / "corpus.txt");
   c.model.residual.mode = GetParam();
@@ -114,7 +111,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, TrainModes,
                          ::testing::Values("prenorm", "full", "block", "static", "denseformer"));
 
 TEST(Train, ResumeReproducesTheUninterruptedRun) {
-  const fs::path dir = temp_dir("resume");
+  TempDir td;
+  const fs::path dir = td.path;
   std::ofstream(dir / "corpus.txt") << make_corpus(800, 2);
   TrainConfig c = small_config(dir, dir / "corpus.txt");
   c.steps = 24;
@@ -151,7 +149,8 @@ TEST(Train, ResumeReproducesTheUninterruptedRun) {
 }
 
 TEST(Train, BadInputsGiveClearErrors) {
-  const fs::path dir = temp_dir("errors");
+  TempDir td;
+  const fs::path dir = td.path;
   auto expect_error = [](TrainConfig c, const std::string& needle) {
     try {
       train(c, {});

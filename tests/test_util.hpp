@@ -1,15 +1,67 @@
 // Shared test helpers: random buffers and finite-difference gradient checking.
 #pragma once
 
+#include <stdlib.h>
+#include <sys/wait.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/rng.hpp"
 
 namespace attnres::testing {
+
+// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "attnres_test_XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+// The whole content of a file ("" if it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+#ifdef ATTNRES_CLI_PATH
+// Runs the attnres executable with `args` (a shell fragment); stdout and stderr together.
+struct CliRun {
+  int code = -1;
+  std::string out;
+};
+inline CliRun run_cli(const std::string& args) {
+  const std::string cmd = std::string(ATTNRES_CLI_PATH) + " " + args + " 2>&1";
+  CliRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+#endif
 
 inline std::vector<float> randn(int64_t n, uint64_t seed, double scale = 1.0) {
   Rng r(seed);
