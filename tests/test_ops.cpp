@@ -173,7 +173,8 @@ TEST_P(AttentionOps, DecodeMatchesFullForward) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionOps,
                          ::testing::Values(AttnCase{2, 5, 2, 2, 4}, AttnCase{1, 7, 4, 2, 6},
-                                           AttnCase{2, 9, 6, 1, 4}, AttnCase{1, 1, 2, 1, 4}));
+                                           AttnCase{2, 9, 6, 1, 4}, AttnCase{1, 1, 2, 1, 4},
+                                           AttnCase{1, 150, 2, 1, 8}));  // 3 row blocks
 
 TEST(Ops, SwigluGradient) {
   const int64_t N = 4, F = 10;

@@ -12,6 +12,7 @@ void add_info(CLI::App& app);
 void add_inspect(CLI::App& app);
 void add_compare(CLI::App& app);
 void add_report(CLI::App& app);
+void add_bench(CLI::App& app);
 
 // The command line as typed (for reports).
 const std::string& command_line();

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   attnres::cli::add_inspect(app);
   attnres::cli::add_compare(app);
   attnres::cli::add_report(app);
+  attnres::cli::add_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,6 +9,7 @@
 
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
+#include "core/profile.hpp"
 #include "core/rng.hpp"
 #include "model/layer_views.hpp"
 #include "ops/ops.hpp"
@@ -47,8 +48,8 @@ Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
   const int64_t half = cfg_.head_dim() / 2;
   acts_->rope_cos.resize(cfg_.max_seq_len * half);
   acts_->rope_sin.resize(cfg_.max_seq_len * half);
-  ops::rope_table(acts_->rope_cos.data(), acts_->rope_sin.data(), cfg_.max_seq_len,
-                  cfg_.head_dim(), cfg_.rope_theta);
+  ops::rope_table(acts_->rope_cos.data(), acts_->rope_sin.data(), cfg_.max_seq_len, cfg_.head_dim(),
+                  cfg_.rope_theta);
 }
 
 Model::~Model() = default;
@@ -107,9 +108,9 @@ void Model::init_weights(uint64_t seed) {
 }
 
 void Model::ensure_acts(int64_t B, int64_t T) {
-  check(T >= 1 && T <= cfg_.max_seq_len, "sequence length " + std::to_string(T) +
-                                             " is outside [1, max_seq_len = " +
-                                             std::to_string(cfg_.max_seq_len) + "]");
+  check(T >= 1 && T <= cfg_.max_seq_len,
+        "sequence length " + std::to_string(T) +
+            " is outside [1, max_seq_len = " + std::to_string(cfg_.max_seq_len) + "]");
   check(B >= 1, "batch size must be >= 1");
   Acts& a = *acts_;
   a.B = B;
@@ -166,8 +167,14 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
   if (targets) std::copy(targets, targets + N, a.targets.begin());
 
   const float* wte = param("tok_embeddings.weight");
-  ops::embedding_forward(a.emb.data(), tokens, wte, N, d);
-  router_->begin(a.emb.data(), N);
+  {
+    prof::Scope ps(prof::kEmbedding, prof::kForward);
+    ops::embedding_forward(a.emb.data(), tokens, wte, N, d);
+  }
+  {
+    prof::Scope ps(prof::kResidual, prof::kForward);
+    router_->begin(a.emb.data(), N);
+  }
   if (record_stats_) {
     stats_.input_rms.assign(cfg_.n_sublayers(), 0.0);
     stats_.output_rms.assign(cfg_.n_sublayers(), 0.0);
@@ -190,32 +197,76 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
     float* qkv = a.qkv.data() + i * N * QKV;
     float* att = a.att.data() + i * a.cap_att;
     float* atty = a.atty.data() + i * N * HD;
-    ops::rmsnorm_forward(xn, a.rstd_att.data() + i * N, router_->input(2 * i), w.attn_norm, N, d,
-                         eps);
-    ops::matmul_forward(qkv, xn, w.wqkv, N, d, QKV);
-    ops::rope_forward(qkv, a.rope_cos.data(), a.rope_sin.data(), B, T, as.H, as.hd, QKV, 0);
-    ops::rope_forward(qkv + HD, a.rope_cos.data(), a.rope_sin.data(), B, T, as.Hkv, as.hd, QKV, 0);
-    ops::attention_forward(atty, att, qkv, as);
-    ops::matmul_forward(router_->output_slot(2 * i), atty, w.wo, N, HD, d);
+    {
+      prof::Scope ps(prof::kRmsNorm, prof::kForward);
+      ops::rmsnorm_forward(xn, a.rstd_att.data() + i * N, router_->input(2 * i), w.attn_norm, N, d,
+                           eps);
+    }
+    {
+      prof::Scope ps(prof::kMatmul, prof::kForward);
+      ops::matmul_forward(qkv, xn, w.wqkv, N, d, QKV);
+    }
+    {
+      prof::Scope ps(prof::kRope, prof::kForward);
+      ops::rope_forward(qkv, a.rope_cos.data(), a.rope_sin.data(), B, T, as.H, as.hd, QKV, 0);
+    }
+    {
+      prof::Scope ps(prof::kRope, prof::kForward);
+      ops::rope_forward(qkv + HD, a.rope_cos.data(), a.rope_sin.data(), B, T, as.Hkv, as.hd, QKV,
+                        0);
+    }
+    {
+      prof::Scope ps(prof::kAttention, prof::kForward);
+      ops::attention_forward(atty, att, qkv, as);
+    }
+    {
+      prof::Scope ps(prof::kMatmul, prof::kForward);
+      ops::matmul_forward(router_->output_slot(2 * i), atty, w.wo, N, HD, d);
+    }
     record(2 * i);
-    router_->commit_output(2 * i);
+    {
+      prof::Scope ps(prof::kResidual, prof::kForward);
+      router_->commit_output(2 * i);
+    }
     // --- MLP sublayer (l = 2i+1) ---
     float* xm = a.xn_mlp.data() + i * N * d;
     float* h13 = a.h13.data() + i * N * 2 * F;
     float* gate = a.gate.data() + i * N * F;
-    ops::rmsnorm_forward(xm, a.rstd_mlp.data() + i * N, router_->input(2 * i + 1), w.ffn_norm, N,
-                         d, eps);
-    ops::matmul_forward(h13, xm, w.w13, N, d, 2 * F);
-    ops::swiglu_forward(gate, h13, N, F);
-    ops::matmul_forward(router_->output_slot(2 * i + 1), gate, w.w2, N, F, d);
+    {
+      prof::Scope ps(prof::kRmsNorm, prof::kForward);
+      ops::rmsnorm_forward(xm, a.rstd_mlp.data() + i * N, router_->input(2 * i + 1), w.ffn_norm, N,
+                           d, eps);
+    }
+    {
+      prof::Scope ps(prof::kMatmul, prof::kForward);
+      ops::matmul_forward(h13, xm, w.w13, N, d, 2 * F);
+    }
+    {
+      prof::Scope ps(prof::kSwiglu, prof::kForward);
+      ops::swiglu_forward(gate, h13, N, F);
+    }
+    {
+      prof::Scope ps(prof::kMatmul, prof::kForward);
+      ops::matmul_forward(router_->output_slot(2 * i + 1), gate, w.w2, N, F, d);
+    }
     record(2 * i + 1);
-    router_->commit_output(2 * i + 1);
+    {
+      prof::Scope ps(prof::kResidual, prof::kForward);
+      router_->commit_output(2 * i + 1);
+    }
   }
 
-  ops::rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router_->final_hidden(),
-                       param("norm.weight"), N, d, eps);
+  {
+    prof::Scope ps(prof::kRmsNorm, prof::kForward);
+
+    ops::rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router_->final_hidden(),
+                         param("norm.weight"), N, d, eps);
+  }
   const float* wout = cfg_.tied ? wte : param("output.weight");
-  ops::matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V);
+  {
+    prof::Scope ps(prof::kMatmul, prof::kForward);
+    ops::matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V);
+  }
   if (!targets) return 0.0;
   return ops::cross_entropy_forward(nullptr, a.lse.data(), a.logits.data(), targets, N, V);
 }
@@ -240,17 +291,29 @@ void Model::backward() {
 
   // LM head and final norm. dlogits overwrite the logits (dead after the loss).
   float* dlogits = a.logits.data();
-  ops::cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), a.targets.data(), N, V,
-                              1.0f / static_cast<float>(N));
+  {
+    prof::Scope ps(prof::kCrossEntropy, prof::kBackward);
+    ops::cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), a.targets.data(), N, V,
+                                1.0f / static_cast<float>(N));
+  }
   const float* wte = param("tok_embeddings.weight");
   const float* wout = cfg_.tied ? wte : param("output.weight");
   float* dxf = zeroed(a.d_a, N * d);
-  ops::matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V);
+  {
+    prof::Scope ps(prof::kMatmul, prof::kBackward);
+    ops::matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V);
+  }
   float* dh = zeroed(a.d_b, N * d);
   const float* gnorm = param("norm.weight");
-  ops::rmsnorm_backward(dh, grad_of(gnorm), dxf, router_->final_hidden(), gnorm, a.rstd_f.data(),
-                        N, d);
-  router_->begin_backward(dh);
+  {
+    prof::Scope ps(prof::kRmsNorm, prof::kBackward);
+    ops::rmsnorm_backward(dh, grad_of(gnorm), dxf, router_->final_hidden(), gnorm, a.rstd_f.data(),
+                          N, d);
+  }
+  {
+    prof::Scope ps(prof::kResidual, prof::kBackward);
+    router_->begin_backward(dh);
+  }
 
   for (int64_t i = cfg_.n_layer - 1; i >= 0; i--) {
     const LayerViews w = layer_views(layout_, params_.data(), i);
@@ -259,39 +322,78 @@ void Model::backward() {
       const int64_t l = 2 * i + 1;
       const float* dy = router_->grad_output(l);
       float* dgate = zeroed(a.d_a, N * F);
-      ops::matmul_backward(dgate, grad_of(w.w2), dy, a.gate.data() + i * N * F, w.w2, N, F, d);
+      {
+        prof::Scope ps(prof::kMatmul, prof::kBackward);
+        ops::matmul_backward(dgate, grad_of(w.w2), dy, a.gate.data() + i * N * F, w.w2, N, F, d);
+      }
       float* dh13 = zeroed(a.d_b, N * 2 * F);
-      ops::swiglu_backward(dh13, dgate, a.h13.data() + i * N * 2 * F, N, F);
+      {
+        prof::Scope ps(prof::kSwiglu, prof::kBackward);
+        ops::swiglu_backward(dh13, dgate, a.h13.data() + i * N * 2 * F, N, F);
+      }
       float* dxn = zeroed(a.d_c, N * d);
-      ops::matmul_backward(dxn, grad_of(w.w13), dh13, a.xn_mlp.data() + i * N * d, w.w13, N, d,
-                           2 * F);
+      {
+        prof::Scope ps(prof::kMatmul, prof::kBackward);
+        ops::matmul_backward(dxn, grad_of(w.w13), dh13, a.xn_mlp.data() + i * N * d, w.w13, N, d,
+                             2 * F);
+      }
       float* dx = router_->grad_input_slot(l);
-      ops::rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router_->input(l), w.ffn_norm,
-                            a.rstd_mlp.data() + i * N, N, d);
-      router_->commit_grad_input(l);
+      {
+        prof::Scope ps(prof::kRmsNorm, prof::kBackward);
+        ops::rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router_->input(l), w.ffn_norm,
+                              a.rstd_mlp.data() + i * N, N, d);
+      }
+      {
+        prof::Scope ps(prof::kResidual, prof::kBackward);
+        router_->commit_grad_input(l);
+      }
     }
     // --- attention sublayer (l = 2i) ---
     {
       const int64_t l = 2 * i;
       const float* dy = router_->grad_output(l);
       float* datty = zeroed(a.d_a, N * HD);
-      ops::matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + i * N * HD, w.wo, N, HD, d);
+      {
+        prof::Scope ps(prof::kMatmul, prof::kBackward);
+        ops::matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + i * N * HD, w.wo, N, HD, d);
+      }
       float* dqkv = zeroed(a.d_b, N * QKV);
-      ops::attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + i * N * QKV,
-                              a.att.data() + i * a.cap_att, as);
-      ops::rope_backward(dqkv, a.rope_cos.data(), a.rope_sin.data(), B, T, as.H, as.hd, QKV, 0);
-      ops::rope_backward(dqkv + HD, a.rope_cos.data(), a.rope_sin.data(), B, T, as.Hkv, as.hd,
-                         QKV, 0);
+      {
+        prof::Scope ps(prof::kAttention, prof::kBackward);
+        ops::attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + i * N * QKV,
+                                a.att.data() + i * a.cap_att, as);
+      }
+      {
+        prof::Scope ps(prof::kRope, prof::kBackward);
+        ops::rope_backward(dqkv, a.rope_cos.data(), a.rope_sin.data(), B, T, as.H, as.hd, QKV, 0);
+      }
+      {
+        prof::Scope ps(prof::kRope, prof::kBackward);
+        ops::rope_backward(dqkv + HD, a.rope_cos.data(), a.rope_sin.data(), B, T, as.Hkv, as.hd,
+                           QKV, 0);
+      }
       float* dxn = zeroed(a.d_c, N * d);
-      ops::matmul_backward(dxn, grad_of(w.wqkv), dqkv, a.xn_att.data() + i * N * d, w.wqkv, N, d,
-                           QKV);
+      {
+        prof::Scope ps(prof::kMatmul, prof::kBackward);
+        ops::matmul_backward(dxn, grad_of(w.wqkv), dqkv, a.xn_att.data() + i * N * d, w.wqkv, N, d,
+                             QKV);
+      }
       float* dx = router_->grad_input_slot(l);
-      ops::rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router_->input(l), w.attn_norm,
-                            a.rstd_att.data() + i * N, N, d);
-      router_->commit_grad_input(l);
+      {
+        prof::Scope ps(prof::kRmsNorm, prof::kBackward);
+        ops::rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router_->input(l), w.attn_norm,
+                              a.rstd_att.data() + i * N, N, d);
+      }
+      {
+        prof::Scope ps(prof::kResidual, prof::kBackward);
+        router_->commit_grad_input(l);
+      }
     }
   }
-  ops::embedding_backward(grad_of(wte), router_->grad_embedding(), a.tokens.data(), N, d);
+  {
+    prof::Scope ps(prof::kEmbedding, prof::kBackward);
+    ops::embedding_backward(grad_of(wte), router_->grad_embedding(), a.tokens.data(), N, d);
+  }
 }
 
 uint64_t Model::shared_weights_hash() const {
@@ -327,9 +429,9 @@ std::vector<double> Model::sublayer_grad_norms() const {
 int64_t Model::activation_bytes() const {
   const Acts& a = *acts_;
   int64_t n = 0;
-  for (const auto* v : {&a.emb, &a.xn_att, &a.rstd_att, &a.qkv, &a.att, &a.atty, &a.xn_mlp,
-                        &a.rstd_mlp, &a.h13, &a.gate, &a.xf, &a.rstd_f, &a.logits, &a.lse, &a.d_a,
-                        &a.d_b, &a.d_c, &a.d_att}) {
+  for (const auto* v :
+       {&a.emb, &a.xn_att, &a.rstd_att, &a.qkv, &a.att, &a.atty, &a.xn_mlp, &a.rstd_mlp, &a.h13,
+        &a.gate, &a.xf, &a.rstd_f, &a.logits, &a.lse, &a.d_a, &a.d_b, &a.d_c, &a.d_att}) {
     n += static_cast<int64_t>(v->size() * sizeof(float));
   }
   return n + router_->activation_bytes(a.cap_rows);

@@ -1,5 +1,8 @@
 // RMSNorm (SPEC section 1): y = x * rsqrt(mean(x^2) + eps) * g.
+#include <omp.h>
+
 #include <cmath>
+#include <vector>
 
 #include "ops/ops.hpp"
 
@@ -22,23 +25,33 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, 
 // With xhat = x * r: dx = r * (g*dy - xhat * mean(g*dy * xhat)); dg = sum_n dy * xhat.
 void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
                       const float* rstd, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; n++) {
-    const float* x = inp + n * C;
-    const float* dy = dout + n * C;
-    float* dx = dinp + n * C;
-    const float r = rstd[n];
-    float dot = 0.0f;
-    for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
-    const float k = dot * r * r / static_cast<float>(C);  // mean(g dy xhat) / r, folded
-    for (int64_t c = 0; c < C; c++) dx[c] += r * (g[c] * dy[c] - x[c] * k);
+  // dg reduces over rows: each thread sums its own rows into a private row (one pass over the
+  // data, cache-friendly), and the partial rows are added in thread order (deterministic).
+  const int nthr = omp_get_max_threads();
+  std::vector<float> part(static_cast<size_t>(nthr) * C, 0.0f);
+#pragma omp parallel num_threads(nthr)
+  {
+    float* my = part.data() + static_cast<int64_t>(omp_get_thread_num()) * C;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+      const float* x = inp + n * C;
+      const float* dy = dout + n * C;
+      float* dx = dinp + n * C;
+      const float r = rstd[n];
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
+      const float k = dot * r * r / static_cast<float>(C);  // mean(g dy xhat) / r, folded
+#pragma omp simd
+      for (int64_t c = 0; c < C; c++) {
+        dx[c] += r * (g[c] * dy[c] - x[c] * k);
+        my[c] += dy[c] * x[c] * r;
+      }
+    }
   }
-  // dg reduces over rows: parallelise over columns instead so threads never share an element.
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < C; c++) {
-    float acc = 0.0f;
-    for (int64_t n = 0; n < N; n++) acc += dout[n * C + c] * inp[n * C + c] * rstd[n];
-    dg[c] += acc;
+  for (int t = 0; t < nthr; t++) {
+    const float* p = part.data() + static_cast<int64_t>(t) * C;
+    for (int64_t c = 0; c < C; c++) dg[c] += p[c];
   }
 }
 

@@ -1,0 +1,356 @@
+// `attnres bench`: training and inference throughput per residual mode, measured side by side in
+// one invocation, against the sgemm ceiling measured in the same run. Each mode runs in its own
+// child process so that its peak memory (max RSS) is its own.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <omp.h>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
+#include "attnres/generate.hpp"
+#include "attnres/model.hpp"
+#include "attnres/optim.hpp"
+#include "attnres/safetensors.hpp"
+#include "attnres/train.hpp"
+#include "cli/commands.hpp"
+#include "cli/progress.hpp"
+#include "core/blas.hpp"
+#include "core/profile.hpp"
+#include "core/rng.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace attnres::cli {
+
+namespace {
+
+struct BenchArgs {
+  int64_t d_model = 512, n_layer = 8, n_head = 8, seq_len = 512, batch = 4, vocab = 8192;
+  std::string modes = "prenorm,full,block";
+  int64_t block_size = 4;
+  int64_t steps = 5, warmup = 2, decode_tokens = 64;
+  std::string json_out;
+  std::string child_mode;     // internal: run one mode and print its JSON
+  std::string torch_pythons;  // comma-separated interpreters for tools/bench_torch.py
+  std::string weights_out;    // internal: child writes weights + batch here (for PyTorch)
+};
+
+double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+ModelConfig bench_config(const BenchArgs& a, const std::string& mode) {
+  ModelConfig c;
+  c.n_layer = a.n_layer;
+  c.d_model = a.d_model;
+  c.n_head = a.n_head;
+  c.vocab_size = a.vocab;
+  c.max_seq_len = a.seq_len + a.decode_tokens;
+  c.tied = false;
+  c.residual.mode = mode;
+  c.residual.block_size = a.block_size;
+  c.resolve();
+  c.validate();
+  return c;
+}
+
+// Best-of-5 GFLOP/s of a square sgemm: the ceiling the model's FLOP/s is measured against.
+double sgemm_gflops(int64_t n) {
+  std::vector<float> A(n * n, 0.5f), B(n * n, 0.25f), C(n * n);
+  double best = 0;
+  for (int r = 0; r < 6; r++) {
+    const auto t0 = Clock::now();
+    sgemm(false, false, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n);
+    const double s = secs(t0);
+    if (r > 0) best = std::max(best, 2.0 * n * n * n / s / 1e9);
+  }
+  return best;
+}
+
+// One mode, in this (child) process.
+json bench_one(const BenchArgs& a, const std::string& mode) {
+  const ModelConfig c = bench_config(a, mode);
+  Model m(c);
+  m.init_weights(1);
+  const int64_t B = a.batch, T = a.seq_len, N = B * T;
+  std::vector<int32_t> tok(N), tgt(N);
+  Rng rng(7);
+  for (int64_t i = 0; i < N; i++) {
+    tok[i] = static_cast<int32_t>(rng.next_u64() % c.vocab_size);
+    tgt[i] = static_cast<int32_t>(rng.next_u64() % c.vocab_size);
+  }
+  if (!a.weights_out.empty()) {  // the same weights and batch for the PyTorch side
+    SafetensorsWriter w;
+    w.set_metadata("config", c.to_json());
+    for (const ParamEntry& e : m.layout().entries()) w.add_f32(e.name, e.shape, m.params() + e.offset);
+    w.add_i32("tokens", {B, T}, tok.data());
+    w.add_i32("targets", {B, T}, tgt.data());
+    w.write(a.weights_out);
+  }
+  AdamW opt(m.layout(), AdamWConfig{});
+  const double loss0 = m.forward(tok.data(), tgt.data(), B, T);
+  auto step = [&] {
+    m.forward(tok.data(), tgt.data(), B, T);
+    m.zero_grad();
+    m.backward();
+    clip_grad_norm(m.grads(), m.layout().total(), 1.0);
+    prof::Scope ps(prof::kOptimizer, prof::kForward);
+    opt.step(m.params(), m.grads(), 1e-4);
+  };
+  for (int64_t i = 0; i < a.warmup; i++) step();
+  std::vector<double> times;
+  for (int64_t i = 0; i < a.steps; i++) {
+    const auto t0 = Clock::now();
+    step();
+    times.push_back(secs(t0));
+  }
+  prof::reset();
+  prof::enable(true);
+  const auto tp = Clock::now();
+  step();
+  const double prof_total = secs(tp);
+  prof::enable(false);
+  json ops = json::object();
+  for (int op = 0; op < prof::kOpCount; op++) {
+    ops[prof::op_name(op)] = {prof::seconds(op, prof::kForward), prof::seconds(op, prof::kBackward)};
+  }
+  // Inference: prefill T/2 tokens, then decode one token at a time.
+  const int64_t P = std::max<int64_t>(1, T / 2);
+  Decoder dec(m, c.max_seq_len);
+  std::vector<double> pre, dect;
+  for (int r = 0; r < 3; r++) {
+    dec.reset();
+    const auto t0 = Clock::now();
+    dec.feed(tok.data(), P);
+    pre.push_back(secs(t0));
+  }
+  int32_t t = tok[P];
+  for (int64_t i = 0; i < a.decode_tokens; i++) {
+    const auto t0 = Clock::now();
+    const float* l = dec.feed(&t, 1);
+    dect.push_back(secs(t0));
+    t = static_cast<int32_t>(std::max_element(l, l + c.vocab_size) - l);
+  }
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  const double step_s = median(times);
+  const double fpt = train_flops_per_token(c, T);
+  return {{"mode", mode},
+          {"params", m.num_params()},
+          {"loss0", loss0},
+          {"step_s", step_s},
+          {"tokens_per_s", N / step_s},
+          {"model_gflops", N * fpt / step_s / 1e9},
+          {"flops_per_token", fpt},
+          {"profile_step_s", prof_total},
+          {"ops", ops},
+          {"prefill_tokens", P},
+          {"prefill_tokens_per_s", P / median(pre)},
+          {"decode_ms_per_token", 1e3 * median(dect)},
+          {"activation_bytes", m.activation_bytes()},
+          {"peak_rss_mib", ru.ru_maxrss / 1024.0}};
+}
+
+std::string self_args(const BenchArgs& a) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "--d-model %lld --n-layer %lld --n-head %lld --seq-len %lld --batch-size %lld "
+                "--vocab %lld --block-size %lld --steps %lld --warmup %lld --decode-tokens %lld",
+                static_cast<long long>(a.d_model), static_cast<long long>(a.n_layer),
+                static_cast<long long>(a.n_head), static_cast<long long>(a.seq_len),
+                static_cast<long long>(a.batch), static_cast<long long>(a.vocab),
+                static_cast<long long>(a.block_size), static_cast<long long>(a.steps),
+                static_cast<long long>(a.warmup), static_cast<long long>(a.decode_tokens));
+  return buf;
+}
+
+// Runs a command; returns its stdout's last line that starts with '{' (or "").
+std::string last_json_line(const std::string& cmd, std::string* all = nullptr) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return "";
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  ::pclose(p);
+  if (all) *all = out;
+  std::string last;
+  size_t pos = 0;
+  while (pos < out.size()) {
+    size_t e = out.find('\n', pos);
+    if (e == std::string::npos) e = out.size();
+    if (out[pos] == '{') last = out.substr(pos, e - pos);
+    pos = e + 1;
+  }
+  return last;
+}
+
+void run_bench(const BenchArgs& a) {
+  if (!a.child_mode.empty()) {
+    std::printf("%s\n", bench_one(a, a.child_mode).dump().c_str());
+    return;
+  }
+  const ModelConfig probe = bench_config(a, "prenorm");
+  std::printf("attnres bench: d %lld, %lld layers, %lld heads, T %lld, B %lld, vocab %lld, "
+              "%d threads; %lld timed steps after %lld warm-up (medians)\n",
+              static_cast<long long>(a.d_model), static_cast<long long>(a.n_layer),
+              static_cast<long long>(a.n_head), static_cast<long long>(a.seq_len),
+              static_cast<long long>(a.batch), static_cast<long long>(a.vocab),
+              omp_get_max_threads(), static_cast<long long>(a.steps),
+              static_cast<long long>(a.warmup));
+  std::fflush(stdout);
+  const double ceiling = sgemm_gflops(2048);
+  std::printf("sgemm ceiling (2048^3, oneDNN): %.1f GFLOP/s\n\n", ceiling);
+  std::fflush(stdout);
+  json results = {{"config", json::parse(probe.to_json())},
+                  {"batch_size", a.batch},
+                  {"threads", omp_get_max_threads()},
+                  {"sgemm_gflops", ceiling},
+                  {"modes", json::array()}};
+  std::vector<std::string> modes;
+  {
+    std::string cur;
+    for (char ch : a.modes + ",") {
+      if (ch == ',') {
+        if (!cur.empty()) modes.push_back(cur);
+        cur.clear();
+      } else {
+        cur += ch;
+      }
+    }
+  }
+  const std::string weights = (fs::temp_directory_path() /
+                               ("attnres_bench_" + std::to_string(::getpid()) + ".safetensors"))
+                                  .string();
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  for (const std::string& mode : modes) {
+    std::string cmd = "'" + self + "' bench --child-mode " + mode + " " + self_args(a);
+    if (mode == "prenorm" && !a.torch_pythons.empty()) cmd += " --weights-out " + weights;
+    std::string all;
+    const std::string line = last_json_line(cmd + " 2>&1", &all);
+    check(!line.empty(), "benchmark of mode " + mode + " failed:\n" + all);
+    results["modes"].push_back(json::parse(line));
+    const auto& r = results["modes"].back();
+    std::printf("  %-8s done: %.1f tok/s\n", mode.c_str(), r["tokens_per_s"].get<double>());
+    std::fflush(stdout);
+  }
+  const json* base = nullptr;
+  for (const auto& r : results["modes"]) {
+    if (r["mode"] == "prenorm") base = &r;
+  }
+  std::printf("\n%-9s %9s %9s %10s %8s %9s %10s %9s %11s %11s\n", "mode", "step ms", "tok/s",
+              "GFLOP/s", "%sgemm", "vs base", "peak MiB", "vs base", "prefill t/s", "decode ms/t");
+  for (const auto& r : results["modes"]) {
+    const double tps = r["tokens_per_s"], mem = r["peak_rss_mib"];
+    std::printf("%-9s %9.1f %9.0f %10.1f %7.1f%% %9.3f %10.0f %9.3f %11.0f %11.2f\n",
+                r["mode"].get<std::string>().c_str(), 1e3 * r["step_s"].get<double>(), tps,
+                r["model_gflops"].get<double>(), 100.0 * r["model_gflops"].get<double>() / ceiling,
+                base ? tps / (*base)["tokens_per_s"].get<double>() : 0.0, mem,
+                base ? mem / (*base)["peak_rss_mib"].get<double>() : 0.0,
+                r["prefill_tokens_per_s"].get<double>(), r["decode_ms_per_token"].get<double>());
+  }
+  // Where the time goes (one profiled step; forward / backward ms per op family).
+  std::printf("\nper-op time of one step, ms (forward / backward):\n%-20s", "op");
+  for (const auto& r : results["modes"]) std::printf(" %17s", r["mode"].get<std::string>().c_str());
+  std::printf("\n");
+  for (int op = 0; op < prof::kOpCount; op++) {
+    std::printf("%-20s", prof::op_name(op));
+    for (const auto& r : results["modes"]) {
+      const auto& v = r["ops"][prof::op_name(op)];
+      std::printf(" %8.1f /%7.1f", 1e3 * v[0].get<double>(), 1e3 * v[1].get<double>());
+    }
+    std::printf("\n");
+  }
+  // PyTorch on the identical model and batch (tools/bench_torch.py), same loss required.
+  if (!a.torch_pythons.empty() && base) {
+    results["torch"] = json::array();
+    std::string cur;
+    for (char ch : a.torch_pythons + ",") {
+      if (ch != ',') {
+        cur += ch;
+        continue;
+      }
+      if (cur.empty()) continue;
+      const std::string py = cur;
+      cur.clear();
+      char extra[128];
+      std::snprintf(extra, sizeof extra, " --steps %lld --warmup %lld --threads %d",
+                    static_cast<long long>(a.steps), static_cast<long long>(a.warmup),
+                    omp_get_max_threads());
+      const std::string script = (fs::path(ATTNRES_SOURCE_DIR) / "tools" / "bench_torch.py").string();
+      std::string all;
+      const std::string line =
+          last_json_line(py + " " + script + " " + weights + extra + " 2>&1", &all);
+      if (line.empty()) {
+        std::printf("\nPyTorch (%s) failed:\n%s\n", py.c_str(), all.c_str());
+        continue;
+      }
+      json parsed = json::parse(line);  // kept alive for the loop below
+      for (auto& t : parsed["setups"]) {
+        const double ours = (*base)["tokens_per_s"], loss_c = (*base)["loss0"];
+        t["python"] = py;
+        t["same_loss"] = std::abs(t["loss0"].get<double>() - loss_c) < 1e-3 * std::abs(loss_c);
+        t["attnres_speedup"] = ours / t["tokens_per_s"].get<double>();
+        results["torch"].push_back(t);
+      }
+    }
+    std::printf("\nPyTorch on the same weights and batch (prenorm):\n%-36s %10s %10s %12s %9s\n",
+                "setup", "tok/s", "loss", "attnres x", "same loss");
+    std::printf("%-36s %10.0f %10.5f %12s %9s\n", "attnres", (*base)["tokens_per_s"].get<double>(),
+                (*base)["loss0"].get<double>(), "1.00", "-");
+    for (const auto& t : results["torch"]) {
+      std::printf("%-36s %10.0f %10.5f %12.2f %9s\n", t["name"].get<std::string>().c_str(),
+                  t["tokens_per_s"].get<double>(), t["loss0"].get<double>(),
+                  t["attnres_speedup"].get<double>(), t["same_loss"].get<bool>() ? "yes" : "NO");
+    }
+    std::error_code ec;
+    fs::remove(weights, ec);
+  }
+  if (!a.json_out.empty()) {
+    write_file_atomic(a.json_out, results.dump(1) + "\n");
+    std::printf("\nwrote %s\n", a.json_out.c_str());
+  }
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* s = app.add_subcommand(
+      "bench", "Measure training and inference speed and memory per residual mode");
+  s->add_option("--d-model", a->d_model, "Model width")->capture_default_str();
+  s->add_option("--n-layer", a->n_layer, "Transformer blocks")->capture_default_str();
+  s->add_option("--n-head", a->n_head, "Attention heads")->capture_default_str();
+  s->add_option("--seq-len", a->seq_len, "Sequence length T")->capture_default_str();
+  s->add_option("--batch-size", a->batch, "Sequences per step")->capture_default_str();
+  s->add_option("--vocab", a->vocab, "Vocabulary size")->capture_default_str();
+  s->add_option("--modes", a->modes, "Residual modes, comma-separated")->capture_default_str();
+  s->add_option("--block-size", a->block_size, "Block size of mode block")->capture_default_str();
+  s->add_option("--steps", a->steps, "Timed training steps (median reported)")->capture_default_str();
+  s->add_option("--warmup", a->warmup, "Untimed warm-up steps")->capture_default_str();
+  s->add_option("--decode-tokens", a->decode_tokens, "Tokens decoded one at a time")
+      ->capture_default_str();
+  s->add_option("--json", a->json_out, "Also write the results as JSON to this file");
+  s->add_option("--torch", a->torch_pythons,
+                "Python interpreter(s) with PyTorch, comma-separated, to run tools/bench_torch.py "
+                "on the same weights and batch (e.g. /usr/bin/python3)");
+  s->add_option("--child-mode", a->child_mode, "(internal)")->group("");
+  s->add_option("--weights-out", a->weights_out, "(internal)")->group("");
+  s->callback([a] { run_bench(*a); });
+}
+
+}  // namespace attnres::cli

@@ -1,0 +1,29 @@
+#include "core/profile.hpp"
+
+#include <atomic>
+
+namespace attnres::prof {
+
+namespace {
+std::atomic<bool> g_on{false};
+double g_sec[kOpCount][kPhaseCount] = {};
+}  // namespace
+
+const char* op_name(int op) {
+  static const char* names[kOpCount] = {"embedding", "rmsnorm",       "matmul",
+                                        "rope",      "attention",     "swiglu",
+                                        "cross-entropy", "residual/depth mix", "optimizer"};
+  return op >= 0 && op < kOpCount ? names[op] : "?";
+}
+void enable(bool on) { g_on.store(on); }
+bool enabled() { return g_on.load(std::memory_order_relaxed); }
+void reset() {
+  for (auto& r : g_sec) {
+    for (double& x : r) x = 0;
+  }
+}
+double seconds(int op, int phase) { return g_sec[op][phase]; }
+// Called from the (single) thread that drives the model; ops parallelise inside.
+void add(int op, int phase, double s) { g_sec[op][phase] += s; }
+
+}  // namespace attnres::prof

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""PyTorch side of `attnres bench --torch PYTHON`: times training steps of the reference model
+(tools/reference_model.py, float32) on exactly the weights and batch the C++ benchmark used, and
+reports the loss at those weights so both sides are known to compute the same thing.
+
+Usage: PYTHON tools/bench_torch.py WEIGHTS.safetensors [--steps N] [--warmup N] [--threads N]
+Prints one JSON line: {"torch": version, "setups": [{"name", "tokens_per_s", "loss0"}, ...]}.
+Setups: eager, and torch.compile'd when this torch has it (2.x).
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference_model as ref  # noqa: E402
+
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, h in header.items():
+        b, e = h["data_offsets"]
+        dt = {"F32": np.float32, "I32": np.int32}[h["dtype"]]
+        out[name] = np.frombuffer(data[b:e], dtype=dt).reshape(h["shape"]).copy()
+    return meta, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("weights")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    meta, t = load_safetensors(args.weights)
+    c = json.loads(meta["config"])
+    cfg = ref.Config(n_layer=c["n_layer"], n_head=c["n_head"], n_kv_head=c["n_kv_head"],
+                     d_model=c["d_model"], ffn_hidden=c["ffn_hidden"], vocab_size=c["vocab_size"],
+                     norm_eps=c["norm_eps"], rope_theta=c["rope_theta"], tied=c["tied"],
+                     residual=c["residual"])
+    tokens = torch.from_numpy(t.pop("tokens").astype(np.int64))
+    targets = torch.from_numpy(t.pop("targets").astype(np.int64))
+    B, T = tokens.shape
+    setups = []
+
+    def run(name, fwd):
+        P = {k: torch.from_numpy(v).requires_grad_(True) for k, v in t.items()}
+        opt = torch.optim.AdamW(list(P.values()), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+
+        def step():
+            loss = ref.loss_fn(fwd(P, tokens), targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
+            opt.step()
+            return loss
+
+        with torch.no_grad():
+            loss0 = float(ref.loss_fn(fwd(P, tokens), targets))
+        for _ in range(args.warmup):
+            step()
+        times = []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        setups.append({"name": name, "tokens_per_s": B * T / times[len(times) // 2], "loss0": loss0})
+
+    forward = lambda P, tok: ref.forward(P, cfg, tok)  # noqa: E731
+    run("torch %s eager" % torch.__version__, forward)
+    if hasattr(torch, "compile"):
+        try:
+            run("torch %s compile" % torch.__version__, torch.compile(forward))
+        except Exception as e:  # a missing compiler toolchain, say
+            print("torch.compile failed: %s" % e, file=sys.stderr)
+    print(json.dumps({"torch": torch.__version__, "setups": setups}))
+
+
+if __name__ == "__main__":
+    main()
