@@ -40,7 +40,11 @@ void attention_forward(float* out, float* att, const float* qkv, const AttnShape
           float mx = row[0];
           for (int64_t u = 1; u <= t; u++) mx = std::max(mx, row[u]);
           float sum = 0.0f;
-          for (int64_t u = 0; u <= t; u++) sum += (row[u] = std::exp(row[u] - mx));
+#pragma omp simd reduction(+ : sum)
+          for (int64_t u = 0; u <= t; u++) {
+            row[u] = std::exp(row[u] - mx);
+            sum += row[u];
+          }
           const float inv = 1.0f / sum;
           for (int64_t u = 0; u <= t; u++) row[u] *= inv;
           std::fill(row + t + 1, row + T, 0.0f);

@@ -32,6 +32,7 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
     const float* z = logits + n * V;
     float* dz = dlogits + n * V;
     const float l = lse[n];
+#pragma omp simd
     for (int64_t v = 0; v < V; v++) dz[v] = std::exp(z[v] - l) * dloss;
     dz[targets[n]] -= dloss;
   }

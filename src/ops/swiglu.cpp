@@ -11,6 +11,7 @@ void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) {
     const float* h1 = h13 + n * 2 * F;
     const float* h3 = h1 + F;
     float* o = out + n * F;
+#pragma omp simd
     for (int64_t f = 0; f < F; f++) {
       const float sig = 1.0f / (1.0f + std::exp(-h1[f]));
       o[f] = h1[f] * sig * h3[f];
@@ -27,6 +28,7 @@ void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N
     const float* d = dout + n * F;
     float* d1 = dh13 + n * 2 * F;
     float* d3 = d1 + F;
+#pragma omp simd
     for (int64_t f = 0; f < F; f++) {
       const float sig = 1.0f / (1.0f + std::exp(-h1[f]));
       const float silu = h1[f] * sig;
