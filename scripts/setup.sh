@@ -16,7 +16,7 @@ PACKAGES=(
 # Optional extras, installed with `scripts/setup.sh --python`: PyTorch, to regenerate the parity
 # fixtures (tools/gen_fixtures.py) and run the PyTorch benchmarks.
 if [[ "${1:-}" == "--python" ]]; then
-  PACKAGES+=(python3-numpy python3-torch)
+  PACKAGES+=(python3-numpy python3-torch libopenblas0-pthread)  # OpenBLAS: torch's BLAS
 fi
 
 missing=()

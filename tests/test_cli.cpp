@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -105,6 +107,36 @@ TEST(Cli, AttnResModesAndInspect) {
                     " --d-model 32 --n-head 2");
   EXPECT_EQ(badh.code, 1);
   EXPECT_TRUE(contains(badh.out, "heads")) << badh.out;
+}
+
+TEST(Cli, BenchRunsEveryModeAndWritesJson) {
+  TempDir td;
+  const std::string js = td.file("bench.json");
+  const std::string args =
+      "bench --d-model 32 --n-layer 2 --n-head 2 --seq-len 32 --batch-size 2 --vocab 64 "
+      "--steps 1 --warmup 0 --decode-tokens 4 --json " + js;
+  CliRun r = run(args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "sgemm ceiling")) << r.out;
+  const auto j = nlohmann::json::parse(attnres::testing::slurp(js));
+  ASSERT_EQ(j["modes"].size(), 3u);
+  for (const auto& m : j["modes"]) {
+    EXPECT_GT(m["tokens_per_s"].get<double>(), 0.0) << m["mode"];
+    EXPECT_GT(m["peak_rss_mib"].get<double>(), 0.0) << m["mode"];
+    EXPECT_GT(m["decode_ms_per_token"].get<double>(), 0.0) << m["mode"];
+    // Every mode starts from the same shared weights: the initial losses agree to the RMSNorm
+    // epsilon effect.
+    EXPECT_NEAR(m["loss0"].get<double>(), j["modes"][0]["loss0"].get<double>(), 1e-2);
+  }
+  // With Debian's PyTorch present, both sides must compute the same loss on the same batch.
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
+    CliRun t = run(args + " --modes prenorm --torch /usr/bin/python3");
+    ASSERT_EQ(t.code, 0) << t.out;
+    EXPECT_TRUE(contains(t.out, "eager")) << t.out;
+    EXPECT_FALSE(contains(t.out, " NO")) << t.out;
+  } else {
+    std::printf("note: /usr/bin/python3 has no torch; PyTorch side of bench not exercised\n");
+  }
 }
 
 TEST(Cli, ConfigFileWithOverrides) {

@@ -55,7 +55,8 @@ def main():
     setups = []
 
     def run(name, fwd):
-        P = {k: torch.from_numpy(v).requires_grad_(True) for k, v in t.items()}
+        # Fresh copies: the optimizer updates in place, and every setup must start alike.
+        P = {k: torch.tensor(v).requires_grad_(True) for k, v in t.items()}
         opt = torch.optim.AdamW(list(P.values()), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
 
         def step():
