@@ -232,3 +232,27 @@ TEST(Ops, BackwardAccumulates) {
   ops::swiglu_backward(dh1.data(), R.data(), h13.data(), N, C);
   for (int64_t i = 0; i < N * 2 * C; i++) EXPECT_NEAR(dh1[i], dh0[i] + 1.0f, 1e-5);
 }
+
+TEST(Ops, ScalarMixGradientAndDeterminism) {
+  const int64_t S = 3, n = 50;
+  std::vector<std::vector<float>> v = {randn(n, 1), randn(n, 2, 3.0), randn(n, 3, 0.1)};
+  std::vector<float> w = {0.5f, -1.25f, 2.0f};
+  auto R = randn(n, 9);
+  std::vector<float> out(n);
+  auto loss = [&] {
+    std::vector<const float*> src = {v[0].data(), v[1].data(), v[2].data()};
+    ops::scalar_mix_forward(out.data(), src.data(), w.data(), S, n);
+    return dot(out.data(), R.data(), n);
+  };
+  std::vector<std::vector<float>> g(S, std::vector<float>(n, 0.0f));
+  std::vector<float*> dsrc = {g[0].data(), g[1].data(), g[2].data()};
+  std::vector<const float*> src = {v[0].data(), v[1].data(), v[2].data()};
+  std::vector<double> dw(S, 0.0), dw2(S, 0.0);
+  ops::scalar_mix_backward(dsrc.data(), dw.data(), R.data(), src.data(), w.data(), S, n);
+  for (int64_t i = 0; i < S; i++) EXPECT_LT(fd_check(loss, v[i].data(), n, g[i].data()), kTol);
+  std::vector<float> dwf(dw.begin(), dw.end());
+  EXPECT_LT(fd_check(loss, w.data(), S, dwf.data()), kTol);
+  std::vector<float*> none = {nullptr, nullptr, nullptr};
+  ops::scalar_mix_backward(none.data(), dw2.data(), R.data(), src.data(), w.data(), S, n);
+  for (int64_t i = 0; i < S; i++) EXPECT_EQ(dw[i], dw2[i]);  // same order of summation every call
+}

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/routers.hpp"
+#include "ops/ops.hpp"
 
 namespace attnres {
 
@@ -58,15 +59,9 @@ class DenseFormerRouter final : public DepthRouter {
       return;
     }
     add(X_[i + 1].data(), h_[i].data(), o, nd);  // X_{i+1} = h_i + MLP output
-    float* z = z_[i + 1].data();
-    const float* a = params_ + off_[i];
-    std::memset(z, 0, sizeof(float) * nd);
-    for (int64_t j = 0; j <= i + 1; j++) {
-      const float w = a[j];
-      const float* x = X_[j].data();
-#pragma omp parallel for simd schedule(static)
-      for (int64_t k = 0; k < nd; k++) z[k] += w * x[k];
-    }
+    std::vector<const float*> src;
+    for (int64_t j = 0; j <= i + 1; j++) src.push_back(X_[j].data());
+    ops::scalar_mix_forward(z_[i + 1].data(), src.data(), params_ + off_[i], i + 2, nd);
   }
   const float* final_hidden() override { return z_[nl_].data(); }
 
@@ -78,21 +73,16 @@ class DenseFormerRouter final : public DepthRouter {
     const int64_t i = l / 2, nd = n_ * d_;
     if (l % 2 == 1) {
       // Backward of z_{i+1} = sum_j alpha_{i,j} X_j; then every reader of X_{i+1} is done.
-      const float* a = params_ + off_[i];
-      float* da = grads_ + off_[i];
-      const float* dz = dz_.data();
+      std::vector<const float*> src;
+      std::vector<float*> dsrc;
       for (int64_t j = 0; j <= i + 1; j++) {
-        const float w = a[j];
-        const float* x = X_[j].data();
-        float* g = dX_[j].data();
-        double s = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : s)
-        for (int64_t k = 0; k < nd; k++) {
-          s += double(dz[k]) * x[k];
-          g[k] += w * dz[k];
-        }
-        da[j] += static_cast<float>(s);
+        src.push_back(X_[j].data());
+        dsrc.push_back(dX_[j].data());
       }
+      std::vector<double> da(i + 2, 0.0);
+      ops::scalar_mix_backward(dsrc.data(), da.data(), dz_.data(), src.data(), params_ + off_[i],
+                               i + 2, nd);
+      for (int64_t j = 0; j <= i + 1; j++) grads_[off_[i] + j] += static_cast<float>(da[j]);
       std::memcpy(dh_.data(), dX_[i + 1].data(), sizeof(float) * nd);  // X_{i+1} = h_i + out
       return dX_[i + 1].data();
     }

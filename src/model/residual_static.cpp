@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/routers.hpp"
+#include "ops/ops.hpp"
 
 namespace attnres {
 
@@ -92,33 +93,24 @@ class StaticRouter final : public DepthRouter {
   // x_m = sum_{i<=m} a_i v_i
   void mix(int64_t m) {
     const auto a = weights(m);
-    float* x = x_[m].data();
-    const int64_t nd = n_ * d_;
-    std::memset(x, 0, sizeof(float) * nd);
-    for (int64_t i = 0; i <= m; i++) {
-      const float w = static_cast<float>(a[i]);
-      const float* v = v_[i].data();
-#pragma omp parallel for simd schedule(static)
-      for (int64_t j = 0; j < nd; j++) x[j] += w * v[j];
-    }
+    std::vector<float> w(a.begin(), a.end());
+    std::vector<const float*> src;
+    for (int64_t i = 0; i <= m; i++) src.push_back(v_[i].data());
+    ops::scalar_mix_forward(x_[m].data(), src.data(), w.data(), m + 1, n_ * d_);
   }
 
+  // dv_i += a_i dx; dz_i = a_i (da_i - sum_j a_j da_j) with da_i = sum(dx * v_i) (softmax).
   void mix_backward(int64_t m, const float* dx) {
     const auto a = weights(m);
-    const int64_t nd = n_ * d_;
-    std::vector<double> da(m + 1, 0.0);
+    std::vector<float> w(a.begin(), a.end());
+    std::vector<const float*> src;
+    std::vector<float*> dsrc;
     for (int64_t i = 0; i <= m; i++) {
-      const float w = static_cast<float>(a[i]);
-      const float* v = v_[i].data();
-      float* g = g_[i].data();
-      double s = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : s)
-      for (int64_t j = 0; j < nd; j++) {
-        s += double(dx[j]) * v[j];
-        g[j] += w * dx[j];
-      }
-      da[i] = s;
+      src.push_back(v_[i].data());
+      dsrc.push_back(g_[i].data());
     }
+    std::vector<double> da(m + 1, 0.0);
+    ops::scalar_mix_backward(dsrc.data(), da.data(), dx, src.data(), w.data(), m + 1, n_ * d_);
     double dot = 0;
     for (int64_t i = 0; i <= m; i++) dot += a[i] * da[i];
     float* dz = grads_ + off_[m];

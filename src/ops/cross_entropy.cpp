@@ -2,15 +2,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/parallel.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres::ops {
 
 double cross_entropy_forward(float* losses, float* lse, const float* logits,
                              const int32_t* targets, int64_t N, int64_t V) {
-  double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
-  for (int64_t n = 0; n < N; n++) {
+  const double total = deterministic_sum(N, [&](int64_t n) {
     const float* z = logits + n * V;
     float mx = z[0];
     for (int64_t v = 1; v < V; v++) mx = std::max(mx, z[v]);
@@ -20,8 +19,8 @@ double cross_entropy_forward(float* losses, float* lse, const float* logits,
     if (lse) lse[n] = static_cast<float>(l);
     const double loss = l - z[targets[n]];
     if (losses) losses[n] = static_cast<float>(loss);
-    total += loss;
-  }
+    return loss;
+  });
   return N > 0 ? total / static_cast<double>(N) : 0.0;
 }
 

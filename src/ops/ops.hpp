@@ -122,4 +122,12 @@ void depth_mix_weights(double* wsum, const DepthSource* src, int64_t S, const fl
 void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
                       const DepthSource& p, const float* qg, const DepthMix& m, int64_t N);
 
+// ---- scalar mix (scalar_mix.cpp): a weighted sum of sources with one weight per source ----
+// (the `static` and `denseformer` residual modes). out (n) = sum_i w[i] * src[i] (n).
+void scalar_mix_forward(float* out, const float* const* src, const float* w, int64_t S, int64_t n);
+// dsrc[i] (n) += w[i] * dout (null entries skipped); dw[i] += sum_k dout[k] * src[i][k], summed in
+// double with per-thread partials combined in thread order (deterministic).
+void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout, const float* const* src,
+                         const float* w, int64_t S, int64_t n);
+
 }  // namespace attnres::ops

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "attnres/error.hpp"
+#include "core/parallel.hpp"
 
 namespace attnres {
 
@@ -39,9 +40,8 @@ double lr_at(const ScheduleConfig& s, double base_lr, int64_t step) {
 }
 
 double clip_grad_norm(float* grads, int64_t n, double max_norm) {
-  double ss = 0.0;
-#pragma omp parallel for simd reduction(+ : ss) schedule(static)
-  for (int64_t i = 0; i < n; i++) ss += static_cast<double>(grads[i]) * grads[i];
+  const double ss =
+      deterministic_sum(n, [&](int64_t i) { return static_cast<double>(grads[i]) * grads[i]; });
   const double norm = std::sqrt(ss);
   if (max_norm > 0) {
     const double coef = max_norm / (norm + 1e-6);
