@@ -6,8 +6,8 @@
 // output mix reads the embedding and every block sum (SPEC 3). Each source's per-token inverse RMS
 // is computed once, when the source is formed, and shared by every later reader (SPEC 2).
 //
-// Backward: dL/d(out of sublayer (n,k)) = dL/dB_n + sum_{i>k} dL/dP^(i), kept in one running
-// buffer per block that the partial sums' gradients are added to as the pass moves back.
+// Backward: dL/d(out of sublayer (n,k)) = dL/dB_n + sum_{i>k} dL/dP^(i), kept in B_n's gradient
+// buffer, which the partial sums' gradients are added to as the pass moves back.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -87,17 +87,17 @@ class AttnResRouter final : public DepthRouter {
   }
 
   const float* input(int64_t l) override { return xin_[l].data(); }
-  float* output_slot(int64_t) override { return out_.data(); }
+  // The first sublayer of a block writes straight into the source it forms (no copy); later ones
+  // write to scratch, which commit_output adds to the partial sum.
+  float* output_slot(int64_t l) override { return l % S_ == 0 ? formed(l).v.data() : out_.data(); }
 
   void commit_output(int64_t l) override {
-    const int64_t blk = l / S_, k = l % S_, N = n_, nd = n_ * d_;
+    const int64_t k = l % S_, N = n_, nd = n_ * d_;
     // The partial sum including this output: P^(k+1) = P^(k) + out (P^(0) = 0).
-    Source& dst = last_in_block(l) ? blocks_[blk] : part_[l + 1];
+    Source& dst = formed(l);
     float* p = dst.v.data();
     const float* o = out_.data();
-    if (k == 0) {
-      std::memcpy(p, o, sizeof(float) * nd);
-    } else {
+    if (k != 0) {
       const float* prev = part_[l].v.data();
 #pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < nd; i++) p[i] = prev[i] + o[i];
@@ -120,13 +120,10 @@ class AttnResRouter final : public DepthRouter {
     mix_backward(L_, dh, final_.data(), lse_[L_].data());
   }
 
-  const float* grad_output(int64_t l) override {
-    // Entering block n from its end: every reader of B_n has been processed by now.
-    if (last_in_block(l)) {
-      std::memcpy(run_.data(), blocks_[l / S_].g.data(), sizeof(float) * n_ * d_);
-    }
-    return run_.data();
-  }
+  // dL/d out_l = dL/dB_n + sum_{i>k} dL/dP^(i). The partial sums' gradients are accumulated
+  // straight into B_n's gradient buffer (complete before block n's backward starts, and read by
+  // nothing after), which therefore holds exactly that running sum.
+  const float* grad_output(int64_t l) override { return blocks_[l / S_].g.data(); }
 
   float* grad_input_slot(int64_t) override {
     std::memset(dx_.data(), 0, sizeof(float) * n_ * d_);
@@ -134,7 +131,7 @@ class AttnResRouter final : public DepthRouter {
   }
 
   void commit_grad_input(int64_t l) override {
-    // The partial source P^(k)'s gradient lands in run_, turning it into dL/d out_{l-1}.
+    // The partial source P^(k)'s gradient lands in B_n's gradient, turning it into dL/d out_{l-1}.
     mix_backward(l, dx_.data(), xin_[l].data(), lse_[l].data());
   }
 
@@ -182,6 +179,8 @@ class AttnResRouter final : public DepthRouter {
   };
 
   bool last_in_block(int64_t l) const { return l % S_ == S_ - 1 || l == L_ - 1; }
+  // The source sublayer l's output completes: its block's sum, or the next partial sum.
+  Source& formed(int64_t l) { return last_in_block(l) ? blocks_[l / S_] : part_[l + 1]; }
 
   void alloc(int64_t n) {
     n_ = n;
@@ -204,7 +203,6 @@ class AttnResRouter final : public DepthRouter {
     for (auto& x : lse_) x.resize(nh);
     final_.resize(nd);
     out_.resize(nd);
-    run_.resize(nd);
     dx_.resize(nd);
     if (dynamic_) {
       qdyn_.resize(nd);
@@ -227,7 +225,7 @@ class AttnResRouter final : public DepthRouter {
       s.push_back({blocks_[j].v.data(), blocks_[j].r.data(), blocks_[j].g.data()});
     }
     if (m < L_ && m % S_ != 0 && !completed_only) {
-      s.push_back({part_[m].v.data(), part_[m].r.data(), run_.data()});
+      s.push_back({part_[m].v.data(), part_[m].r.data(), blocks_[m / S_].g.data()});
     }
     if (window_ > 0 && static_cast<int64_t>(s.size()) > window_) {
       s.erase(s.begin(), s.end() - window_);
@@ -368,7 +366,7 @@ class AttnResRouter final : public DepthRouter {
   Source emb_;
   std::vector<Source> blocks_, part_;
   std::vector<std::vector<float>> xin_, lse_, o1_, lse1_;
-  std::vector<float> final_, out_, run_, dx_, qdyn_, qraw_, dq_;
+  std::vector<float> final_, out_, dx_, qdyn_, qraw_, dq_;
 };
 
 }  // namespace

@@ -24,6 +24,18 @@ inline float dotf(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// (a . b, c . b) in one pass over b.
+inline void dot2(const float* a, const float* c, const float* b, int64_t n, float* ab, float* cb) {
+  float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s1, s2)
+  for (int64_t i = 0; i < n; i++) {
+    s1 += a[i] * b[i];
+    s2 += c[i] * b[i];
+  }
+  *ab = s1;
+  *cb = s2;
+}
+
 inline float sigmoidf(float z) { return 1.0f / (1.0f + std::exp(-z)); }
 
 // Score of source i at row n, head h: qg . v over the head's slice, times the key's inverse RMS.
@@ -178,10 +190,11 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
         const float* v = src[i].v + n * d;
         float* dv = src[i].dv ? src[i].dv + n * d : nullptr;
         for (int64_t h = 0; h < H; h++) {
-          const float s = score(src[i], q, n, h, m);
           const float* vh = v + h * dh;
           const float* gh = g + h * dh;
-          const float da = dotf(gh, vh, dh);  // d loss / d a_i
+          float qv, da;  // q . v (the raw score) and dx . v (= d loss / d a_i), one pass over v
+          dot2(q + h * dh, gh, vh, dh, &qv, &da);
+          const float s = m.key_norm ? qv * src[i].rstd[n * H + h] : qv;
           float a, ds;
           if (m.softmax) {
             a = std::exp(s - lse[n * H + h]);
@@ -195,14 +208,18 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
           const float kv = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
           const float* qh = q + h * dh;
           float* dqh = dq + h * dh;
+          const float dsr = ds * r;
           if (dv) {
             float* dvh = dv + h * dh;
 #pragma omp simd
-            for (int64_t c = 0; c < dh; c++) dvh[c] += a * gh[c] + ds * (r * qh[c] - kv * vh[c]);
-          }
-          const float dsr = ds * r;
+            for (int64_t c = 0; c < dh; c++) {
+              dvh[c] += a * gh[c] + ds * (r * qh[c] - kv * vh[c]);
+              dqh[c] += dsr * vh[c];
+            }
+          } else {
 #pragma omp simd
-          for (int64_t c = 0; c < dh; c++) dqh[c] += dsr * vh[c];
+            for (int64_t c = 0; c < dh; c++) dqh[c] += dsr * vh[c];
+          }
         }
       }
     }
