@@ -218,6 +218,7 @@ void run_bench(const BenchArgs& a) {
   std::fflush(stdout);
   json results = {{"config", json::parse(probe.to_json())},
                   {"batch_size", a.batch},
+                  {"seq_len", a.seq_len},
                   {"threads", omp_get_max_threads()},
                   {"sgemm_gflops", ceiling},
                   {"modes", json::array()}};
