@@ -40,6 +40,7 @@ struct BenchArgs {
   std::string modes = "prenorm,full,block";
   int64_t block_size = 4;
   int64_t steps = 5, warmup = 2, decode_tokens = 64;
+  int64_t repeats = 1;  // rounds over all modes (interleaved); per mode the median-time round
   std::string json_out;
   std::string child_mode;     // internal: run one mode and print its JSON
   std::string torch_pythons;  // comma-separated interpreters for tools/bench_torch.py
@@ -238,16 +239,30 @@ void run_bench(const BenchArgs& a) {
                                ("attnres_bench_" + std::to_string(::getpid()) + ".safetensors"))
                                   .string();
   const std::string self = fs::read_symlink("/proc/self/exe").string();
-  for (const std::string& mode : modes) {
-    std::string cmd = "'" + self + "' bench --child-mode " + mode + " " + self_args(a);
-    if (mode == "prenorm" && !a.torch_pythons.empty()) cmd += " --weights-out " + weights;
-    std::string all;
-    const std::string line = last_json_line(cmd + " 2>&1", &all);
-    check(!line.empty(), "benchmark of mode " + mode + " failed:\n" + all);
-    results["modes"].push_back(json::parse(line));
-    const auto& r = results["modes"].back();
-    std::printf("  %-8s done: %.1f tok/s\n", mode.c_str(), r["tokens_per_s"].get<double>());
-    std::fflush(stdout);
+  // Modes are interleaved round by round (A B C A B C ...), so slow phases of the machine hit
+  // every mode alike; each mode reports its median-time round.
+  std::vector<std::vector<json>> rounds(modes.size());
+  for (int64_t rep = 0; rep < a.repeats; rep++) {
+    for (size_t mi = 0; mi < modes.size(); mi++) {
+      const std::string& mode = modes[mi];
+      std::string cmd = "'" + self + "' bench --child-mode " + mode + " " + self_args(a);
+      if (mode == "prenorm" && rep == 0 && !a.torch_pythons.empty()) cmd += " --weights-out " + weights;
+      std::string all;
+      const std::string line = last_json_line(cmd + " 2>&1", &all);
+      check(!line.empty(), "benchmark of mode " + mode + " failed:\n" + all);
+      rounds[mi].push_back(json::parse(line));
+      std::printf("  %-8s round %lld: %.1f tok/s\n", mode.c_str(), static_cast<long long>(rep + 1),
+                  rounds[mi].back()["tokens_per_s"].get<double>());
+      std::fflush(stdout);
+    }
+  }
+  for (auto& rs : rounds) {
+    std::sort(rs.begin(), rs.end(), [](const json& x, const json& y) {
+      return x["step_s"].get<double>() < y["step_s"].get<double>();
+    });
+    json r = rs[rs.size() / 2];
+    r["rounds"] = static_cast<int64_t>(rs.size());
+    results["modes"].push_back(r);
   }
   const json* base = nullptr;
   for (const auto& r : results["modes"]) {
@@ -344,6 +359,10 @@ void add_bench(CLI::App& app) {
   s->add_option("--steps", a->steps, "Timed training steps (median reported)")->capture_default_str();
   s->add_option("--warmup", a->warmup, "Untimed warm-up steps")->capture_default_str();
   s->add_option("--decode-tokens", a->decode_tokens, "Tokens decoded one at a time")
+      ->capture_default_str();
+  s->add_option("--repeats", a->repeats,
+                "Rounds over all modes, interleaved; each mode reports its median round")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   s->add_option("--json", a->json_out, "Also write the results as JSON to this file");
   s->add_option("--torch", a->torch_pythons,
