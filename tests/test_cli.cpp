@@ -114,7 +114,7 @@ TEST(Cli, BenchRunsEveryModeAndWritesJson) {
   const std::string js = td.file("bench.json");
   const std::string args =
       "bench --d-model 32 --n-layer 2 --n-head 2 --seq-len 32 --batch-size 2 --vocab 64 "
-      "--steps 1 --warmup 0 --decode-tokens 4 --json " + js;
+      "--steps 1 --warmup 0 --decode-tokens 4 --repeats 2 --json " + js;
   CliRun r = run(args);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "sgemm ceiling")) << r.out;
