@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/blas.hpp"
+#include "core/vmath.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 
@@ -255,4 +256,18 @@ TEST(Ops, ScalarMixGradientAndDeterminism) {
   std::vector<float*> none = {nullptr, nullptr, nullptr};
   ops::scalar_mix_backward(none.data(), dw2.data(), R.data(), src.data(), w.data(), S, n);
   for (int64_t i = 0; i < S; i++) EXPECT_EQ(dw[i], dw2[i]);  // same order of summation every call
+}
+
+TEST(Ops, VectorExpMatchesStdExp) {
+  double worst = 0;
+  for (float x = -87.0f; x <= 88.5f; x += 0.001953125f) {  // every 2^-9 over the range
+    const double ref = std::exp(double(x));
+    worst = std::max(worst, std::abs(double(vexpf(x)) - ref) / ref);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(vexpf(0.0f), 1.0f);
+  EXPECT_GT(vexpf(-INFINITY), 0.0f);           // clamped, no NaN
+  EXPECT_LT(vexpf(-INFINITY), 1e-37f);
+  EXPECT_TRUE(std::isfinite(vexpf(INFINITY)));  // clamped, no overflow
+  EXPECT_TRUE(std::isfinite(vexpf(1000.0f)));
 }

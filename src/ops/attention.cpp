@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/blas.hpp"
+#include "core/vmath.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres::ops {
@@ -42,7 +43,7 @@ void attention_forward(float* out, float* att, const float* qkv, const AttnShape
           float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
           for (int64_t u = 0; u <= t; u++) {
-            row[u] = std::exp(row[u] - mx);
+            row[u] = vexpf(row[u] - mx);
             sum += row[u];
           }
           const float inv = 1.0f / sum;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/parallel.hpp"
+#include "core/vmath.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres::ops {
@@ -32,7 +33,7 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
     float* dz = dlogits + n * V;
     const float l = lse[n];
 #pragma omp simd
-    for (int64_t v = 0; v < V; v++) dz[v] = std::exp(z[v] - l) * dloss;
+    for (int64_t v = 0; v < V; v++) dz[v] = vexpf(z[v] - l) * dloss;
     dz[targets[n]] -= dloss;
   }
 }

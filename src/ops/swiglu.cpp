@@ -1,6 +1,7 @@
 // SwiGLU gate: out = silu(h1) * h3 with silu(x) = x * sigmoid(x).
 #include <cmath>
 
+#include "core/vmath.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres::ops {
@@ -13,7 +14,7 @@ void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) {
     float* o = out + n * F;
 #pragma omp simd
     for (int64_t f = 0; f < F; f++) {
-      const float sig = 1.0f / (1.0f + std::exp(-h1[f]));
+      const float sig = 1.0f / (1.0f + vexpf(-h1[f]));
       o[f] = h1[f] * sig * h3[f];
     }
   }
@@ -30,7 +31,7 @@ void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N
     float* d3 = d1 + F;
 #pragma omp simd
     for (int64_t f = 0; f < F; f++) {
-      const float sig = 1.0f / (1.0f + std::exp(-h1[f]));
+      const float sig = 1.0f / (1.0f + vexpf(-h1[f]));
       const float silu = h1[f] * sig;
       d1[f] += d[f] * h3[f] * sig * (1.0f + h1[f] * (1.0f - sig));
       d3[f] += d[f] * silu;
