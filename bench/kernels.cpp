@@ -1,0 +1,131 @@
+// Google Benchmark micro-benchmarks of the kernels, each beside its simple reference where one
+// exists, with achieved GFLOP/s or GB/s as counters. Build: the `attnres_kernels_bench` target;
+// run: build/bench/attnres_kernels_bench [--benchmark_filter=REGEX].
+// Shapes are those of the d 512 / T 512 benchmark model (docs/BENCHMARKS.md).
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/blas.hpp"
+#include "core/rng.hpp"
+#include "core/vmath.hpp"
+#include "ops/ops.hpp"
+
+using namespace attnres;
+
+namespace {
+
+std::vector<float> randv(int64_t n, uint64_t seed, double scale = 1.0) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(scale * r.normal());
+  return v;
+}
+
+void BM_Sgemm(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  auto A = randv(n * n, 1), B = randv(n * n, 2);
+  std::vector<float> C(n * n);
+  for (auto _ : st) sgemm(false, true, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n);
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_Sgemm)->Arg(512)->Arg(2048)->Unit(benchmark::kMillisecond);
+
+// Linear layer of the model: (N = 2048 tokens) x (512 -> 1536) as in the fused qkv projection.
+void BM_MatmulForward(benchmark::State& st) {
+  const int64_t N = 2048, IC = 512, OC = 1536;
+  auto x = randv(N * IC, 1), w = randv(OC * IC, 2);
+  std::vector<float> y(N * OC);
+  for (auto _ : st) ops::matmul_forward(y.data(), x.data(), w.data(), N, IC, OC);
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * N * IC * OC, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_MatmulForward)->Unit(benchmark::kMillisecond);
+
+void BM_Attention(benchmark::State& st) {
+  const ops::AttnShape s{4, 512, 8, 8, 64};
+  const int64_t N = s.B * s.T;
+  auto qkv = randv(N * s.ld(), 3);
+  std::vector<float> out(N * s.H * s.hd), att(s.B * s.H * s.T * s.T), dq(N * s.ld()), scratch(att.size());
+  auto dout = randv(N * s.H * s.hd, 4);
+  const bool backward = st.range(0) == 1;
+  ops::attention_forward(out.data(), att.data(), qkv.data(), s);
+  for (auto _ : st) {
+    if (backward) {
+      ops::attention_backward(dq.data(), scratch.data(), dout.data(), qkv.data(), att.data(), s);
+    } else {
+      ops::attention_forward(out.data(), att.data(), qkv.data(), s);
+    }
+  }
+  // Causal work actually done: about half of 4 B H T^2 hd (forward), twice that backward.
+  const double flops = (backward ? 2.0 : 1.0) * 2.0 * s.B * s.H * double(s.T) * s.T * s.hd;
+  st.counters["GFLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_Attention)->Arg(0)->Arg(1)->ArgNames({"backward"})->Unit(benchmark::kMillisecond);
+
+// One depth mixer over S sources (Full AttnRes reads up to 2 L + 1 of them).
+void BM_DepthMix(benchmark::State& st) {
+  const int64_t N = 2048, d = 512, S = st.range(0);
+  const bool backward = st.range(1) == 1, reference = st.range(2) == 1;
+  std::vector<std::vector<float>> v, r, g;
+  std::vector<ops::DepthSource> src;
+  ops::DepthMix m;
+  m.d = d;
+  for (int64_t i = 0; i < S; i++) {
+    v.push_back(randv(N * d, 10 + i));
+    r.emplace_back(N);
+    g.emplace_back(N * d, 0.0f);
+    ops::depth_rstd(r.back().data(), v.back().data(), N, d, 1, 1e-5f);
+  }
+  for (int64_t i = 0; i < S; i++) src.push_back({v[i].data(), r[i].data(), g[i].data()});
+  auto q = randv(d, 5, 0.1), dx = randv(N * d, 6);
+  std::vector<float> x(N * d), lse(N), dq(d);
+  ops::depth_mix_forward(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
+  for (auto _ : st) {
+    if (backward) {
+      ops::depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
+    } else if (reference) {
+      ops::depth_mix_forward_reference(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
+    } else {
+      ops::depth_mix_forward(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
+    }
+  }
+  // Bytes the kernel must move: each source read once (+ its gradient read and written backward).
+  const double bytes = (backward ? 3.0 : 1.0) * S * N * d * sizeof(float);
+  st.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_DepthMix)
+    ->Args({9, 0, 0})->Args({9, 0, 1})->Args({9, 1, 0})->Args({17, 0, 0})->Args({17, 1, 0})
+    ->ArgNames({"sources", "backward", "reference"})
+    ->Unit(benchmark::kMillisecond);
+
+void BM_Exp(benchmark::State& st) {
+  const int64_t n = 1 << 20;
+  auto x = randv(n, 7, 5.0);
+  std::vector<float> y(n);
+  const bool vec = st.range(0) == 1;
+  for (auto _ : st) {
+    if (vec) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; i++) y[i] = vexpf(x[i]);
+    } else {
+      for (int64_t i = 0; i < n; i++) y[i] = std::exp(x[i]);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["Gexp/s"] = benchmark::Counter(double(n), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_Exp)->Arg(0)->Arg(1)->ArgNames({"vexpf"});
+
+void BM_Swiglu(benchmark::State& st) {
+  const int64_t N = 2048, F = 1376;
+  auto h13 = randv(N * 2 * F, 8);
+  std::vector<float> out(N * F);
+  for (auto _ : st) ops::swiglu_forward(out.data(), h13.data(), N, F);
+  st.counters["GB/s"] = benchmark::Counter(3.0 * N * F * sizeof(float), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_Swiglu)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
