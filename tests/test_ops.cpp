@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/blas.hpp"
+#include "core/simd.hpp"
 #include "core/vmath.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
@@ -270,4 +271,25 @@ TEST(Ops, VectorExpMatchesStdExp) {
   EXPECT_LT(vexpf(-INFINITY), 1e-37f);
   EXPECT_TRUE(std::isfinite(vexpf(INFINITY)));  // clamped, no overflow
   EXPECT_TRUE(std::isfinite(vexpf(1000.0f)));
+}
+
+// The multi-accumulator dots: close to a double reference at every length (vector body, 16-wide
+// remainder, scalar tail), and dot2's two results bit-identical to dot()'s.
+TEST(Ops, SimdDotsMatchReferenceAndEachOther) {
+  for (int64_t n : {1, 7, 16, 33, 64, 100, 512, 1000}) {
+    auto a = randn(n, 1), b = randn(n, 2), c = randn(n, 3);
+    double ref_ab = 0, ref_cb = 0, mag = 0;
+    for (int64_t i = 0; i < n; i++) {
+      ref_ab += double(a[i]) * b[i];
+      ref_cb += double(c[i]) * b[i];
+      mag += std::abs(double(a[i]) * b[i]) + std::abs(double(c[i]) * b[i]);
+    }
+    const float ab = simd::dot(a.data(), b.data(), n);
+    EXPECT_NEAR(ab, ref_ab, 1e-6 * mag) << "n " << n;
+    float ab2, cb2;
+    simd::dot2(a.data(), c.data(), b.data(), n, &ab2, &cb2);
+    EXPECT_EQ(ab2, ab) << "n " << n;
+    EXPECT_EQ(cb2, simd::dot(c.data(), b.data(), n)) << "n " << n;
+    EXPECT_NEAR(cb2, ref_cb, 1e-6 * mag) << "n " << n;
+  }
 }

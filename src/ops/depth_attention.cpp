@@ -1,39 +1,70 @@
 // Depth attention: the AttnRes mix of earlier sublayer outputs (SPEC sections 2-4).
 //
-// Fused: each token's scores, softmax and weighted sum are computed in one pass over the sources
-// with an online softmax (running max m, normaliser l, unnormalised sum acc), so nothing of size
-// (sources x tokens x d) is ever materialised. Backward recomputes each score from the source and
-// the saved log-sum-exp, and uses sum_j a_j (dx . v_j) = dx . x (x is the forward output), so it
-// too is a single pass over the sources.
+// Memory-bound: a mixer over S sources reads S (N,d) arrays (and backward read-modify-writes their
+// gradients) to do O(S d) flops per token. So the kernels are organised around the bytes: tokens
+// go in tiles, and within a tile source by source, so every source is read in long contiguous
+// runs (a token-by-token walk over 17+ interleaved sources ran at half the bandwidth). Forward:
+// pass 1 scores the tile against every source, a softmax over the sources (vectorised exp), pass 2
+// sums while the tile's rows are still in L2; only the log-sum-exp (N,H) is kept. Backward needs
+// no second pass: the saved lse gives each weight directly, and sum_j a_j (dx . v_j) = dx . x (x
+// is the forward output), so each source row is read once and its gradient updated at once.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "core/simd.hpp"
+#include "core/vmath.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres::ops {
 
 namespace {
 
-inline float dotf(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < n; c++) s += a[c] * b[c];
-  return s;
+using simd::dot2;
+inline float dotf(const float* a, const float* b, int64_t n) { return simd::dot(a, b, n); }
+
+// Rows per tile for the two-pass kernels (forward, phase 1): a tile's rows of every source must
+// stay in L2 (1 MiB per core on Zen 5) between the pass that scores them and the pass that sums
+// them. Within a tile the kernels walk source by source, so each source is read in contiguous runs
+// of tile x d floats: long enough for the hardware prefetchers, which a token-by-token walk over
+// 17+ interleaved sources defeats.
+inline int64_t tile_rows(int64_t S, int64_t d) {
+  const int64_t bytes = S * d * static_cast<int64_t>(sizeof(float));
+  return std::clamp<int64_t>((512 << 10) / std::max<int64_t>(bytes, 1), 8, 64);
+}
+// The backward reads each source row once, so only dx's tile is reused: longer runs pay.
+inline int64_t backward_tile_rows(int64_t d) {
+  return std::clamp<int64_t>((256 << 10) / (d * static_cast<int64_t>(sizeof(float))), 8, 64);
 }
 
-// (a . b, c . b) in one pass over b.
-inline void dot2(const float* a, const float* c, const float* b, int64_t n, float* ab, float* cb) {
-  float s1 = 0.0f, s2 = 0.0f;
-#pragma omp simd reduction(+ : s1, s2)
+// w (n) <- softmax(w); returns the log-sum-exp.
+inline float softmax_inplace(float* w, int64_t n) {
+  float mx = w[0];
+  for (int64_t i = 1; i < n; i++) mx = std::max(mx, w[i]);
+  float z = 0.0f;
+#pragma omp simd reduction(+ : z)
   for (int64_t i = 0; i < n; i++) {
-    s1 += a[i] * b[i];
-    s2 += c[i] * b[i];
+    w[i] = vexpf(w[i] - mx);
+    z += w[i];
   }
-  *ab = s1;
-  *cb = s2;
+  const float inv = 1.0f / z;
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) w[i] *= inv;
+  return mx + std::log(z);
+}
+
+// y (n) = a v (first) or y += a v.
+inline void accumulate(float* y, float a, const float* v, int64_t n, bool first) {
+  if (first) {
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++) y[c] = a * v[c];
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++) y[c] += a * v[c];
+  }
 }
 
 inline float sigmoidf(float z) { return 1.0f / (1.0f + std::exp(-z)); }
@@ -62,50 +93,38 @@ void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H, fl
 void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, const float* qg,
                        int64_t q_ld, const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();
+  const int64_t TB = tile_rows(S, d);
+  const int64_t tiles = (N + TB - 1) / TB;
 #pragma omp parallel
   {
-    std::vector<float> mx(H), l(H);
+    std::vector<float> a(static_cast<size_t>(TB * H * S));  // weights [row][head][source]
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-      const float* q = qg + n * q_ld;
-      float* acc = x + n * d;  // accumulate in place
-      for (int64_t c = 0; c < d; c++) acc[c] = 0.0f;
-      for (int64_t h = 0; h < H; h++) {
-        mx[h] = -std::numeric_limits<float>::infinity();
-        l[h] = 0.0f;
-      }
+    for (int64_t t = 0; t < tiles; t++) {
+      const int64_t n0 = t * TB, nb = std::min(TB, N - n0);
+      // Pass 1: every score of the tile, source by source (each source's rows are contiguous).
       for (int64_t i = 0; i < S; i++) {
-        const float* v = src[i].v + n * d;
-        for (int64_t h = 0; h < H; h++) {
-          const float s = score(src[i], q, n, h, m);
-          float* a = acc + h * dh;
-          const float* vh = v + h * dh;
-          if (m.softmax) {
-            if (s > mx[h]) {  // rescale the running sums to the new maximum
-              const float r = std::exp(mx[h] - s);
-              l[h] *= r;
-#pragma omp simd
-              for (int64_t c = 0; c < dh; c++) a[c] *= r;
-              mx[h] = s;
-            }
-            const float p = std::exp(s - mx[h]);
-            l[h] += p;
-#pragma omp simd
-            for (int64_t c = 0; c < dh; c++) a[c] += p * vh[c];
-          } else {
-            const float p = sigmoidf(s);
-#pragma omp simd
-            for (int64_t c = 0; c < dh; c++) a[c] += p * vh[c];
-          }
+        for (int64_t r = 0; r < nb; r++) {
+          const int64_t n = n0 + r;
+          for (int64_t h = 0; h < H; h++) a[(r * H + h) * S + i] = score(src[i], qg + n * q_ld, n, h, m);
         }
       }
-      if (m.softmax) {
-        for (int64_t h = 0; h < H; h++) {
-          const float inv = 1.0f / l[h];
-          float* a = acc + h * dh;
-#pragma omp simd
-          for (int64_t c = 0; c < dh; c++) a[c] *= inv;
-          if (lse) lse[n * H + h] = mx[h] + std::log(l[h]);
+      // Gates: softmax over the sources (vectorised exp) or sigmoid.
+      for (int64_t rh = 0; rh < nb * H; rh++) {
+        float* w = a.data() + rh * S;
+        if (m.softmax) {
+          const float l = softmax_inplace(w, S);
+          if (lse) lse[n0 * H + rh] = l;
+        } else {
+          for (int64_t i = 0; i < S; i++) w[i] = sigmoidf(w[i]);
+        }
+      }
+      // Pass 2: the weighted sums, again source by source; the tile's rows of x stay in cache.
+      for (int64_t i = 0; i < S; i++) {
+        for (int64_t r = 0; r < nb; r++) {
+          const int64_t n = n0 + r;
+          for (int64_t h = 0; h < H; h++) {
+            accumulate(x + n * d + h * dh, a[(r * H + h) * S + i], src[i].v + n * d + h * dh, dh, i == 0);
+          }
         }
       }
     }
@@ -171,54 +190,63 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
   const int64_t d = m.d, H = m.H, dh = m.dh();
   const bool shared_q = q_ld == 0;
   const int nthr = omp_get_max_threads();
+  const int64_t TB = backward_tile_rows(d);
+  const int64_t tiles = (N + TB - 1) / TB;
   // Shared query: each thread sums its rows' query gradient privately; combined in thread order
   // below so results do not depend on scheduling.
   std::vector<float> part(shared_q ? static_cast<size_t>(nthr) * d : 0, 0.0f);
 #pragma omp parallel num_threads(nthr)
   {
-    std::vector<float> D(H);
+    std::vector<float> D(static_cast<size_t>(TB * H));  // dx . x per row and head
     float* my_dq = shared_q ? part.data() + static_cast<int64_t>(omp_get_thread_num()) * d : nullptr;
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-      const float* q = qg + n * q_ld;
-      const float* g = dx + n * d;
-      float* dq = shared_q ? my_dq : dqg + n * d;
+    for (int64_t t = 0; t < tiles; t++) {
+      const int64_t n0 = t * TB, nb = std::min(TB, N - n0);
       if (m.softmax) {
-        for (int64_t h = 0; h < H; h++) D[h] = dotf(g + h * dh, x + n * d + h * dh, dh);
+        for (int64_t r = 0; r < nb; r++) {
+          const int64_t n = n0 + r;
+          for (int64_t h = 0; h < H; h++) D[r * H + h] = dotf(dx + n * d + h * dh, x + n * d + h * dh, dh);
+        }
       }
+      // Source by source over the tile's rows (long contiguous runs of v and dv); the softmax
+      // weight is known from the saved lse, so each row of v is read once: q . v and dx . v in
+      // one pass, then the update while the row is in L1.
       for (int64_t i = 0; i < S; i++) {
-        const float* v = src[i].v + n * d;
-        float* dv = src[i].dv ? src[i].dv + n * d : nullptr;
-        for (int64_t h = 0; h < H; h++) {
-          const float* vh = v + h * dh;
-          const float* gh = g + h * dh;
-          float qv, da;  // q . v (the raw score) and dx . v (= d loss / d a_i), one pass over v
-          dot2(q + h * dh, gh, vh, dh, &qv, &da);
-          const float s = m.key_norm ? qv * src[i].rstd[n * H + h] : qv;
-          float a, ds;
-          if (m.softmax) {
-            a = std::exp(s - lse[n * H + h]);
-            ds = a * (da - D[h]);
-          } else {
-            a = sigmoidf(s);
-            ds = a * (1.0f - a) * da;
-          }
-          // s = r (qg . v) with r = rsqrt(mean(v^2) + eps): ds/dv = r qg - s r^2 v / dh.
-          const float r = m.key_norm ? src[i].rstd[n * H + h] : 1.0f;
-          const float kv = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
-          const float* qh = q + h * dh;
-          float* dqh = dq + h * dh;
-          const float dsr = ds * r;
-          if (dv) {
-            float* dvh = dv + h * dh;
-#pragma omp simd
-            for (int64_t c = 0; c < dh; c++) {
-              dvh[c] += a * gh[c] + ds * (r * qh[c] - kv * vh[c]);
-              dqh[c] += dsr * vh[c];
+        for (int64_t r = 0; r < nb; r++) {
+          const int64_t n = n0 + r;
+          const float* q = qg + n * q_ld;
+          float* dq = shared_q ? my_dq : dqg + n * d;
+          for (int64_t h = 0; h < H; h++) {
+            const float* vh = src[i].v + n * d + h * dh;
+            const float* gh = dx + n * d + h * dh;
+            const float* qh = q + h * dh;
+            float qv, da;
+            dot2(qh, gh, vh, dh, &qv, &da);
+            const float rs = m.key_norm ? src[i].rstd[n * H + h] : 1.0f;
+            const float s = qv * rs;
+            float a, ds;
+            if (m.softmax) {
+              a = std::exp(s - lse[n * H + h]);
+              ds = a * (da - D[r * H + h]);
+            } else {
+              a = sigmoidf(s);
+              ds = a * (1.0f - a) * da;
             }
-          } else {
+            // s = r (q . v) with r = rsqrt(mean(v^2) + eps): ds/dv = r q - s r^2 v / dh.
+            const float dsr = ds * rs;
+            float* dqh = dq + h * dh;
+            if (src[i].dv) {
+              float* dvh = src[i].dv + n * d + h * dh;
+              const float kv = m.key_norm ? ds * s * rs * rs / static_cast<float>(dh) : 0.0f;
 #pragma omp simd
-            for (int64_t c = 0; c < dh; c++) dqh[c] += dsr * vh[c];
+              for (int64_t c = 0; c < dh; c++) {
+                dvh[c] += a * gh[c] + dsr * qh[c] - kv * vh[c];
+                dqh[c] += dsr * vh[c];
+              }
+            } else {
+#pragma omp simd
+              for (int64_t c = 0; c < dh; c++) dqh[c] += dsr * vh[c];
+            }
           }
         }
       }
@@ -234,47 +262,34 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
 void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src, int64_t S,
                       const float* const* qg, int64_t K, const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();
+  const int64_t TB = tile_rows(S, d);
+  const int64_t tiles = (N + TB - 1) / TB;
 #pragma omp parallel
   {
-    std::vector<float> mx(K * H), l(K * H);
+    std::vector<float> a(static_cast<size_t>(K * TB * H * S));  // [query][row][head][source]
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-      for (int64_t k = 0; k < K; k++) {
-        for (int64_t c = 0; c < d; c++) o[k][n * d + c] = 0.0f;
-      }
-      std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
-      std::fill(l.begin(), l.end(), 0.0f);
+    for (int64_t t = 0; t < tiles; t++) {
+      const int64_t n0 = t * TB, nb = std::min(TB, N - n0);
       // Each source row is loaded once and scored by all K queries (SPEC 4, phase 1).
       for (int64_t i = 0; i < S; i++) {
-        const float* v = src[i].v + n * d;
-        for (int64_t k = 0; k < K; k++) {
-          for (int64_t h = 0; h < H; h++) {
-            const float s = score(src[i], qg[k], n, h, m);
-            float& M = mx[k * H + h];
-            float& L = l[k * H + h];
-            float* a = o[k] + n * d + h * dh;
-            const float* vh = v + h * dh;
-            if (s > M) {
-              const float r = std::exp(M - s);
-              L *= r;
-#pragma omp simd
-              for (int64_t c = 0; c < dh; c++) a[c] *= r;
-              M = s;
-            }
-            const float p = std::exp(s - M);
-            L += p;
-#pragma omp simd
-            for (int64_t c = 0; c < dh; c++) a[c] += p * vh[c];
+        for (int64_t r = 0; r < nb; r++) {
+          const int64_t n = n0 + r;
+          for (int64_t k = 0; k < K; k++) {
+            for (int64_t h = 0; h < H; h++) a[((k * TB + r) * H + h) * S + i] = score(src[i], qg[k], n, h, m);
           }
         }
       }
       for (int64_t k = 0; k < K; k++) {
-        for (int64_t h = 0; h < H; h++) {
-          const float inv = 1.0f / l[k * H + h];
-          float* a = o[k] + n * d + h * dh;
-#pragma omp simd
-          for (int64_t c = 0; c < dh; c++) a[c] *= inv;
-          lse[k][n * H + h] = mx[k * H + h] + std::log(l[k * H + h]);
+        for (int64_t rh = 0; rh < nb * H; rh++) lse[k][n0 * H + rh] = softmax_inplace(a.data() + (k * TB * H + rh) * S, S);
+      }
+      for (int64_t k = 0; k < K; k++) {
+        for (int64_t i = 0; i < S; i++) {
+          for (int64_t r = 0; r < nb; r++) {
+            const int64_t n = n0 + r;
+            for (int64_t h = 0; h < H; h++) {
+              accumulate(o[k] + n * d + h * dh, a[((k * TB + r) * H + h) * S + i], src[i].v + n * d + h * dh, dh, i == 0);
+            }
+          }
         }
       }
     }

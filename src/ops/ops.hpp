@@ -96,7 +96,7 @@ struct DepthMix {
 void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H, float eps);
 // x (N,d) = the mix; lse (N,H) = log-sum-exp of the scores (softmax; may be null for sigmoid).
 // qg: (d) shared by every token when q_ld == 0, else row n at qg + n*q_ld (dynamic query).
-// One pass over the sources with an online softmax; never materialises scores.
+// Tiled over tokens; scores live only per tile, so nothing of size (S,N,d) is materialised.
 void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, const float* qg,
                        int64_t q_ld, const DepthMix& m, int64_t N);
 // Plain loops in double over explicit score arrays. The reference for tests.
