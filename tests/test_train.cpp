@@ -221,3 +221,29 @@ TEST(Train, LrSchedules) {
 }
 
 }  // namespace
+
+// The trainer passes the clip coefficient to AdamW::step instead of scaling the gradients first:
+// both must give the same weights bit for bit. grad_norm against a double reference.
+TEST(Train, FusedClipEqualsClipThenStep) {
+  ParamLayout L;
+  L.add("a", {37, 29}, true);
+  L.add("b", {1001}, false);
+  L.add("c", {64, 64}, true);
+  std::vector<float> g = attnres::testing::randn(L.total(), 3, 5.0);
+  double ss = 0;
+  for (float x : g) ss += double(x) * x;
+  EXPECT_NEAR(grad_norm(g.data(), L.total()), std::sqrt(ss), 1e-6 * std::sqrt(ss));
+  std::vector<float> p1 = attnres::testing::randn(L.total(), 4), p2 = p1, g1 = g;
+  AdamW o1(L, AdamWConfig{}), o2(L, AdamWConfig{});
+  for (int s = 0; s < 3; s++) {
+    std::vector<float> gs = g1;
+    clip_grad_norm(gs.data(), L.total(), 1.0);
+    o1.step(p1.data(), gs.data(), 1e-2);
+    const float c = clip_scale(grad_norm(g1.data(), L.total()), 1.0);
+    ASSERT_LT(c, 1.0f);  // the test must exercise clipping
+    o2.step(p2.data(), g1.data(), 1e-2, c);
+  }
+  for (int64_t i = 0; i < L.total(); i++) ASSERT_EQ(p1[i], p2[i]) << i;
+  EXPECT_EQ(clip_scale(0.5, 1.0), 1.0f);
+  EXPECT_EQ(clip_scale(10.0, 0.0), 1.0f);  // disabled
+}

@@ -34,9 +34,13 @@ struct ScheduleConfig {
 // Learning rate for 0-based step `step`.
 double lr_at(const ScheduleConfig& s, double base_lr, int64_t step);
 
-// Scales grads[0..n) so their global L2 norm is at most max_norm (torch's clip_grad_norm_:
-// coef = max_norm / (norm + 1e-6), applied when < 1). max_norm <= 0 disables. Returns the norm
-// before clipping.
+// Global L2 norm of grads[0..n) (deterministic for a given thread count).
+double grad_norm(const float* grads, int64_t n);
+// torch's clip_grad_norm_ coefficient: max_norm / (norm + 1e-6) when that is < 1, else 1;
+// max_norm <= 0 disables (1).
+float clip_scale(double norm, double max_norm);
+// Scales grads[0..n) by clip_scale(grad_norm(...), max_norm). Returns the norm before clipping.
+// (The trainer instead passes clip_scale to AdamW::step, saving a pass over the gradients.)
 double clip_grad_norm(float* grads, int64_t n, double max_norm);
 
 // Decoupled-weight-decay Adam with torch.optim.AdamW's exact update:
@@ -45,8 +49,10 @@ double clip_grad_norm(float* grads, int64_t n, double max_norm);
 class AdamW {
  public:
   AdamW(const ParamLayout& layout, AdamWConfig cfg);
-  // One update with learning rate lr; increments step().
-  void step(float* params, const float* grads, double lr);
+  // One update with learning rate lr on the gradients grads * grad_scale (the scale is applied
+  // as one float multiply per element, exactly like scaling the gradients first); increments
+  // step().
+  void step(float* params, const float* grads, double lr, float grad_scale = 1.0f);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
   std::vector<float>& m() { return m_; }

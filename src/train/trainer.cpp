@@ -258,13 +258,15 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
     if (cfg.grad_accum > 1) {
       const float s = 1.0f / static_cast<float>(cfg.grad_accum);
       float* g = model.grads();
-      for (int64_t i = 0; i < model.layout().total(); i++) g[i] *= s;
+      const int64_t n = model.layout().total();
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < n; i++) g[i] *= s;
     }
     const bool last = step + 1 == cfg.steps;
     const bool eval_now = (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last;
     std::vector<double> grad_norms;
     if (eval_now) grad_norms = model.sublayer_grad_norms();  // before clipping
-    const double gnorm = clip_grad_norm(model.grads(), model.layout().total(), cfg.grad_clip);
+    const double gnorm = grad_norm(model.grads(), model.layout().total());
     const double lr = lr_at(cfg.schedule, cfg.adamw.lr, step);
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       res.skipped_steps++;
@@ -277,7 +279,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
                 "last good checkpoint is in '" + cfg.out_dir + "'");
       continue;
     }
-    opt.step(model.params(), model.grads(), lr);
+    opt.step(model.params(), model.grads(), lr, clip_scale(gnorm, cfg.grad_clip));
     const double dt = seconds_since(ts);
     if (step > start) {
       timed_s += dt;
