@@ -41,6 +41,28 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// max of a[0..n), n >= 1 (no NaN handling beyond the comparisons' own).
+inline float max(const float* a, int64_t n) {
+  int64_t c = 0;
+  float m = a[0];
+  if (n >= 16) {
+    f16v m0 = load(a), m1 = m0;
+    for (c = 0; c + 32 <= n; c += 32) {
+      const f16v x0 = load(a + c), x1 = load(a + c + 16);
+      m0 = x0 > m0 ? x0 : m0;
+      m1 = x1 > m1 ? x1 : m1;
+    }
+    for (; c + 16 <= n; c += 16) {
+      const f16v x0 = load(a + c);
+      m0 = x0 > m0 ? x0 : m0;
+    }
+    m0 = m1 > m0 ? m1 : m0;
+    for (int k = 0; k < 16; k++) m = m0[k] > m ? m0[k] : m;
+  }
+  for (; c < n; c++) m = a[c] > m ? a[c] : m;
+  return m;
+}
+
 // (a . b, c . b) in one pass over b. Each result is bit-identical to dot()'s (same accumulators,
 // same order): callers rely on that, e.g. a softmax over ONE source must give exactly weight 1
 // and a score gradient of exactly 0 whether the score came from dot() or dot2().
