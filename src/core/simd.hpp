@@ -13,20 +13,20 @@ namespace attnres::simd {
 
 typedef float f16v __attribute__((vector_size(64)));
 
-inline f16v load(const float* p) {
+[[gnu::always_inline]] inline f16v load(const float* p) {
   f16v v;
   std::memcpy(&v, p, sizeof v);  // unaligned load
   return v;
 }
 
-inline float hsum(f16v v) {
+[[gnu::always_inline]] inline float hsum(f16v v) {
   float s = 0.0f;
   for (int k = 0; k < 16; k++) s += v[k];
   return s;
 }
 
 // a . b over n floats.
-inline float dot(const float* a, const float* b, int64_t n) {
+[[gnu::always_inline]] inline float dot(const float* a, const float* b, int64_t n) {
   f16v s0 = {}, s1 = {}, s2 = {}, s3 = {};
   int64_t c = 0;
   for (; c + 64 <= n; c += 64) {
@@ -42,7 +42,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
 }
 
 // max of a[0..n), n >= 1 (no NaN handling beyond the comparisons' own).
-inline float max(const float* a, int64_t n) {
+[[gnu::always_inline]] inline float max(const float* a, int64_t n) {
   int64_t c = 0;
   float m = a[0];
   if (n >= 16) {
@@ -66,7 +66,7 @@ inline float max(const float* a, int64_t n) {
 // (a . b, c . b) in one pass over b. Each result is bit-identical to dot()'s (same accumulators,
 // same order): callers rely on that, e.g. a softmax over ONE source must give exactly weight 1
 // and a score gradient of exactly 0 whether the score came from dot() or dot2().
-inline void dot2(const float* a, const float* c, const float* b, int64_t n, float* ab, float* cb) {
+[[gnu::always_inline]] inline void dot2(const float* a, const float* c, const float* b, int64_t n, float* ab, float* cb) {
   f16v s0 = {}, s1 = {}, s2 = {}, s3 = {}, t0 = {}, t1 = {}, t2 = {}, t3 = {};
   int64_t k = 0;
   for (; k + 64 <= n; k += 64) {

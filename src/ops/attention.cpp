@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/blas.hpp"
+#include "core/dispatch.hpp"
 #include "core/simd.hpp"
 #include "core/vmath.hpp"
 #include "ops/ops.hpp"
@@ -20,6 +21,7 @@ namespace attnres::ops {
 // (most of) the masked upper triangle: 56% of the full T x T work for T = 512.
 constexpr int64_t kRowBlock = 64;
 
+ATTNRES_KERNEL
 void attention_forward(float* out, float* att, const float* qkv, const AttnShape& s) {
   const int64_t T = s.T, H = s.H, hd = s.hd, ld = s.ld(), HD = H * hd, grp = H / s.Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -60,6 +62,7 @@ void attention_forward(float* out, float* att, const float* qkv, const AttnShape
   }
 }
 
+ATTNRES_KERNEL
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const AttnShape& s) {
   const int64_t T = s.T, H = s.H, Hkv = s.Hkv, hd = s.hd, ld = s.ld(), HD = H * hd,
@@ -178,6 +181,7 @@ void attention_backward_reference(float* dqkv, const float* dout, const float* q
   }
 }
 
+ATTNRES_KERNEL
 void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
                       int64_t pos0, int64_t H, int64_t Hkv, int64_t hd) {
   const int64_t grp = H / Hkv, kvld = Hkv * hd;

@@ -2,12 +2,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/dispatch.hpp"
 #include "core/parallel.hpp"
 #include "core/vmath.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres::ops {
 
+ATTNRES_KERNEL
 double cross_entropy_forward(float* losses, float* lse, const float* logits,
                              const int32_t* targets, int64_t N, int64_t V) {
   const double total = deterministic_sum(N, [&](int64_t n) {
@@ -25,6 +27,7 @@ double cross_entropy_forward(float* losses, float* lse, const float* logits,
   return N > 0 ? total / static_cast<double>(N) : 0.0;
 }
 
+ATTNRES_KERNEL
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, int64_t N, int64_t V, float dloss) {
 #pragma omp parallel for schedule(static)

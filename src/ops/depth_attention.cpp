@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/dispatch.hpp"
 #include "core/simd.hpp"
 #include "core/vmath.hpp"
 #include "ops/ops.hpp"
@@ -78,6 +79,7 @@ inline float score(const DepthSource& s, const float* q, int64_t n, int64_t h, c
 
 }  // namespace
 
+ATTNRES_KERNEL
 void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H, float eps) {
   const int64_t dh = d / H;
 #pragma omp parallel for schedule(static)
@@ -90,6 +92,7 @@ void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H, fl
   }
 }
 
+ATTNRES_KERNEL
 void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, const float* qg,
                        int64_t q_ld, const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();
@@ -184,6 +187,7 @@ void depth_mix_weights(double* wsum, const DepthSource* src, int64_t S, const fl
   }
 }
 
+ATTNRES_KERNEL
 void depth_mix_backward(float* dqg, const float* dx, const float* x, const float* lse,
                         const DepthSource* src, int64_t S, const float* qg, int64_t q_ld,
                         const DepthMix& m, int64_t N) {
@@ -259,6 +263,7 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
   }
 }
 
+ATTNRES_KERNEL
 void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src, int64_t S,
                       const float* const* qg, int64_t K, const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();
@@ -296,6 +301,7 @@ void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src
   }
 }
 
+ATTNRES_KERNEL
 void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
                       const DepthSource& p, const float* qg, const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();

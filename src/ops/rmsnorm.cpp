@@ -4,10 +4,12 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dispatch.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres::ops {
 
+ATTNRES_KERNEL
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,
                      int64_t C, float eps) {
 #pragma omp parallel for schedule(static)
@@ -23,6 +25,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, 
 }
 
 // With xhat = x * r: dx = r * (g*dy - xhat * mean(g*dy * xhat)); dg = sum_n dy * xhat.
+ATTNRES_KERNEL
 void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
                       const float* rstd, int64_t N, int64_t C) {
   // dg reduces over rows: each thread sums its own rows into a private row (one pass over the

@@ -2,6 +2,7 @@
 // i + hd/2, both rotated by angle p * theta^(-2i/hd).
 #include <cmath>
 
+#include "core/dispatch.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres::ops {
@@ -43,11 +44,13 @@ static void rope_apply(float* x, const float* cos_t, const float* sin_t, int64_t
   }
 }
 
+ATTNRES_KERNEL
 void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
                   int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) {
   rope_apply(x, cos_t, sin_t, B, T, n_heads, hd, ld, pos0, 1.0f);
 }
 
+ATTNRES_KERNEL
 void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
                    int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) {
   rope_apply(dx, cos_t, sin_t, B, T, n_heads, hd, ld, pos0, -1.0f);

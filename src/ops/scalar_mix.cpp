@@ -4,10 +4,12 @@
 #include <cstring>
 #include <vector>
 
+#include "core/dispatch.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres::ops {
 
+ATTNRES_KERNEL
 void scalar_mix_forward(float* out, const float* const* src, const float* w, int64_t S, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < n; k++) {
@@ -17,6 +19,7 @@ void scalar_mix_forward(float* out, const float* const* src, const float* w, int
   }
 }
 
+ATTNRES_KERNEL
 void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout, const float* const* src,
                          const float* w, int64_t S, int64_t n) {
   const int nthr = omp_get_max_threads();

@@ -1,11 +1,13 @@
 // SwiGLU gate: out = silu(h1) * h3 with silu(x) = x * sigmoid(x).
 #include <cmath>
 
+#include "core/dispatch.hpp"
 #include "core/vmath.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres::ops {
 
+ATTNRES_KERNEL
 void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {
@@ -21,6 +23,7 @@ void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) {
 }
 
 // d silu(x)/dx = sig * (1 + x * (1 - sig))
+ATTNRES_KERNEL
 void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N, int64_t F) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {

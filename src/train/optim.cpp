@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "attnres/error.hpp"
+#include "core/dispatch.hpp"
 #include "core/parallel.hpp"
 #include "core/simd.hpp"
 
@@ -72,34 +73,44 @@ double clip_grad_norm(float* grads, int64_t n, double max_norm) {
 AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg)
     : layout_(layout), cfg_(cfg), m_(layout.total(), 0.0f), v_(layout.total(), 0.0f) {}
 
+namespace {
+
+struct AdamStep {
+  float b1, b2, step_size, inv_bc2_sqrt, eps, grad_scale;
+};
+
+// One tensor's update; the caller's parallel region splits it (memory-bound: 28 bytes/param).
+ATTNRES_KERNEL
+void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
+                 const AdamStep& k) {
+#pragma omp for simd schedule(static) nowait
+  for (int64_t i = 0; i < n; i++) {
+    const float gi = k.grad_scale == 1.0f ? g[i] : g[i] * k.grad_scale;
+    const float mi = k.b1 * m[i] + (1.0f - k.b1) * gi;
+    const float vi = k.b2 * v[i] + (1.0f - k.b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float pd = p[i] * decay;
+    p[i] = pd - k.step_size * mi / (std::sqrt(vi) * k.inv_bc2_sqrt + k.eps);
+  }
+}
+
+}  // namespace
+
 void AdamW::step(float* params, const float* grads, double lr, float grad_scale) {
   t_ += 1;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(t_)));
-  const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
-  const float step_size = static_cast<float>(lr / bc1);
-  const float inv_bc2_sqrt = static_cast<float>(1.0 / bc2_sqrt);
-  const float eps = static_cast<float>(cfg_.eps);
+  const AdamStep k{static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+                   static_cast<float>(lr / bc1), static_cast<float>(1.0 / bc2_sqrt),
+                   static_cast<float>(cfg_.eps), grad_scale};
   const auto& entries = layout_.entries();
-  // Memory-bound (28 bytes per parameter): one parallel region for all tensors, each split in
-  // static chunks without a barrier between tensors, and one pass per element.
+  // One parallel region for all tensors, each split in static chunks with no barrier between.
 #pragma omp parallel
   for (const ParamEntry& e : entries) {
     const float decay = e.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
-    float* p = params + e.offset;
-    const float* g = grads + e.offset;
-    float* m = m_.data() + e.offset;
-    float* v = v_.data() + e.offset;
-#pragma omp for simd schedule(static) nowait
-    for (int64_t i = 0; i < e.numel; i++) {
-      const float gi = grad_scale == 1.0f ? g[i] : g[i] * grad_scale;
-      const float mi = b1 * m[i] + (1.0f - b1) * gi;
-      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      const float pd = p[i] * decay;
-      p[i] = pd - step_size * mi / (std::sqrt(vi) * inv_bc2_sqrt + eps);
-    }
+    adam_update(params + e.offset, grads + e.offset, m_.data() + e.offset, v_.data() + e.offset,
+                e.numel, decay, k);
   }
 }
 
