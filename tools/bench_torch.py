@@ -5,7 +5,9 @@ reports the loss at those weights so both sides are known to compute the same th
 
 Usage: PYTHON tools/bench_torch.py WEIGHTS.safetensors [--steps N] [--warmup N] [--threads N]
 Prints one JSON line: {"torch": version, "setups": [{"name", "tokens_per_s", "loss0"}, ...]}.
-Setups: eager, and torch.compile'd when this torch has it (2.x).
+Setups: the reference model eager and torch.compile'd; when this torch has them (2.x), the same model with its
+attention replaced by the fused F.scaled_dot_product_attention (what idiomatic PyTorch code uses),
+eager and torch.compile'd.
 """
 import argparse
 import json
@@ -33,6 +35,23 @@ def load_safetensors(path):
         dt = {"F32": np.float32, "I32": np.int32}[h["dtype"]]
         out[name] = np.frombuffer(data[b:e], dtype=dt).reshape(h["shape"]).copy()
     return meta, out
+
+
+def sdpa_attention(x, P, pre, cfg):
+    """ref.attention with the (B,H,T,T) matmul-softmax-matmul replaced by the fused SDPA kernel."""
+    B, T, d = x.shape
+    H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    q = (x @ P[pre + "wq.weight"].T).view(B, T, H, hd).transpose(1, 2)
+    k = (x @ P[pre + "wk.weight"].T).view(B, T, Hkv, hd).transpose(1, 2)
+    v = (x @ P[pre + "wv.weight"].T).view(B, T, Hkv, hd).transpose(1, 2)
+    cos, sin = ref.rope_cos_sin(T, hd, cfg.rope_theta, x.dtype)
+    q = ref.apply_rope(q, cos, sin)
+    k = ref.apply_rope(k, cos, sin)
+    n_rep = H // Hkv
+    k = k.repeat_interleave(n_rep, dim=1)
+    v = v.repeat_interleave(n_rep, dim=1)
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return o.transpose(1, 2).reshape(B, T, H * hd) @ P[pre + "wo.weight"].T
 
 
 def main():
@@ -86,6 +105,15 @@ def main():
             run("torch %s compile" % torch.__version__, torch.compile(forward))
         except Exception as e:  # a missing compiler toolchain, say
             print("torch.compile failed: %s" % e, file=sys.stderr)
+    if hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        ref.attention = sdpa_attention  # ref.forward looks it up at call time
+        run("torch %s eager+sdpa" % torch.__version__, forward)
+        if hasattr(torch, "compile"):
+            try:
+                torch._dynamo.reset()  # recompile with the new attention
+                run("torch %s compile+sdpa" % torch.__version__, torch.compile(forward))
+            except Exception as e:  # a missing compiler toolchain, say
+                print("torch.compile failed: %s" % e, file=sys.stderr)
     print(json.dumps({"torch": torch.__version__, "setups": setups}))
 
 
