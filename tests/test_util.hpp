@@ -18,14 +18,6 @@
 
 #include "core/rng.hpp"
 
-// Skips the current test in the sanitizer build (scripts/sanitize.sh) with `reason`: for tests
-// whose cost there would blow the CI budget and whose code paths other tests already cover.
-#ifdef ATTNRES_SANITIZED
-#define ATTNRES_SKIP_UNDER_SANITIZERS(reason) GTEST_SKIP() << "skipped under sanitizers: " << reason
-#else
-#define ATTNRES_SKIP_UNDER_SANITIZERS(reason) (void)0
-#endif
-
 namespace attnres::testing {
 
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
