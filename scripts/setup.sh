@@ -13,11 +13,16 @@ PACKAGES=(
   fortunes               # the default demo corpus (/usr/share/games/fortunes)
   python3 python3-matplotlib  # plots of `attnres compare` reports
 )
-# Optional extras, installed with `scripts/setup.sh --python`: PyTorch, to regenerate the parity
-# fixtures (tools/gen_fixtures.py) and run the PyTorch benchmarks.
-if [[ "${1:-}" == "--python" ]]; then
-  PACKAGES+=(python3-numpy python3-torch libopenblas0-pthread)  # OpenBLAS: torch's BLAS
-fi
+# Optional extras. `scripts/setup.sh --python`: PyTorch, to regenerate the parity fixtures
+# (tools/gen_fixtures.py) and run the PyTorch benchmarks.
+# `scripts/setup.sh --fuzz`: clang 14 with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh).
+for arg in "$@"; do
+  case "$arg" in
+    --python) PACKAGES+=(python3-numpy python3-torch libopenblas0-pthread) ;;  # OpenBLAS: torch's BLAS
+    --fuzz) PACKAGES+=(clang-14 libclang-rt-14-dev) ;;  # libclang-rt-14-dev: libclang_rt.fuzzer
+    *) echo "[setup] unknown option '$arg' (use --python or --fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -28,6 +28,12 @@ struct ResidualConfig {
   int64_t effective_block_size() const { return mode == "full" ? 1 : block_size; }
 };
 
+// Upper bounds ModelConfig::validate() enforces (far above any model this engine trains).
+constexpr int64_t kMaxDModel = int64_t{1} << 16;
+constexpr int64_t kMaxFfnHidden = int64_t{1} << 20;
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxSeqLen = int64_t{1} << 20;
+
 struct ModelConfig {
   int64_t n_layer = 4;      // Transformer blocks; L = 2 * n_layer sublayers
   int64_t n_head = 4;       // query heads

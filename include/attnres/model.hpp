@@ -24,6 +24,9 @@ class Model {
   // Validates cfg (throws Error) and allocates parameters and gradients, all zero.
   explicit Model(ModelConfig cfg);
   ~Model();
+  // The parameter layout (names, shapes, offsets) a model of cfg has, without allocating it: lets
+  // a loader check a file's tensors against a config before trusting the config's sizes.
+  static ParamLayout layout_for(ModelConfig cfg);
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 

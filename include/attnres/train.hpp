@@ -82,6 +82,9 @@ struct TrainEvents {
   std::function<void(const StepInfo&)> on_step;  // every step
   std::function<void(const EvalInfo&)> on_eval;
   const std::atomic<bool>* stop = nullptr;  // set (e.g. on SIGINT) to save and return early
+  // Fault injection for tests: sees each step's mean loss (1-based step, before the non-finite
+  // check) and returns the loss to use, e.g. NaN to exercise the skip counter and its limit.
+  std::function<double(int64_t step, double loss)> loss_hook;
 };
 
 // Trains according to cfg. With cfg.resume, continues the run in cfg.out_dir from its latest

@@ -11,6 +11,15 @@ Tokenizer::~Tokenizer() = default;
 
 namespace {
 
+// `s` with control bytes shown as '?', for error messages about strings read from files.
+std::string printable(const std::string& s) {
+  std::string out = s.substr(0, 200);
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return out;
+}
+
 class ByteTokenizer final : public Tokenizer {
  public:
   std::vector<int32_t> encode(std::string_view text) const override {
@@ -45,10 +54,15 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& ref, const std::str
   const std::string prefix = "sentencepiece:";
   if (ref.compare(0, prefix.size(), prefix) == 0) {
     std::string file = ref.substr(prefix.size());
-    check(!file.empty() && file.front() != '/',
-          "tokenizer reference '" + ref +
-              "' must name a model file relative to the checkpoint "
-              "directory, e.g. 'sentencepiece:tokenizer.model'");
+    // The reference comes from a checkpoint's metadata, i.e. from outside: only a plain file
+    // name next to the checkpoint is accepted, so a hostile file cannot make the engine read
+    // e.g. "../../dev/zero" (an endless read) or any other file on the machine.
+    check(!file.empty() && file.find('/') == std::string::npos && file != "." && file != ".." &&
+              file.find('\0') == std::string::npos,
+          "tokenizer reference '" + printable(ref) +
+              "' must name a model file in the checkpoint's directory (a plain file name, no "
+              "'/'), e.g. 'sentencepiece:tokenizer.model'; the checkpoint is corrupt or was "
+              "edited");
     std::string path = join_path(base_dir, file);
     try {
       return load_sentencepiece(path);
@@ -58,7 +72,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& ref, const std::str
                   "'; keep the model file next to the checkpoint)");
     }
   }
-  throw Error("unknown tokenizer reference '" + ref +
+  throw Error("unknown tokenizer reference '" + printable(ref) +
               "'; expected 'byte' or 'sentencepiece:<model file>' — the checkpoint may come from "
               "a newer version or be corrupt");
 }

@@ -60,6 +60,23 @@ std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta, int64
   } catch (const Error& e) {
     throw Error("checkpoint '" + path + "': " + e.what());
   }
+  // Check every tensor the config implies against the file before allocating anything, so a
+  // config claiming a huge model fails here instead of allocating it (the tensors' byte ranges
+  // were already checked against the file size).
+  const ParamLayout expected = Model::layout_for(cfg);
+  for (const ParamEntry& e : expected.entries()) {
+    if (!r.has(e.name)) {
+      throw Error("checkpoint '" + path + "' has no tensor '" + e.name +
+                  "' that its config needs; the config in its metadata and its tensors disagree, "
+                  "or it was saved by another program (re-save the checkpoint)");
+    }
+    const TensorInfo& ti = r.info(e.name);
+    if (ti.shape != e.shape) {
+      throw Error("checkpoint '" + path + "': tensor '" + e.name + "' has shape " +
+                  shape_str(ti.shape) + " but its config needs " + shape_str(e.shape) +
+                  "; the config in its metadata and its tensors disagree (re-save the checkpoint)");
+    }
+  }
   auto model = std::make_unique<Model>(cfg);
   load_weights(*model, r);
   if (meta) *meta = r.metadata();

@@ -1,9 +1,11 @@
 // Model configuration: validation and the JSON form stored in checkpoints.
 #include "attnres/config.hpp"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "attnres/error.hpp"
+#include "core/json_field.hpp"
 
 namespace attnres {
 
@@ -18,7 +20,10 @@ void ModelConfig::resolve() {
 void ModelConfig::validate() const {
   auto need = [](bool ok, const std::string& msg) { check(ok, "invalid model config: " + msg); };
   need(n_layer >= 1 && n_layer <= 4096, "n_layer must be in [1, 4096], got " + std::to_string(n_layer));
-  need(d_model >= 2, "d_model must be >= 2, got " + std::to_string(d_model));
+  // Upper bounds keep every size product (vocab x d, F x d, seq x head_dim) far from int64
+  // overflow, so a config read from a hostile file cannot wrap a size computation.
+  need(d_model >= 2 && d_model <= kMaxDModel,
+       "d_model must be in [2, " + std::to_string(kMaxDModel) + "], got " + std::to_string(d_model));
   need(n_head >= 1 && d_model % n_head == 0,
        "d_model (" + std::to_string(d_model) + ") must be divisible by n_head (" +
            std::to_string(n_head) + ")");
@@ -27,17 +32,29 @@ void ModelConfig::validate() const {
   need(n_kv_head >= 1 && n_head % n_kv_head == 0,
        "n_head (" + std::to_string(n_head) + ") must be a multiple of n_kv_head (" +
            std::to_string(n_kv_head) + ")");
-  need(ffn_hidden >= 1, "ffn_hidden must be >= 1 (or 0 for automatic)");
-  need(vocab_size >= 2, "vocab_size must be >= 2, got " + std::to_string(vocab_size));
-  need(max_seq_len >= 1, "max_seq_len must be >= 1, got " + std::to_string(max_seq_len));
-  need(norm_eps > 0, "norm_eps must be > 0");
-  need(rope_theta > 0, "rope_theta must be > 0");
+  need(ffn_hidden >= 1 && ffn_hidden <= kMaxFfnHidden,
+       "ffn_hidden must be in [1, " + std::to_string(kMaxFfnHidden) + "] (or 0 for automatic), got " +
+           std::to_string(ffn_hidden));
+  need(vocab_size >= 2 && vocab_size <= kMaxVocab,
+       "vocab_size must be in [2, " + std::to_string(kMaxVocab) + "], got " +
+           std::to_string(vocab_size));
+  need(max_seq_len >= 1 && max_seq_len <= kMaxSeqLen,
+       "max_seq_len must be in [1, " + std::to_string(kMaxSeqLen) + "], got " +
+           std::to_string(max_seq_len));
+  // The RoPE tables hold max_seq_len x head_dim floats; cap them at 1 GiB.
+  need(max_seq_len * head_dim() <= (int64_t{1} << 28),
+       "max_seq_len x head_dim = " + std::to_string(max_seq_len) + " x " +
+           std::to_string(head_dim()) + " is over 2^28; use a shorter context or more heads");
+  need(std::isfinite(norm_eps) && norm_eps > 0, "norm_eps must be a finite number > 0");
+  need(std::isfinite(rope_theta) && rope_theta > 0, "rope_theta must be a finite number > 0");
   const ResidualConfig& r = residual;
   need(r.mode == "prenorm" || r.mode == "full" || r.mode == "block" || r.mode == "static" ||
            r.mode == "denseformer",
        "residual mode '" + r.mode + "' is unknown; use prenorm, full, block, static or denseformer");
   if (r.is_attnres()) {
-    need(r.block_size >= 1, "block_size must be >= 1, got " + std::to_string(r.block_size));
+    need(r.block_size >= 1 && r.block_size <= kMaxSeqLen,
+         "block_size must be in [1, " + std::to_string(kMaxSeqLen) + "], got " +
+             std::to_string(r.block_size));
     need(r.gate == "softmax" || r.gate == "sigmoid",
          "attnres gate '" + r.gate + "' is unknown; use softmax or sigmoid");
     need(r.key_norm == "rms" || r.key_norm == "none",
@@ -47,7 +64,8 @@ void ModelConfig::validate() const {
              std::to_string(d_model) + ")");
     need(r.query == "static" || r.query == "dynamic",
          "attnres query '" + r.query + "' is unknown; use static or dynamic");
-    need(r.window >= 0, "attnres window must be >= 0 (0 = off)");
+    need(r.window >= 0 && r.window <= kMaxSeqLen, "attnres window must be in [0, " +
+                                                      std::to_string(kMaxSeqLen) + "] (0 = off)");
   }
 }
 
@@ -78,33 +96,25 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   }
   check(j.is_object(), "model config must be a JSON object");
   ModelConfig c;
-  try {
-    auto get_i = [&](const char* k, int64_t& dst) {
-      if (j.contains(k)) dst = j.at(k).get<int64_t>();
-    };
-    get_i("n_layer", c.n_layer);
-    get_i("n_head", c.n_head);
-    c.n_kv_head = c.n_head;
-    get_i("n_kv_head", c.n_kv_head);
-    get_i("d_model", c.d_model);
-    get_i("ffn_hidden", c.ffn_hidden);
-    get_i("vocab_size", c.vocab_size);
-    get_i("max_seq_len", c.max_seq_len);
-    if (j.contains("norm_eps")) c.norm_eps = j.at("norm_eps").get<double>();
-    if (j.contains("rope_theta")) c.rope_theta = j.at("rope_theta").get<double>();
-    if (j.contains("tied")) c.tied = j.at("tied").get<bool>();
-    if (j.contains("residual")) c.residual.mode = j.at("residual").get<std::string>();
-    get_i("block_size", c.residual.block_size);
-    get_i("attnres_heads", c.residual.heads);
-    get_i("attnres_window", c.residual.window);
-    if (j.contains("attnres_gate")) c.residual.gate = j.at("attnres_gate").get<std::string>();
-    if (j.contains("attnres_key_norm")) {
-      c.residual.key_norm = j.at("attnres_key_norm").get<std::string>();
-    }
-    if (j.contains("attnres_query")) c.residual.query = j.at("attnres_query").get<std::string>();
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(std::string("model config has a field of the wrong type: ") + e.what());
-  }
+  const std::string what = "model config";
+  read_json_field(j, "n_layer", c.n_layer, what);
+  read_json_field(j, "n_head", c.n_head, what);
+  c.n_kv_head = c.n_head;
+  read_json_field(j, "n_kv_head", c.n_kv_head, what);
+  read_json_field(j, "d_model", c.d_model, what);
+  read_json_field(j, "ffn_hidden", c.ffn_hidden, what);
+  read_json_field(j, "vocab_size", c.vocab_size, what);
+  read_json_field(j, "max_seq_len", c.max_seq_len, what);
+  read_json_field(j, "norm_eps", c.norm_eps, what);
+  read_json_field(j, "rope_theta", c.rope_theta, what);
+  read_json_field(j, "tied", c.tied, what);
+  read_json_field(j, "residual", c.residual.mode, what);
+  read_json_field(j, "block_size", c.residual.block_size, what);
+  read_json_field(j, "attnres_heads", c.residual.heads, what);
+  read_json_field(j, "attnres_window", c.residual.window, what);
+  read_json_field(j, "attnres_gate", c.residual.gate, what);
+  read_json_field(j, "attnres_key_norm", c.residual.key_norm, what);
+  read_json_field(j, "attnres_query", c.residual.query, what);
   return c;
 }
 

@@ -54,25 +54,43 @@ Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
 
 Model::~Model() = default;
 
-void Model::build_layout() {
-  const int64_t d = cfg_.d_model, hd = cfg_.head_dim(), F = cfg_.ffn_hidden;
-  layout_.add("tok_embeddings.weight", {cfg_.vocab_size, d}, false);
-  for (int64_t i = 0; i < cfg_.n_layer; i++) {
+namespace {
+
+// The parameters every residual mode has, in checkpoint order.
+void add_core_params(const ModelConfig& c, ParamLayout& layout) {
+  const int64_t d = c.d_model, hd = c.head_dim(), F = c.ffn_hidden;
+  layout.add("tok_embeddings.weight", {c.vocab_size, d}, false);
+  for (int64_t i = 0; i < c.n_layer; i++) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    layout_.add(p + "attention_norm.weight", {d}, false);
+    layout.add(p + "attention_norm.weight", {d}, false);
     // wq|wk|wv contiguous: one stacked ((H+2Hkv)hd, d) matrix, one GEMM.
-    layout_.add(p + "attention.wq.weight", {cfg_.n_head * hd, d}, true);
-    layout_.add(p + "attention.wk.weight", {cfg_.n_kv_head * hd, d}, true, true);
-    layout_.add(p + "attention.wv.weight", {cfg_.n_kv_head * hd, d}, true, true);
-    layout_.add(p + "attention.wo.weight", {d, cfg_.n_head * hd}, true);
-    layout_.add(p + "ffn_norm.weight", {d}, false);
+    layout.add(p + "attention.wq.weight", {c.n_head * hd, d}, true);
+    layout.add(p + "attention.wk.weight", {c.n_kv_head * hd, d}, true, true);
+    layout.add(p + "attention.wv.weight", {c.n_kv_head * hd, d}, true, true);
+    layout.add(p + "attention.wo.weight", {d, c.n_head * hd}, true);
+    layout.add(p + "ffn_norm.weight", {d}, false);
     // w1|w3 contiguous: one stacked (2F, d) matrix.
-    layout_.add(p + "feed_forward.w1.weight", {F, d}, true);
-    layout_.add(p + "feed_forward.w3.weight", {F, d}, true, true);
-    layout_.add(p + "feed_forward.w2.weight", {d, F}, true);
+    layout.add(p + "feed_forward.w1.weight", {F, d}, true);
+    layout.add(p + "feed_forward.w3.weight", {F, d}, true, true);
+    layout.add(p + "feed_forward.w2.weight", {d, F}, true);
   }
-  layout_.add("norm.weight", {d}, false);
-  if (!cfg_.tied) layout_.add("output.weight", {cfg_.vocab_size, d}, true);
+  layout.add("norm.weight", {d}, false);
+  if (!c.tied) layout.add("output.weight", {c.vocab_size, d}, true);
+}
+
+}  // namespace
+
+ParamLayout Model::layout_for(ModelConfig cfg) {
+  cfg.resolve();
+  cfg.validate();
+  ParamLayout layout;
+  add_core_params(cfg, layout);
+  make_router(cfg)->add_params(layout);
+  return layout;
+}
+
+void Model::build_layout() {
+  add_core_params(cfg_, layout_);
   n_core_entries_ = layout_.entries().size();
   router_->add_params(layout_);  // the residual mode's own parameters come last
 }

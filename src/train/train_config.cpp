@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attnres/error.hpp"
+#include "core/json_field.hpp"
 #include "attnres/train.hpp"
 
 namespace attnres {
@@ -67,9 +68,8 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
   TrainConfig c;
   try {
     const auto j = nlohmann::json::parse(text);
-    auto get = [&](const char* k, auto& dst) {
-      if (j.contains(k)) dst = j.at(k).get<std::decay_t<decltype(dst)>>();
-    };
+    check(j.is_object(), "training config must be a JSON object");
+    auto get = [&](const char* k, auto& dst) { read_json_field(j, k, dst, "training config"); };
     get("data_path", c.data_path);
     get("tokenizer", c.tokenizer);
     get("bpe_vocab", c.bpe_vocab);

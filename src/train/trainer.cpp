@@ -79,25 +79,36 @@ class RunDir {
 
   // Writes checkpoints/step_N into a temporary directory, renames it into place, then points
   // `latest` at it: a crash at any moment leaves the previous checkpoint complete and current.
+  // On failure (e.g. a full disk) throws Error and leaves `latest` and the checkpoint it names
+  // untouched; the partial step_N.tmp directory is removed.
   void save(const Model& model, AdamW& opt, int64_t step) {
     const fs::path root = ckpt_root();
-    fs::create_directories(root);
     const std::string name = step_dir_name(step);
     const fs::path dir = root / name, tmp = root / (name + ".tmp");
     std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp);
-    const Metadata meta = {{"tokenizer", data_.tokenizer_ref}, {"step", std::to_string(step)}};
-    save_model((tmp / "model.safetensors").string(), model, meta);
-    save_optimizer((tmp / "optimizer.safetensors").string(), model, opt, meta);
-    if (!data_.tokenizer_path.empty()) {
-      write_file_atomic((tmp / fs::path(data_.tokenizer_path).filename()).string(),
-                        read_file(data_.tokenizer_path));
+    try {
+      fs::create_directories(root);
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp);
+      const Metadata meta = {{"tokenizer", data_.tokenizer_ref}, {"step", std::to_string(step)}};
+      save_model((tmp / "model.safetensors").string(), model, meta);
+      save_optimizer((tmp / "optimizer.safetensors").string(), model, opt, meta);
+      if (!data_.tokenizer_path.empty()) {
+        write_file_atomic((tmp / fs::path(data_.tokenizer_path).filename()).string(),
+                          read_file(data_.tokenizer_path));
+      }
+      fsync_dir(tmp.string());
+      fs::remove_all(dir, ec);
+      fs::rename(tmp, dir);
+      fsync_dir(root.string());
+    } catch (const std::exception& e) {  // attnres::Error or std::filesystem::filesystem_error
+      fs::remove_all(tmp, ec);
+      throw Error("saving the checkpoint of step " + std::to_string(step) + " failed: " +
+                  e.what() + ". The previous checkpoint (named in '" +
+                  (fs::path(cfg_.out_dir) / "latest").string() +
+                  "') is intact; fix the cause and continue with `attnres train --resume --out " +
+                  cfg_.out_dir + "`");
     }
-    fsync_dir(tmp.string());
-    fs::remove_all(dir, ec);
-    fs::rename(tmp, dir);
-    fsync_dir(root.string());
     write_file_atomic((fs::path(cfg_.out_dir) / "latest").string(), name + "\n");
     prune(name);
   }
@@ -155,7 +166,12 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
     check(fs::exists(cfg_path), "cannot resume: '" + cfg_path.string() +
                                     "' does not exist; start the run without --resume");
     const std::string out = cfg.out_dir;
-    cfg = TrainConfig::from_json(read_file(cfg_path.string()));
+    try {
+      cfg = TrainConfig::from_json(read_file(cfg_path.string()));
+    } catch (const Error& e) {
+      throw Error("cannot resume from '" + cfg_path.string() + "': " + e.what() +
+                  "; restore the file from a backup or start the run again without --resume");
+    }
     cfg.out_dir = out;
     cfg.resume = true;
   }
@@ -255,6 +271,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
       model.backward();
     }
     loss /= static_cast<double>(cfg.grad_accum);
+    if (ev.loss_hook) loss = ev.loss_hook(step + 1, loss);
     if (cfg.grad_accum > 1) {
       const float s = 1.0f / static_cast<float>(cfg.grad_accum);
       float* g = model.grads();
@@ -330,7 +347,9 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
     }
   }
   res.steps_done = step;
-  run.save(model, opt, step);
+  // A resumed run stopped before its first step has nothing new: re-saving step_N would replace
+  // the very checkpoint `latest` names, opening a window in which a kill leaves none.
+  if (!(cfg.resume && step == start)) run.save(model, opt, step);
   res.seconds = seconds_since(t0);
   res.tokens_per_s = timed_steps > 0 ? tokens_per_step * timed_steps / timed_s : 0.0;
   res.model_gflops = res.tokens_per_s * flops_tok / 1e9;

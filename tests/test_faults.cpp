@@ -1,0 +1,383 @@
+// Faults during training: SIGINT/SIGTERM save and exit cleanly, SIGKILL at random moments never
+// leaves an unloadable checkpoint, a full disk (RLIMIT_FSIZE) while saving keeps the previous
+// checkpoint, and non-finite losses are skipped up to a limit. docs/RELIABILITY.md lists them.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/error.hpp"
+#include "attnres/train.hpp"
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using namespace attnres;
+using attnres::testing::slurp;
+using attnres::testing::TempDir;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void write_corpus(const fs::path& p) {
+  const char* w[] = {"the cat", "a dog", "sees", "likes", "the river", "a red apple", "stars"};
+  Rng r(11);
+  std::ofstream f(p);
+  for (int i = 0; i < 600; i++) {
+    for (int k = 0; k < 6; k++) f << (k ? " " : "") << w[r.next_u64() % 7];
+    f << ".\n";
+  }
+}
+
+// `attnres --threads 1 train ...` for a tiny model: ~0.3 ms a step, so the run is seconds long.
+// One thread: deterministic and not slowed by other processes on a shared machine.
+std::vector<std::string> train_args(const fs::path& corpus, const fs::path& out, int64_t steps,
+                                    int64_t save_every) {
+  return {"--threads", "1", "train", "--data", corpus.string(), "--out", out.string(),
+          "--steps", std::to_string(steps), "--save-every", std::to_string(save_every),
+          "--n-layer", "1", "--d-model", "16", "--n-head", "2", "--seq-len", "16",
+          "--batch-size", "2", "--eval-every", "0", "--log-every", "10", "--sample-tokens", "0",
+          "--keep-checkpoints", "2"};
+}
+
+std::vector<std::string> resume_args(const fs::path& out) {
+  return {"--threads", "1", "train", "--resume", "--out", out.string(), "--sample-tokens", "0"};
+}
+
+// Starts the CLI with `args`, stdout+stderr to `log`; with fsize_limit > 0 the child runs under
+// RLIMIT_FSIZE with SIGXFSZ ignored, so writes past the limit fail with EFBIG (a full disk
+// without root or a mount).
+pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& log,
+                rlim_t fsize_limit = 0) {
+  std::vector<std::string> all = {ATTNRES_CLI_PATH};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string log_path = log.string();
+  const pid_t pid = ::fork();
+  if (pid == 0) {  // only async-signal-safe calls until exec
+    int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) ::_exit(126);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    if (fsize_limit > 0) {
+      ::signal(SIGXFSZ, SIG_IGN);
+      struct rlimit rl = {fsize_limit, fsize_limit};
+      if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) ::_exit(125);
+    }
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits for pid; returns the exit code, or 128 + signal number if it was killed.
+int wait_for(pid_t pid) {
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int run_cli_to_end(const std::vector<std::string>& args, const fs::path& log,
+                   rlim_t fsize_limit = 0) {
+  return wait_for(spawn_cli(args, log, fsize_limit));
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// Loads the checkpoint `latest` names (model and optimizer state) and returns its step; fails the
+// test if anything about it is broken.
+int64_t check_latest_loads(const fs::path& out) {
+  const std::string name = trim(slurp(out / "latest"));
+  EXPECT_EQ(name.rfind("step_", 0), 0u) << "latest = '" << name << "'";
+  const fs::path dir = out / "checkpoints" / name;
+  Metadata meta;
+  std::unique_ptr<Model> m = load_model((dir / "model.safetensors").string(), &meta);
+  AdamW opt(m->layout(), AdamWConfig{});
+  load_optimizer((dir / "optimizer.safetensors").string(), *m, opt);
+  const int64_t step = std::stoll(meta.at("step"));
+  EXPECT_EQ(name, "step_" + std::string(8 - std::to_string(step).size(), '0') +
+                      std::to_string(step));
+  EXPECT_EQ(opt.steps_taken(), step);
+  return step;
+}
+
+// The final weights of two runs, tensor by tensor, byte for byte.
+void expect_same_weights(const fs::path& a, const fs::path& b) {
+  SafetensorsReader ra = SafetensorsReader::open(a.string());
+  SafetensorsReader rb = SafetensorsReader::open(b.string());
+  ASSERT_EQ(ra.names(), rb.names());
+  for (const std::string& n : ra.names()) {
+    const std::vector<float> x = ra.read_f32(n), y = rb.read_f32(n);
+    ASSERT_EQ(x.size(), y.size()) << n;
+    EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float))) << n;
+  }
+}
+
+bool wait_until(const std::function<bool()>& cond, double seconds) {
+  const auto t0 = Clock::now();
+  while (!cond()) {
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > seconds) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+int64_t metrics_lines(const fs::path& out) {
+  const std::string m = slurp(out / "metrics.jsonl");
+  return std::count(m.begin(), m.end(), '\n');
+}
+
+// SIGINT (Ctrl-C) and SIGTERM (kill, systemd, a batch scheduler) must both stop the run with a
+// final checkpoint and exit 0; --resume then finishes exactly like an uninterrupted run.
+TEST(Faults, StopSignalsSaveACheckpointAndResumeExactly) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  const int64_t steps = 2500;
+  ASSERT_EQ(0, run_cli_to_end(train_args(dir / "c.txt", dir / "ref", steps, 0), dir / "ref.log"))
+      << slurp(dir / "ref.log");
+  for (int sig : {SIGINT, SIGTERM}) {
+    const fs::path out = dir / (sig == SIGINT ? "int" : "term");
+    const pid_t pid = spawn_cli(train_args(dir / "c.txt", out, steps, 0), out.string() + ".log");
+    // Signal once training has logged a few steps (the run would take ~1 s more).
+    ASSERT_TRUE(wait_until([&] { return metrics_lines(out) >= 2; }, 60)) << slurp(out.string() + ".log");
+    ASSERT_EQ(0, ::kill(pid, sig));
+    const int code = wait_for(pid);
+    const std::string log = slurp(out.string() + ".log");
+    ASSERT_EQ(code, 0) << strsignal(sig) << ": " << log;
+    EXPECT_NE(log.find("stopped at step"), std::string::npos) << log;
+    EXPECT_NE(log.find("attnres train --resume --out " + out.string()), std::string::npos) << log;
+    EXPECT_FALSE(fs::exists(out / "model.safetensors")) << "an interrupted run has no final model";
+    const int64_t at = check_latest_loads(out);
+    EXPECT_GT(at, 0);
+    EXPECT_LT(at, steps) << "the signal came too late to test anything";
+    EXPECT_NE(log.find("stopped at step " + std::to_string(at) + ";"), std::string::npos) << log;
+    ASSERT_EQ(0, run_cli_to_end(resume_args(out), out.string() + ".resume.log"))
+        << slurp(out.string() + ".resume.log");
+    expect_same_weights(dir / "ref" / "model.safetensors", out / "model.safetensors");
+  }
+}
+
+// The step of the checkpoint `latest` names, -1 if there is none yet.
+int64_t latest_step(const fs::path& out) {
+  const std::string name = trim(slurp(out / "latest"));
+  return name.rfind("step_", 0) == 0 ? std::stoll(name.substr(5)) : -1;
+}
+
+// kill -9 at random moments (while starting up, training, writing a checkpoint, pruning): every
+// time, the checkpoint `latest` names loads, --resume continues, and the final weights equal
+// those of an uninterrupted run bit for bit. The kills are placed by progress, not by the clock,
+// so they land before the end on any machine: the first during start-up, the others a random
+// 0-15 ms after `latest` reaches a point spread over the run (about 5 steps, i.e. usually
+// inside the next save).
+TEST(Faults, SigkillAtRandomMomentsNeverLosesTheLastCheckpoint) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  const int64_t steps = 1200, save_every = 3;  // saving dominates: most kills land inside a save
+  ASSERT_EQ(0, run_cli_to_end(train_args(dir / "c.txt", dir / "ref", steps, save_every),
+                              dir / "ref.log"))
+      << slurp(dir / "ref.log");
+  const fs::path out = dir / "run";
+  Rng rng(20240601);
+  const auto t0 = Clock::now();
+  const int kKills = 8;
+  for (int it = 0; it < kKills; it++) {
+    const bool resume = fs::exists(out / "latest");
+    const pid_t pid = spawn_cli(resume ? resume_args(out)
+                                       : train_args(dir / "c.txt", out, steps, save_every),
+                                dir / "kill.log");
+    int64_t target = -1;
+    if (it > 0) {
+      target = it * steps / (kKills + 1);
+      ASSERT_TRUE(wait_until([&] { return latest_step(out) >= target; }, 120))
+          << "no checkpoint reached step " << target << "\n" << slurp(dir / "kill.log");
+    }
+    const int delay_ms = static_cast<int>(rng.next_u64() % (it == 0 ? 40 : 16));
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ASSERT_EQ(0, ::kill(pid, SIGKILL));
+    const int code = wait_for(pid);
+    ASSERT_EQ(code, 128 + SIGKILL) << "the run ended before the kill\n" << slurp(dir / "kill.log");
+    if (fs::exists(out / "latest")) {
+      SCOPED_TRACE("kill " + std::to_string(it + 1) + ", " + std::to_string(delay_ms) +
+                   " ms after latest reached step " + std::to_string(target));
+      EXPECT_GE(check_latest_loads(out), target);
+    }
+  }
+  ASSERT_TRUE(fs::exists(out / "latest")) << "no checkpoint after " << kKills << " kills";
+  ASSERT_EQ(0, run_cli_to_end(resume_args(out), dir / "final.log")) << slurp(dir / "final.log");
+  expect_same_weights(dir / "ref" / "model.safetensors", out / "model.safetensors");
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LT(secs, 120.0);
+}
+
+// A full disk while saving: the save fails with an error naming the file, the cause and the fix;
+// `latest` and the checkpoint it names are untouched, nothing partial is left, and --resume works
+// once space is back. RLIMIT_FSIZE stands in for the full disk (EFBIG instead of ENOSPC).
+TEST(Faults, FullDiskWhileSavingKeepsThePreviousCheckpoint) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  const fs::path out = dir / "run";
+  // 8 steps of a model whose checkpoint (~280 KB) is over the limit below; stopped after step 4.
+  std::vector<std::string> args = train_args(dir / "c.txt", out, 8, 4);
+  for (size_t i = 0; i < args.size(); i++) {
+    if (args[i] == "--d-model") args[i + 1] = "64";
+  }
+  ASSERT_EQ(0, run_cli_to_end(args, dir / "full.log")) << slurp(dir / "full.log");
+  // Roll `latest` back to step 4, as if the run had been interrupted there.
+  fs::remove_all(out / "checkpoints" / "step_00000008");
+  fs::remove(out / "model.safetensors");
+  write_file_atomic((out / "latest").string(), "step_00000004\n");
+  const std::string before = slurp(out / "checkpoints" / "step_00000004" / "model.safetensors");
+
+  const rlim_t limit = 128 * 1024;
+  ASSERT_LT(limit, before.size());
+  const int code = run_cli_to_end(resume_args(out), dir / "efbig.log", limit);
+  const std::string log = slurp(dir / "efbig.log");
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_NE(log.find("error: saving the checkpoint of step 8 failed"), std::string::npos) << log;
+  EXPECT_NE(log.find("step_00000008.tmp/model.safetensors"), std::string::npos) << log;
+  EXPECT_NE(log.find("File too large"), std::string::npos) << log;
+  EXPECT_NE(log.find("ulimit -f"), std::string::npos) << log;
+  EXPECT_NE(log.find("attnres train --resume --out " + out.string()), std::string::npos) << log;
+  EXPECT_EQ(log.find("internal error"), std::string::npos) << log;
+  EXPECT_EQ(trim(slurp(out / "latest")), "step_00000004");
+  EXPECT_EQ(check_latest_loads(out), 4);
+  EXPECT_EQ(slurp(out / "checkpoints" / "step_00000004" / "model.safetensors"), before);
+  for (const auto& e : fs::directory_iterator(out / "checkpoints")) {
+    EXPECT_EQ(e.path().filename(), "step_00000004") << "left behind: " << e.path();
+  }
+  // Space is back: the run continues from step 4 and finishes.
+  ASSERT_EQ(0, run_cli_to_end(resume_args(out), dir / "resume.log")) << slurp(dir / "resume.log");
+  EXPECT_EQ(check_latest_loads(out), 8);
+  EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+}
+
+TrainConfig tiny_config(const fs::path& dir) {
+  TrainConfig c;
+  c.data_path = (dir / "c.txt").string();
+  c.out_dir = (dir / "run").string();
+  c.model.n_layer = 1;
+  c.model.d_model = 16;
+  c.model.n_head = 2;
+  c.batch_size = 2;
+  c.seq_len = 16;
+  c.steps = 12;
+  c.eval_every = 0;
+  c.eval_batches = 1;
+  c.log_every = 1;
+  return c;
+}
+
+int64_t count_skipped(const fs::path& metrics) {
+  std::ifstream f(metrics);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(f, line)) n += nlohmann::json::parse(line).contains("skipped");
+  return n;
+}
+
+// A few non-finite losses are skipped (no update), counted and logged; training goes on.
+TEST(Faults, NonFiniteLossesAreSkippedAndCounted) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  TrainEvents ev;
+  std::vector<std::string> messages;
+  ev.on_message = [&](const std::string& m) { messages.push_back(m); };
+  ev.loss_hook = [](int64_t step, double loss) {
+    if (step == 3 || step == 5) return std::numeric_limits<double>::quiet_NaN();
+    if (step == 7) return std::numeric_limits<double>::infinity();
+    return loss;
+  };
+  const TrainResult r = train(c, ev);
+  EXPECT_EQ(r.skipped_steps, 3);
+  EXPECT_EQ(r.steps_done, 12);
+  EXPECT_EQ(count_skipped(dir / "run" / "metrics.jsonl"), 3);
+  int skip_msgs = 0;
+  for (const auto& m : messages) skip_msgs += m.find("update skipped") != std::string::npos;
+  EXPECT_EQ(skip_msgs, 3);
+  auto m = load_model(r.model_path);
+  for (int64_t i = 0; i < m->layout().total(); i++) ASSERT_TRUE(std::isfinite(m->params()[i]));
+}
+
+// Past max_bad_steps the run stops with an error naming the cause, the fix and where the last
+// good checkpoint is, and that checkpoint is intact.
+TEST(Faults, TooManyNonFiniteStepsStopWithAClearError) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.save_every = 4;
+  c.max_bad_steps = 2;
+  TrainEvents ev;
+  ev.loss_hook = [](int64_t step, double loss) {
+    return step >= 6 ? std::numeric_limits<double>::quiet_NaN() : loss;
+  };
+  try {
+    train(c, ev);
+    FAIL() << "expected the run to stop";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("diverged: 3 steps"), std::string::npos) << w;
+    EXPECT_NE(w.find("--lr"), std::string::npos) << w;
+    EXPECT_NE(w.find(c.out_dir), std::string::npos) << w;
+  }
+  EXPECT_EQ(check_latest_loads(dir / "run"), 4);
+  EXPECT_EQ(count_skipped(dir / "run" / "metrics.jsonl"), 3);
+}
+
+// A real NaN, not an injected one: a checkpoint whose weights hold a NaN makes every loss and
+// gradient non-finite; resuming from it skips max_bad_steps steps and then stops cleanly.
+TEST(Faults, PoisonedCheckpointIsDetectedOnResume) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.max_bad_steps = 3;
+  std::atomic<bool> stop{false};
+  TrainEvents ev;
+  ev.stop = &stop;
+  ev.on_step = [&](const StepInfo& s) {
+    if (s.step == 4) stop = true;
+  };
+  ASSERT_TRUE(train(c, ev).interrupted);
+  const fs::path ckpt = dir / "run" / "checkpoints" / "step_00000004" / "model.safetensors";
+  Metadata meta;
+  auto m = load_model(ckpt.string(), &meta);
+  m->param("norm.weight")[0] = std::numeric_limits<float>::quiet_NaN();
+  save_model(ckpt.string(), *m, meta);
+  TrainConfig rc;
+  rc.out_dir = c.out_dir;
+  rc.resume = true;
+  try {
+    train(rc, {});
+    FAIL() << "expected the run to stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("diverged: 4 steps"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(count_skipped(dir / "run" / "metrics.jsonl"), 4);
+  EXPECT_EQ(trim(slurp(dir / "run" / "latest")), "step_00000004");
+}
+
+}  // namespace

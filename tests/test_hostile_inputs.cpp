@@ -1,0 +1,197 @@
+// Hostile and corrupt inputs: sizes that must be rejected before any allocation, references that
+// must not escape the checkpoint directory, and the inputs the fuzzers (fuzz/) found. Every case
+// must end in attnres::Error naming the file, never a crash, std::bad_alloc or a huge allocation.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/data.hpp"
+#include "attnres/error.hpp"
+#include "attnres/tokenizer.hpp"
+#include "attnres/train.hpp"
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using namespace attnres;
+using attnres::testing::TempDir;
+
+namespace {
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// A safetensors file with the given JSON header (padded) and data section.
+std::string safetensors_bytes(const std::string& header, const std::string& body) {
+  std::string h = header;
+  h.append((8 - h.size() % 8) % 8, ' ');
+  const uint64_t n = h.size();
+  return std::string(reinterpret_cast<const char*>(&n), 8) + h + body;
+}
+
+// Runs f, which must throw attnres::Error whose message contains every needle (a std::bad_alloc
+// or any other exception fails the test).
+template <class F>
+void expect_error(F&& f, std::initializer_list<std::string> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+        << "'" << n << "' not in: " << e.what();
+  }
+}
+
+TEST(HostileInputs, SafetensorsHeaderClaimingATerabyte) {
+  TempDir td;
+  const std::string p = td.file("huge_header.safetensors");
+  const uint64_t n = uint64_t{1} << 40;
+  write_bytes(p, std::string(reinterpret_cast<const char*>(&n), 8) + "{}");
+  expect_error([&] { SafetensorsReader::open(p); }, {"huge_header.safetensors", "truncated",
+                                                      "1099511627776"});
+}
+
+TEST(HostileInputs, SafetensorsTensorClaimingATerabyte) {
+  TempDir td;
+  const std::string p = td.file("huge_tensor.safetensors");
+  write_bytes(p, safetensors_bytes(
+                     R"({"w":{"dtype":"F32","shape":[1000000,1000000],"data_offsets":[0,4]}})",
+                     std::string(4, '\0')));
+  expect_error([&] { SafetensorsReader::open(p); }, {"huge_tensor.safetensors", "'w'", "needs"});
+  // Offsets past the end of the file are refused too, whatever the shape says.
+  write_bytes(p, safetensors_bytes(
+                     R"({"w":{"dtype":"F32","shape":[262144,262144],"data_offsets":[0,274877906944]}})",
+                     std::string(4, '\0')));
+  expect_error([&] { SafetensorsReader::open(p); }, {"run past the data section"});
+}
+
+// The config in a checkpoint's metadata is checked against the file's tensors before the model
+// is allocated: a config claiming a 2^40-float embedding with a tiny tensor fails cheaply.
+TEST(HostileInputs, CheckpointConfigClaimingAHugeModel) {
+  TempDir td;
+  ModelConfig small;
+  small.n_layer = 1;
+  small.d_model = 8;
+  small.n_head = 2;
+  small.vocab_size = 16;
+  small.max_seq_len = 8;
+  Model m(small);
+  const std::string p = td.file("liar.safetensors");
+  save_model(p, m, {});
+  // Rewrite the metadata's config to claim a vocabulary of 2^24 and width 2^16.
+  ModelConfig big = m.config();
+  big.vocab_size = int64_t{1} << 24;
+  big.d_model = int64_t{1} << 16;
+  big.n_head = 512;
+  big.n_kv_head = 512;
+  big.ffn_hidden = 8;
+  big.max_seq_len = 8;
+  SafetensorsReader r = SafetensorsReader::open(p);
+  SafetensorsWriter w;
+  std::vector<std::vector<float>> keep;
+  for (const std::string& n : r.names()) {
+    keep.push_back(r.read_f32(n));
+    w.add_f32(n, r.info(n).shape, keep.back().data());
+  }
+  w.set_metadata("config", big.to_json());
+  w.write(p);
+  expect_error([&] { load_model(p); },
+               {"liar.safetensors", "tok_embeddings.weight", "[16777216,65536]", "disagree"});
+}
+
+TEST(HostileInputs, ConfigSizesAreBounded) {
+  ModelConfig c;
+  c.d_model = int64_t{1} << 40;
+  c.resolve();
+  expect_error([&] { c.validate(); }, {"d_model must be in [2, 65536]"});
+  c = ModelConfig();
+  c.vocab_size = int64_t{1} << 40;
+  c.resolve();
+  expect_error([&] { c.validate(); }, {"vocab_size"});
+  c = ModelConfig();
+  c.max_seq_len = int64_t{1} << 20;
+  c.d_model = 4096;
+  c.n_head = 1;  // head_dim 4096: 2^32 RoPE floats
+  c.resolve();
+  expect_error([&] { c.validate(); }, {"max_seq_len x head_dim"});
+  c = ModelConfig();
+  c.resolve();
+  c.ffn_hidden = int64_t{1} << 50;
+  expect_error([&] { c.validate(); }, {"ffn_hidden"});
+}
+
+// The tokenizer reference comes from checkpoint metadata: it may only name a file beside the
+// checkpoint. "../../dev/zero" would otherwise be read forever.
+TEST(HostileInputs, TokenizerReferenceCannotLeaveTheCheckpointDirectory) {
+  TempDir td;
+  for (const char* ref : {"sentencepiece:../../../../../../dev/zero", "sentencepiece:/dev/zero",
+                          "sentencepiece:sub/tok.model", "sentencepiece:..", "sentencepiece:."}) {
+    expect_error([&] { load_tokenizer(ref, td.path); }, {"plain file name"});
+  }
+  expect_error([&] { load_tokenizer(std::string("sentencepiece:a\0b", 17), td.path); },
+               {"plain file name"});
+}
+
+// One 8 MiB line without a newline, with invalid UTF-8 and control bytes: read, sanitized and
+// tokenized in parallel chunks exactly like in one piece.
+TEST(HostileInputs, HugeLineWithInvalidUtf8) {
+  TempDir td;
+  std::string line(size_t{8} << 20, 'a');
+  for (size_t i = 0; i < line.size(); i += 4099) line[i] = static_cast<char>(0x80 + i % 64);
+  for (size_t i = 7; i < line.size(); i += 65537) line[i] = '\x01';
+  write_bytes(td.file("long.txt"), line);
+  Corpus c = read_corpus(td.file("long.txt"));
+  EXPECT_GT(c.replaced_invalid_utf8, 0);
+  std::string again;
+  EXPECT_EQ(append_sanitized_utf8(c.text, again), 0);
+  auto tok = make_byte_tokenizer();
+  EXPECT_EQ(encode_parallel(*tok, c.text, 1 << 16), tok->encode(c.text));
+}
+
+// Found by fuzz_config: a float where an integer belongs ({"n_layer": 1e300}) went through
+// nlohmann's get<int64_t>(), a float-to-integer conversion out of range (undefined behaviour,
+// reported by UBSan). Now every field's type and range is checked.
+TEST(HostileInputs, ConfigFieldsOfTheWrongTypeOrRange) {
+  expect_error([] { ModelConfig::from_json(R"({"n_layer": 1e300})"); },
+               {"model config", "'n_layer'", "an integer", "1e+300"});
+  expect_error([] { ModelConfig::from_json(R"({"d_model": 99999999999999999999})"); },
+               {"'d_model'"});
+  expect_error([] { ModelConfig::from_json(R"({"tied": 1})"); }, {"'tied'", "true or false"});
+  expect_error([] { ModelConfig::from_json(R"({"residual": 3})"); }, {"'residual'", "a string"});
+  expect_error([] { TrainConfig::from_json(R"({"steps": 1e30})"); },
+               {"training config", "'steps'", "an integer"});
+  expect_error([] { TrainConfig::from_json(R"({"seed": -1})"); }, {"'seed'", "non-negative"});
+  expect_error([] { TrainConfig::from_json(R"({"bpe_vocab": 4294967296})"); },
+               {"'bpe_vocab'", "in range"});
+  expect_error([] { TrainConfig::from_json(R"({"model": {"n_head": 2.5}})"); }, {"'n_head'"});
+  expect_error([] { TrainConfig::from_json("[1, 2]"); }, {"JSON object"});
+  // Valid files still load.
+  ModelConfig c;
+  c.residual.mode = "block";
+  EXPECT_EQ(ModelConfig::from_json(c.to_json()).to_json(), c.to_json());
+  TrainConfig t;
+  EXPECT_EQ(TrainConfig::from_json(t.to_json()).to_json(), t.to_json());
+}
+
+// --resume names train_config.json when it is corrupt.
+TEST(HostileInputs, CorruptTrainConfigOnResumeNamesTheFile) {
+  TempDir td;
+  fs::create_directories(td.file("run"));
+  write_bytes(td.file("run/train_config.json"), R"({"steps": "many"})");
+  TrainConfig rc;
+  rc.out_dir = td.file("run");
+  rc.resume = true;
+  expect_error([&] { train(rc, {}); }, {"train_config.json", "'steps'", "without --resume"});
+}
+
+TEST(HostileInputs, CorpusWithNulBytesIsRefused) {
+  TempDir td;
+  write_bytes(td.file("nul.txt"), std::string("text\0more", 9));
+  expect_error([&] { read_corpus(td.file("nul.txt")); }, {"nul.txt", "binary"});
+}
+
+}  // namespace
