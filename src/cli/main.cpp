@@ -31,7 +31,10 @@ void tune_openmp_wait(char** argv) {
 namespace attnres::cli {
 namespace {
 std::string g_command_line;
+int g_threads = 0;
 }
+int requested_threads() { return g_threads; }
+void set_requested_threads(int n) { g_threads = n; }
 const std::string& command_line() { return g_command_line; }
 void set_command_line(int argc, char** argv) {
   g_command_line = "attnres";
@@ -55,6 +58,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.set_config("--config", "", "Read options from a TOML/INI file (command-line flags win)");
   app.parse_complete_callback([&] {
+    attnres::cli::set_requested_threads(threads);
     if (threads > 0) omp_set_num_threads(threads);
   });
   attnres::cli::add_train(app);
