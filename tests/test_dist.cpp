@@ -254,17 +254,58 @@ TEST(Dist, CheckpointFromTwoRanksResumesOnOne) {
             1e-5);
 }
 
-// Spawns `cmd` (which must exec mpirun) with its output in `log`; returns mpirun's pid.
-pid_t spawn(const std::string& cmd, const fs::path& log) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    const std::string full = cmd + " >" + log.string() + " 2>&1";
-    ::execl("/bin/sh", "sh", "-c", full.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
+// An mpirun job in the background, its output in a log file.
+class Job {
+ public:
+  // `cmd` must exec mpirun, so the pid is mpirun's.
+  Job(const std::string& cmd, const fs::path& log) : log_(log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      const std::string full = cmd + " >" + log.string() + " 2>&1";
+      ::execl("/bin/sh", "sh", "-c", full.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
   }
-  return pid;
-}
+  ~Job() {
+    if (!done_ && pid_ > 0) {
+      ::kill(-pid_, SIGKILL);
+      wait(10);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  std::string log() const { return attnres::testing::slurp(log_); }
+  // Waits up to limit_s for mpirun to exit; true if it did (status() is then valid).
+  bool wait(double limit_s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!done_) {
+      done_ = ::waitpid(pid_, &status_, WNOHANG) == pid_;
+      if (done_ || seconds_since(t0) > limit_s) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return done_;
+  }
+  // Polls until the run in `out` has a checkpoint at step >= step; false on timeout or exit.
+  bool wait_for_checkpoint(const fs::path& out, int64_t step, double limit_s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (seconds_since(t0) < limit_s && !wait(0)) {
+      const std::string latest = attnres::testing::slurp(out / "latest");  // "step_%08d\n"
+      if (latest.size() > 5 && std::atoll(latest.c_str() + 5) >= step) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+  int status() const { return status_; }
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  fs::path log_;
+  pid_t pid_ = -1;
+  int status_ = 0;
+  bool done_ = false;
+};
 
 // The pid of the process launched by `parent` (mpirun) as MPI rank `rank`, or -1.
 pid_t find_rank(pid_t parent, int rank) {
@@ -291,6 +332,28 @@ pid_t find_rank(pid_t parent, int rank) {
   return -1;
 }
 
+// A long 2-rank run that checkpoints every 3 steps.
+std::string long_run(const std::string& data, const fs::path& out) {
+  return mpirun(2) + cli() + train_args(data, out, 1000000, 8, 0) +
+         " --save-every 3 --log-every 50";
+}
+
+// The newest complete checkpoint of `out` loads (weights and optimizer); returns its step.
+int64_t load_latest(const fs::path& out) {
+  std::string latest = attnres::testing::slurp(out / "latest");
+  while (!latest.empty() && latest.back() == '\n') latest.pop_back();
+  EXPECT_FALSE(latest.empty());
+  const fs::path ck = out / "checkpoints" / latest;
+  Metadata meta;
+  std::unique_ptr<Model> model;
+  EXPECT_NO_THROW(model = load_model((ck / "model.safetensors").string(), &meta)) << ck;
+  if (!model) return -1;
+  AdamW opt(model->layout(), AdamWConfig{});
+  EXPECT_NO_THROW(load_optimizer((ck / "optimizer.safetensors").string(), *model, opt));
+  EXPECT_EQ(opt.steps_taken(), std::stoll(meta.at("step")));
+  return opt.steps_taken();
+}
+
 class DistKill : public ::testing::TestWithParam<int> {};
 
 TEST_P(DistKill, KilledRankEndsTheJobAndLeavesACheckpoint) {
@@ -298,71 +361,38 @@ TEST_P(DistKill, KilledRankEndsTheJobAndLeavesACheckpoint) {
   const int victim = GetParam();
   TempDir td;
   const fs::path dir = td.path;
-  const std::string data = write_corpus(dir);
   const fs::path out = dir / "run";
-  const pid_t job = spawn(mpirun(2) + cli() + train_args(data, out, 1000000, 8, 0) +
-                              " --save-every 3 --log-every 50",
-                          dir / "log.txt");
-  ASSERT_GT(job, 0);
-  auto wait_job = [&](double limit_s, int* status) {
-    const auto t0 = std::chrono::steady_clock::now();
-    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() <
-           limit_s) {
-      if (::waitpid(job, status, WNOHANG) == job) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
-  };
-  int status = 0;
-  // Wait until two checkpoints exist (and training goes on).
-  bool started = false, exited = false;
-  for (int i = 0; i < 600 && !started && !exited; i++) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const std::string latest = attnres::testing::slurp(out / "latest");  // "step_%08d\n"
-    started = latest.size() > 5 && std::atoll(latest.c_str() + 5) >= 6;
-    exited = ::waitpid(job, &status, WNOHANG) == job;
-  }
-  if (!started) {
-    if (!exited) {
-      ::kill(-job, SIGKILL);
-      wait_job(10, &status);
-    }
-    FAIL() << "no checkpoint within 60 s:\n" << attnres::testing::slurp(dir / "log.txt");
-  }
-  const pid_t pid = find_rank(job, victim);
-  if (pid <= 0) {
-    ::kill(-job, SIGKILL);
-    wait_job(10, &status);
-    FAIL() << "rank " << victim << "'s process not found among mpirun's children";
-  }
+  Job job(long_run(write_corpus(dir), out), dir / "log.txt");
+  ASSERT_TRUE(job.wait_for_checkpoint(out, 6, 60)) << "no checkpoint within 60 s:\n" << job.log();
+  const pid_t pid = find_rank(job.pid(), victim);
+  ASSERT_GT(pid, 0) << "rank " << victim << "'s process not found among mpirun's children";
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
   const auto t0 = std::chrono::steady_clock::now();
-  const bool ended = wait_job(30, &status);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!ended) {
-    ::kill(-job, SIGKILL);
-    wait_job(10, &status);
-  }
-  const std::string log = attnres::testing::slurp(dir / "log.txt");
-  ASSERT_TRUE(ended) << "the job still ran 30 s after rank " << victim << " was killed:\n" << log;
-  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
-  std::printf("job ended %.1f s after rank %d was killed (mpirun status %d)\n", s, victim,
-              WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status));
-  // Let any surviving rank finish dying before the temp dir is inspected and removed.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(job.wait(30)) << "the job still ran 30 s after rank " << victim
+                            << " was killed:\n" << job.log();
+  const int st = job.status();
+  EXPECT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << job.log();
+  std::printf("job ended %.1f s after rank %d was killed (mpirun status %d)\n",
+              Job::seconds_since(t0), victim, WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the other rank go
+  EXPECT_GE(load_latest(out), 6);
+}
 
-  // The newest complete checkpoint loads, weights and optimizer state.
-  std::string latest = attnres::testing::slurp(out / "latest");
-  while (!latest.empty() && latest.back() == '\n') latest.pop_back();
-  ASSERT_FALSE(latest.empty());
-  const fs::path ck = out / "checkpoints" / latest;
-  Metadata meta;
-  std::unique_ptr<Model> model;
-  ASSERT_NO_THROW(model = load_model((ck / "model.safetensors").string(), &meta)) << ck;
-  AdamW opt(model->layout(), AdamWConfig{});
-  ASSERT_NO_THROW(load_optimizer((ck / "optimizer.safetensors").string(), *model, opt));
-  EXPECT_EQ(opt.steps_taken(), std::stoll(meta.at("step")));
-  EXPECT_GE(opt.steps_taken(), 6);
+TEST(Dist, SigusrToMpirunStopsEveryRankWithACheckpoint) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const fs::path out = dir / "run";
+  Job job(long_run(write_corpus(dir), out), dir / "log.txt");
+  ASSERT_TRUE(job.wait_for_checkpoint(out, 3, 60)) << "no checkpoint within 60 s:\n" << job.log();
+  ASSERT_EQ(::kill(job.pid(), SIGUSR1), 0);  // mpirun forwards it to every rank
+  ASSERT_TRUE(job.wait(30)) << job.log();
+  EXPECT_TRUE(WIFEXITED(job.status()) && WEXITSTATUS(job.status()) == 0) << job.log();
+  const std::string log = job.log();
+  const size_t at = log.find("stopped at step ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int64_t stopped = std::atoll(log.c_str() + at + 16);
+  EXPECT_EQ(load_latest(out), stopped);  // the stop wrote a checkpoint at that very step
 }
 
 INSTANTIATE_TEST_SUITE_P(Rank, DistKill, ::testing::Values(0, 1));

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 
+#include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 #include "cli/commands.hpp"
 
@@ -59,6 +60,13 @@ int main(int argc, char** argv) {
   app.set_config("--config", "", "Read options from a TOML/INI file (command-line flags win)");
   app.parse_complete_callback([&] {
     attnres::cli::set_requested_threads(threads);
+    const int ranks = attnres::dist::launched_world_size();
+    if (ranks > 1 && !app.got_subcommand("train")) {
+      throw attnres::Error("this process is one of " + std::to_string(ranks) +
+                           " ranks started by mpirun, but only `attnres train` runs on several "
+                           "ranks (the ranks would each do the whole job and overwrite each "
+                           "other's files); run this command without mpirun");
+    }
     if (threads > 0) omp_set_num_threads(threads);
   });
   attnres::cli::add_train(app);

@@ -243,6 +243,12 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
             " tokens, fewer than seq_len + 1 = " + std::to_string(cfg.seq_len + 1) +
             "; use a larger corpus or a smaller --seq-len");
 
+  comm.require_same(fnv1a64(data.tokenizer->model_data(),
+                            fnv1a64(data.tokenizer_ref + ":" + std::to_string(data.train.size()) +
+                                    ":" + std::to_string(data.val.size()))),
+                    "tokenizer or token counts",
+                    "every rank must read the same corpus and run directory (on several hosts, "
+                    "put --out, or --data-dir, on a shared file system)");
   if (root && !data.tokenizer_path.empty() && !cfg.data_dir.empty()) {
     // The final model resolves its tokenizer beside itself: keep a copy in the run directory.
     const fs::path copy = fs::path(cfg.out_dir) / fs::path(data.tokenizer_path).filename();
