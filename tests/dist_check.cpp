@@ -3,8 +3,10 @@
 //                            prints "rank R of N: ok" and exits 0, or names the mismatch, exit 1
 //   dist_check hang SECONDS  rank 0 enters a barrier with a SECONDS watchdog timeout while the
 //                            other ranks sleep: the watchdog must abort the job
+//   dist_check bench N       times the all-reduce of N floats (a model's gradient), for the docs
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -79,6 +81,23 @@ void collectives(Communicator& c) {
     for (float& x : p) x += 1.0f;
     c.send(p.data(), 10, 0, 6);
   }
+  // All-gather: rank r fills its block of r + 3 values with 100 r + i; everyone gets all blocks.
+  std::vector<int64_t> counts;
+  int64_t total = 0;
+  for (int r = 0; r < R; r++) total += counts.emplace_back(r + 3);
+  std::vector<float> all(static_cast<size_t>(total), -1.0f);
+  int64_t off = 0;
+  for (int r = 0; r < me; r++) off += counts[static_cast<size_t>(r)];
+  for (int i = 0; i < me + 3; i++) all[static_cast<size_t>(off + i)] = 100.0f * me + i;
+  c.allgather(all.data(), counts);
+  off = 0;
+  for (int r = 0; r < R; r++) {
+    for (int i = 0; i < r + 3; i++) {
+      expect(all[static_cast<size_t>(off + i)] == 100.0f * r + i, c,
+             "allgather block " + std::to_string(r) + " value " + std::to_string(i));
+    }
+    off += r + 3;
+  }
   c.barrier();
   if (failures == 0) std::printf("rank %d of %d: ok (%s)\n", me, R, c.backend().c_str());
 }
@@ -100,8 +119,23 @@ int main(int argc, char** argv) {
       }
       ::sleep(120);
       return 1;
+    } else if (mode == "bench" && argc > 2) {
+      const int64_t n = std::atoll(argv[2]);
+      std::vector<float> g(static_cast<size_t>(n), 1.0f);
+      c->allreduce_sum(g.data(), n);  // warm-up
+      const int reps = 20;
+      c->barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; i++) c->allreduce_sum(g.data(), n);
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (c->rank() == 0) {
+        std::printf("allreduce of %lld floats (%.1f MiB) over %d ranks: %.2f ms\n",
+                    static_cast<long long>(n), static_cast<double>(n) * 4 / 1048576, c->size(),
+                    ms / reps);
+      }
     } else {
-      std::fprintf(stderr, "usage: dist_check collectives | hang SECONDS\n");
+      std::fprintf(stderr, "usage: dist_check collectives | hang SECONDS | bench N\n");
       return 2;
     }
   } catch (const std::exception& e) {

@@ -254,6 +254,37 @@ TEST(Dist, CheckpointFromTwoRanksResumesOnOne) {
             1e-5);
 }
 
+TEST(Dist, Zero1IsBitIdenticalToReplicatedAndResumes) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const std::string save = " --save-every 10 --keep-checkpoints 3 --log-every 1";
+  const CliRun rep = shell(mpirun(2) + cli() + train_args(data, dir / "rep", 20) + save);
+  ASSERT_EQ(rep.code, 0) << rep.out;
+  const CliRun z = shell(mpirun(2) + cli() + train_args(data, dir / "z", 20) + save + " --zero1");
+  ASSERT_EQ(z.code, 0) << z.out;
+  EXPECT_TRUE(contains(z.out, "AdamW state sharded (ZeRO-1)")) << z.out;
+  // Each rank updates its shard with the same arithmetic: identical bytes, including the
+  // optimizer state rank 0 gathers for the checkpoint.
+  using attnres::testing::slurp;
+  EXPECT_EQ(read_metrics(dir / "z" / "metrics.jsonl").loss,
+            read_metrics(dir / "rep" / "metrics.jsonl").loss);
+  EXPECT_TRUE(slurp(dir / "z" / "model.safetensors") == slurp(dir / "rep" / "model.safetensors"));
+  for (const char* step : {"step_00000010", "step_00000020"}) {
+    const fs::path f = fs::path("checkpoints") / step / "optimizer.safetensors";
+    EXPECT_TRUE(slurp(dir / "z" / f) == slurp(dir / "rep" / f)) << step;
+  }
+  // Resume the sharded run from step 10: each rank takes its shard of the saved moments.
+  std::ofstream(dir / "z" / "latest") << "step_00000010\n";
+  fs::remove(dir / "z" / "model.safetensors");
+  const CliRun zr = shell(mpirun(2) + cli() + "train --resume --zero1 --sample-tokens 0 --out " +
+                          (dir / "z").string());
+  ASSERT_EQ(zr.code, 0) << zr.out;
+  EXPECT_TRUE(contains(zr.out, "at step 10")) << zr.out;
+  EXPECT_TRUE(slurp(dir / "z" / "model.safetensors") == slurp(dir / "rep" / "model.safetensors"));
+}
+
 // An mpirun job in the background, its output in a log file.
 class Job {
  public:

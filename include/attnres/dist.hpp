@@ -1,7 +1,7 @@
 // attnres/dist.hpp — the communicator that multi-process (data-parallel) training runs over.
 //
 // One process per rank, all running the same program. A Communicator offers the few collectives
-// training needs (sum-all-reduce, broadcast, barrier), point-to-point float transfers (for a later
+// training needs (sum-all-reduce, all-gather, broadcast, barrier), point-to-point float transfers (for a later
 // pipeline-parallel schedule, SPEC 5) and abort. Two implementations:
 //   single  one process; collectives are no-ops (always available);
 //   mpi     MPI_COMM_WORLD (compiled when CMake finds MPI, option ATTNRES_MPI; see
@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace attnres::dist {
 
@@ -30,6 +31,9 @@ class Communicator {
   // buffers are reduced in buckets of bucket_elems() values.
   virtual void allreduce_sum(float* data, int64_t n) = 0;
   virtual void allreduce_sum(double* data, int64_t n) = 0;
+  // In place: data holds size() consecutive blocks of counts[r] floats; rank r's own block is
+  // copied into every other rank's buffer (ZeRO-1: each rank's updated parameter shard).
+  virtual void allgather(float* data, const std::vector<int64_t>& counts) = 0;
   // Copies `bytes` bytes at `data` from rank `root` to every other rank.
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
@@ -69,6 +73,7 @@ class SingleCommunicator final : public Communicator {
   std::string backend() const override { return "single"; }
   void allreduce_sum(float*, int64_t) override {}
   void allreduce_sum(double*, int64_t) override {}
+  void allgather(float*, const std::vector<int64_t>&) override {}
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   // Throw Error: a single process has no peer.

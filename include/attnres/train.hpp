@@ -50,6 +50,10 @@ struct TrainConfig {
   std::string out_dir = "runs/default";
   std::string data_dir;  // where the tokenizer and token cache live; "" = out_dir (compare shares one)
   bool resume = false;
+  // Multi-process runs: shard the AdamW moments over the ranks (ZeRO stage 1) instead of keeping
+  // a full copy on each. A runtime choice like the rank count: not saved, and checkpoints are the
+  // same either way.
+  bool zero1 = false;
 
   void validate() const;  // throws Error naming the field
   std::string to_json() const;

@@ -148,6 +148,9 @@ void add_train(CLI::App& app) {
   s->add_option("--sample-tokens", a->sample_tokens, "Tokens sampled after training (0 = none)")
       ->capture_default_str();
   s->add_option("--prompt", a->prompt, "Prompt of the final sample")->capture_default_str();
+  s->add_flag("--zero1", a->cfg.zero1,
+              "Multi-process runs: shard the AdamW moments over the ranks (ZeRO-1; 2/N of their "
+              "memory per rank, same results)");
   s->add_option("--dist-timeout", d->timeout_s,
                  "Multi-process runs: seconds a rank may wait for the others in one collective "
                  "before the job is aborted (0 = wait forever)")

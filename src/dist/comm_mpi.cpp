@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "attnres/dist.hpp"
 #include "attnres/error.hpp"
@@ -59,6 +60,24 @@ class MpiCommunicator final : public Communicator {
 
   void allreduce_sum(float* data, int64_t n) override { reduce(data, n, MPI_FLOAT); }
   void allreduce_sum(double* data, int64_t n) override { reduce(data, n, MPI_DOUBLE); }
+
+  void allgather(float* data, const std::vector<int64_t>& counts) override {
+    check(static_cast<int>(counts.size()) == size_,
+          "internal: allgather with " + std::to_string(counts.size()) + " counts for " +
+              std::to_string(size_) + " ranks");
+    std::vector<int> n(counts.size()), displ(counts.size());
+    int64_t off = 0;
+    for (size_t r = 0; r < counts.size(); r++) {
+      check(off + counts[r] <= INT_MAX,
+            "all-gather of more than 2^31 floats is not supported (the MPI counts are int)");
+      n[r] = static_cast<int>(counts[r]);
+      displ[r] = static_cast<int>(off);
+      off += counts[r];
+    }
+    Op op(*this, "allgather");
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, n.data(), displ.data(), MPI_FLOAT,
+                   MPI_COMM_WORLD);
+  }
 
   void broadcast(void* data, int64_t bytes, int root) override {
     Op op(*this, "broadcast");

@@ -1,7 +1,9 @@
 // AdamW, gradient clipping and learning-rate schedules (see attnres/optim.hpp).
 #include "attnres/optim.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "attnres/error.hpp"
 #include "core/parallel.hpp"
@@ -55,7 +57,16 @@ double clip_grad_norm(float* grads, int64_t n, double max_norm) {
 }
 
 AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg)
-    : layout_(layout), cfg_(cfg), m_(layout.total(), 0.0f), v_(layout.total(), 0.0f) {}
+    : AdamW(layout, cfg, 0, layout.total()) {}
+
+AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg, int64_t begin, int64_t end)
+    : layout_(layout), cfg_(cfg), begin_(begin), end_(end) {
+  check(0 <= begin && begin <= end && end <= layout.total(),
+        "internal: optimizer shard [" + std::to_string(begin) + ", " + std::to_string(end) +
+            ") outside the " + std::to_string(layout.total()) + " parameters");
+  m_.assign(static_cast<size_t>(end - begin), 0.0f);
+  v_.assign(static_cast<size_t>(end - begin), 0.0f);
+}
 
 void AdamW::step(float* params, const float* grads, double lr) {
   t_ += 1;
@@ -66,13 +77,17 @@ void AdamW::step(float* params, const float* grads, double lr) {
   const float inv_bc2_sqrt = static_cast<float>(1.0 / bc2_sqrt);
   const float eps = static_cast<float>(cfg_.eps);
   for (const ParamEntry& e : layout_.entries()) {
+    // The part of this tensor inside the owned range (all of it unless sharded).
+    const int64_t lo = std::max(e.offset, begin_), hi = std::min(e.offset + e.numel, end_);
+    if (lo >= hi) continue;
     const float decay = e.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
-    float* p = params + e.offset;
-    const float* g = grads + e.offset;
-    float* m = m_.data() + e.offset;
-    float* v = v_.data() + e.offset;
+    float* p = params + lo;
+    const float* g = grads + lo;
+    float* m = m_.data() + (lo - begin_);
+    float* v = v_.data() + (lo - begin_);
+    const int64_t n = hi - lo;
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < e.numel; i++) {
+    for (int64_t i = 0; i < n; i++) {
       p[i] *= decay;
       m[i] = b1 * m[i] + (1.0f - b1) * g[i];
       v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];

@@ -3,12 +3,14 @@
 // dist::Communicator (each rank trains on its slice of every batch, gradients are all-reduced).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
@@ -66,15 +68,24 @@ double evaluate(Model& model, const TokenSpan& val, int64_t B, int64_t T, int64_
   return total / static_cast<double>(batches);
 }
 
-// Fingerprint of everything that must be identical on every rank: weights and AdamW moments.
+// Fingerprint of everything that must be identical on every rank: weights, the AdamW step count
+// and (unless sharded, ZeRO-1) the AdamW moments.
 uint64_t replica_hash(const Model& model, AdamW& opt) {
   auto bytes = [](const float* p, int64_t n) {
     return std::string_view(reinterpret_cast<const char*>(p), static_cast<size_t>(n) * 4);
   };
   const int64_t n = model.layout().total();
-  uint64_t h = fnv1a64(bytes(model.params(), n));
+  uint64_t h = fnv1a64(bytes(model.params(), n), fnv1a64(std::to_string(opt.steps_taken())));
+  if (opt.sharded()) return h;
   h = fnv1a64(bytes(opt.m().data(), n), h);
   return fnv1a64(bytes(opt.v().data(), n), h);
+}
+
+// ZeRO-1: rank r owns the flat parameter range [bounds[r], bounds[r + 1]).
+std::vector<int64_t> shard_bounds(int64_t n, int64_t ranks) {
+  std::vector<int64_t> b(static_cast<size_t>(ranks + 1));
+  for (int64_t r = 0; r <= ranks; r++) b[static_cast<size_t>(r)] = n * r / ranks;
+  return b;
 }
 
 // Rank 0 prepares the data (trains the tokenizer, writes the token cache); the others wait, then
@@ -202,6 +213,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     if (root && ev.on_message) ev.on_message(m);
   };
   TrainConfig cfg = cfg_in;
+  const bool zero1 = cfg_in.zero1 && ranks > 1;
   const fs::path cfg_path = fs::path(cfg.out_dir) / "train_config.json";
   if (cfg.resume) {
     check(fs::exists(cfg_path), "cannot resume: '" + cfg_path.string() +
@@ -218,7 +230,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
             std::to_string(ranks) + " ranks: every rank takes batch-size / ranks sequences of each "
             "micro-batch; use a multiple of " + std::to_string(ranks) + " (e.g. " +
             std::to_string((cfg.batch_size / ranks + 1) * ranks) + ") or another rank count");
-  comm.require_same(fnv1a64(cfg.to_json()), "training options",
+  comm.require_same(fnv1a64(cfg.to_json() + (zero1 ? "+zero1" : "")), "training options",
                     "start every rank with the same command line");
   fs::create_directories(cfg.out_dir);
 
@@ -260,7 +272,13 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   cfg.model.validate();
   Model model(cfg.model);
   model.init_weights(cfg.seed);
-  AdamW opt(model.layout(), cfg.adamw);
+  const int64_t nparams = model.layout().total();
+  const std::vector<int64_t> bounds = shard_bounds(nparams, zero1 ? ranks : 1);
+  std::vector<int64_t> shard_counts;  // elements per rank's shard
+  for (size_t r = 0; r + 1 < bounds.size(); r++) shard_counts.push_back(bounds[r + 1] - bounds[r]);
+  const int64_t shard = zero1 ? comm.rank() : 0;
+  AdamW opt(model.layout(), cfg.adamw, bounds[static_cast<size_t>(shard)],
+            bounds[static_cast<size_t>(shard) + 1]);
   RunDir run(cfg, data);
 
   int64_t start = 0;
@@ -268,7 +286,15 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     const std::string dir = run.latest();
     auto r = SafetensorsReader::open(dir + "/model.safetensors");
     load_weights(model, r);
-    load_optimizer(dir + "/optimizer.safetensors", model, opt);
+    if (!opt.sharded()) {
+      load_optimizer(dir + "/optimizer.safetensors", model, opt);
+    } else {  // keep this rank's shard of the moments
+      AdamW full(model.layout(), cfg.adamw);
+      load_optimizer(dir + "/optimizer.safetensors", model, full);
+      std::copy(full.m().begin() + opt.begin(), full.m().begin() + opt.end(), opt.m().begin());
+      std::copy(full.v().begin() + opt.begin(), full.v().begin() + opt.end(), opt.v().begin());
+      opt.set_steps_taken(full.steps_taken());
+    }
     start = std::stoll(r.metadata().at("step"));
     msg("resumed from " + dir + " at step " + std::to_string(start));
   } else if (root) {
@@ -289,7 +315,8 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       (ranks == 1 ? std::string("1 rank")
                   : std::to_string(ranks) + " ranks (" + comm.backend() + "), " +
                         std::to_string(cfg.batch_size / ranks) +
-                        " sequences per rank per micro-batch"));
+                        " sequences per rank per micro-batch" +
+                        (zero1 ? ", AdamW state sharded (ZeRO-1)" : "")));
 
   std::ofstream metrics;
   if (root) {
@@ -316,7 +343,26 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
                           std::to_string(at_step),
                       "the ranks' replicas diverged, which is a bug: please report it with the "
                       "command line");
-    if (root) run.save(model, opt, at_step);
+    if (!opt.sharded()) {
+      if (root) run.save(model, opt, at_step);
+      return;
+    }
+    // ZeRO-1: rank 0 collects the moment shards into a whole optimizer state and writes it.
+    if (!root) {
+      comm.send(opt.m().data(), static_cast<int64_t>(opt.m().size()), 0, 1);
+      comm.send(opt.v().data(), static_cast<int64_t>(opt.v().size()), 0, 2);
+      return;
+    }
+    AdamW full(model.layout(), cfg.adamw);
+    std::copy(opt.m().begin(), opt.m().end(), full.m().begin());
+    std::copy(opt.v().begin(), opt.v().end(), full.v().begin());
+    for (int r = 1; r < ranks; r++) {
+      const int64_t b = bounds[static_cast<size_t>(r)], n = shard_counts[static_cast<size_t>(r)];
+      comm.recv(full.m().data() + b, n, r, 1);
+      comm.recv(full.v().data() + b, n, r, 2);
+    }
+    full.set_steps_taken(opt.steps_taken());
+    run.save(model, full, at_step);
   };
   const auto t0 = Clock::now();
   double timed_s = 0.0;  // excludes the first step (allocation, warm-up)
@@ -324,7 +370,6 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   double recent_loss = 0.0;
   int64_t recent_n = 0;
   const int64_t rows = cfg.batch_size / ranks, row0 = comm.rank() * rows;
-  const int64_t nparams = model.layout().total();
   int64_t step = start;
   for (; step < cfg.steps; step++) {
     bool stop = ev.stop && ev.stop->load();
@@ -374,6 +419,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       continue;
     }
     opt.step(model.params(), model.grads(), lr);
+    if (zero1) comm.allgather(model.params(), shard_counts);  // every rank's updated shard
     const double dt = seconds_since(ts);
     if (step > start) {
       timed_s += dt;
