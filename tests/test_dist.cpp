@@ -155,6 +155,14 @@ TEST(Dist, SingleProcessCommunicator) {
   }
 }
 
+TEST(Dist, TrainHelpDocumentsMultiProcessRuns) {
+  const CliRun r = attnres::testing::run_cli("train --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* s : {"mpirun -np N", "--zero1", "--dist-timeout", "divisible by N", "USR1"}) {
+    EXPECT_TRUE(contains(r.out, s)) << s << "\n" << r.out;
+  }
+}
+
 TEST(Dist, CollectivesAcrossTwoRanks) {
   SKIP_WITHOUT_MPIRUN();
   const CliRun r = shell(mpirun(2) + ATTNRES_DIST_CHECK_PATH + " collectives");

@@ -149,8 +149,8 @@ void add_train(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--prompt", a->prompt, "Prompt of the final sample")->capture_default_str();
   s->add_flag("--zero1", a->cfg.zero1,
-              "Multi-process runs: shard the AdamW moments over the ranks (ZeRO-1; 2/N of their "
-              "memory per rank, same results)");
+              "Multi-process runs: shard the AdamW moments over the ranks (ZeRO-1): each of N "
+              "ranks keeps 1/N of them; results are bit-identical");
   s->add_option("--dist-timeout", d->timeout_s,
                  "Multi-process runs: seconds a rank may wait for the others in one collective "
                  "before the job is aborted (0 = wait forever)")
@@ -158,13 +158,14 @@ void add_train(CLI::App& app) {
       ->capture_default_str();
   s->footer(
       "Data-parallel training on N processes (OpenMPI):\n"
-      "  mpirun -np N [--oversubscribe] attnres train ... [--dist-timeout S]\n"
+      "  mpirun -np N [--oversubscribe] attnres train ... [--zero1] [--dist-timeout S]\n"
       "Each rank trains on batch-size/N sequences of every micro-batch (--batch-size must be\n"
       "divisible by N) and gradients are summed over ranks, so losses and weights match a\n"
       "1-process run with the same --batch-size. Rank 0 alone prints, writes metrics and\n"
       "checkpoints; a run resumes (--resume) on any number of ranks. The ranks on one host share\n"
-      "its cores (override with --threads or OMP_NUM_THREADS). As root, mpirun needs\n"
-      "--allow-run-as-root.");
+      "its cores (override with --threads or OMP_NUM_THREADS). `kill -USR1 <mpirun pid>` stops\n"
+      "every rank with a checkpoint (Ctrl-C makes mpirun kill the job). As root, mpirun needs\n"
+      "--allow-run-as-root. See README, \"Multi-process training (MPI)\".");
   s->callback([a, d] { run_train(*a, *d); });
 }
 
