@@ -10,6 +10,7 @@ PACKAGES=(
   libcli11-dev           # command-line parsing
   libsentencepiece-dev   # BPE tokenizer training and encoding
   libgtest-dev libgmock-dev libbenchmark-dev
+  openmpi-bin libopenmpi-dev  # data-parallel training: mpirun -np N attnres train ...
   fortunes               # the default demo corpus (/usr/share/games/fortunes)
   python3 python3-matplotlib  # plots of `attnres compare` reports
 )

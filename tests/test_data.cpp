@@ -250,6 +250,15 @@ TEST(TokenSpan, SampleBatchIsDeterministicAndShifted) {
   Batch big;
   span.sample_batch(7, 3, 0, 8, 16, big);
   EXPECT_TRUE(std::equal(a.inputs.begin(), a.inputs.end(), big.inputs.begin()));
+  // Data-parallel slices: rows [3, 6) of the batch, alone, are rows 3..5 of the whole batch.
+  Batch part;
+  span.sample_rows(7, 3, 0, 3, 3, 16, part);
+  EXPECT_EQ(part.B, 3);
+  ASSERT_EQ(part.inputs.size(), 48u);
+  EXPECT_TRUE(std::equal(part.inputs.begin(), part.inputs.end(), big.inputs.begin() + 3 * 16));
+  EXPECT_TRUE(std::equal(part.targets.begin(), part.targets.end(), big.targets.begin() + 3 * 16));
+  span.sample_rows(7, 3, 0, 0, 3, 16, part);
+  EXPECT_FALSE(std::equal(part.inputs.begin(), part.inputs.end(), big.inputs.begin() + 3 * 16));
 
   // Start offsets cover [0, n-T-1] including both ends, and never run past the end.
   TokenSpan small(toks.data(), 20);

@@ -11,6 +11,7 @@
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/error.hpp"
+#include "attnres/model.hpp"
 #include "attnres/train.hpp"
 #include "test_util.hpp"
 
@@ -199,6 +200,44 @@ TEST(Train, BadInputsGiveClearErrors) {
   bad.out_dir = (dir / "never_ran").string();
   bad.resume = true;
   expect_error(bad, "without --resume");
+}
+
+TEST(Train, ShardedAdamWMatchesTheFullOneBitForBit) {
+  // ZeRO-1: shards that split tensors anywhere update exactly what the full optimizer updates.
+  ModelConfig mc;
+  mc.n_layer = 2;
+  mc.d_model = 32;
+  mc.n_head = 4;
+  mc.n_kv_head = 2;
+  mc.vocab_size = 64;
+  mc.max_seq_len = 16;
+  mc.resolve();
+  Model full_model(mc), shard_model(mc);
+  full_model.init_weights(3);
+  shard_model.init_weights(3);
+  const int64_t n = full_model.layout().total();
+  const std::vector<int64_t> cut = {0, n / 3 + 1, n / 2 + 7, n};  // 3 shards, mid-tensor cuts
+  AdamW full(full_model.layout(), AdamWConfig{});
+  std::vector<std::unique_ptr<AdamW>> shards;
+  for (size_t i = 0; i + 1 < cut.size(); i++) {
+    shards.push_back(std::make_unique<AdamW>(shard_model.layout(), AdamWConfig{}, cut[i], cut[i + 1]));
+    EXPECT_TRUE(shards.back()->sharded());
+    EXPECT_EQ(static_cast<int64_t>(shards.back()->m().size()), cut[i + 1] - cut[i]);
+  }
+  EXPECT_FALSE(full.sharded());
+  for (int step = 0; step < 3; step++) {
+    const auto g = attnres::testing::randn(n, 100 + step);
+    full.step(full_model.params(), g.data(), 1e-2);
+    for (auto& sh : shards) sh->step(shard_model.params(), g.data(), 1e-2);
+  }
+  EXPECT_EQ(0, std::memcmp(full_model.params(), shard_model.params(), sizeof(float) * n));
+  for (size_t i = 0; i < shards.size(); i++) {
+    EXPECT_EQ(0, std::memcmp(full.m().data() + cut[i], shards[i]->m().data(),
+                             sizeof(float) * (cut[i + 1] - cut[i])));
+    EXPECT_EQ(0, std::memcmp(full.v().data() + cut[i], shards[i]->v().data(),
+                             sizeof(float) * (cut[i + 1] - cut[i])));
+  }
+  EXPECT_THROW(AdamW(full_model.layout(), AdamWConfig{}, 5, n + 1), Error);
 }
 
 TEST(Train, LrSchedules) {

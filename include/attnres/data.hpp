@@ -104,6 +104,10 @@ class TokenSpan {
   // from [0, n-T-1] by splitmix64 of (seed, step, micro, r) only. Error if n < T+1.
   void sample_batch(uint64_t seed, int64_t step, int64_t micro, int64_t B, int64_t T,
                     Batch& out) const;
+  // Rows first_row .. first_row+rows-1 of that batch (out.B = rows): each rank of a data-parallel
+  // run takes its slice of the global batch, and the slices join to exactly sample_batch's rows.
+  void sample_rows(uint64_t seed, int64_t step, int64_t micro, int64_t first_row, int64_t rows,
+                   int64_t T, Batch& out) const;
   // Number of evaluation windows: windows of T+1 tokens starting at k*T (targets don't overlap).
   int64_t num_windows(int64_t T) const;
   // Fills `out` with windows first_window .. first_window+B-1 (modulo num_windows(T), so the last

@@ -46,22 +46,32 @@ double clip_grad_norm(float* grads, int64_t n, double max_norm);
 // Decoupled-weight-decay Adam with torch.optim.AdamW's exact update:
 //   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
+//
+// A sharded AdamW (ZeRO stage 1) owns the moments of the flat parameter range [begin, end) only,
+// and its step() updates only those parameters, with exactly the arithmetic of the full one.
 class AdamW {
  public:
   AdamW(const ParamLayout& layout, AdamWConfig cfg);
+  // The shard [begin, end) of the flat parameters (0 <= begin <= end <= layout.total()).
+  AdamW(const ParamLayout& layout, AdamWConfig cfg, int64_t begin, int64_t end);
   // One update with learning rate lr on the gradients grads * grad_scale (the scale is applied
   // as one float multiply per element, exactly like scaling the gradients first); increments
   // step().
   void step(float* params, const float* grads, double lr, float grad_scale = 1.0f);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
+  // Moments of the owned range: m()[i] belongs to flat parameter begin() + i.
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
+  bool sharded() const { return begin_ != 0 || end_ != layout_.total(); }
   const AdamWConfig& config() const { return cfg_; }
 
  private:
   const ParamLayout& layout_;
   AdamWConfig cfg_;
+  int64_t begin_ = 0, end_ = 0;
   std::vector<float> m_, v_;
   int64_t t_ = 0;
 };

@@ -19,6 +19,10 @@
 
 namespace attnres {
 
+namespace dist {
+class Communicator;
+}
+
 struct TrainConfig {
   // data
   std::string data_path;           // UTF-8 text file or directory of them
@@ -28,7 +32,7 @@ struct TrainConfig {
   // model (vocab_size and max_seq_len are filled in from the tokenizer and seq_len)
   ModelConfig model;
   // optimisation
-  int64_t batch_size = 8;  // sequences per micro-batch
+  int64_t batch_size = 8;  // sequences per micro-batch (the global batch: all ranks together)
   int64_t seq_len = 128;
   int64_t grad_accum = 1;  // micro-batches per optimizer step
   int64_t steps = 1000;
@@ -46,6 +50,10 @@ struct TrainConfig {
   std::string out_dir = "runs/default";
   std::string data_dir;  // where the tokenizer and token cache live; "" = out_dir (compare shares one)
   bool resume = false;
+  // Multi-process runs: shard the AdamW moments over the ranks (ZeRO stage 1) instead of keeping
+  // a full copy on each. A runtime choice like the rank count: not saved, and checkpoints are the
+  // same either way.
+  bool zero1 = false;
 
   void validate() const;  // throws Error naming the field
   std::string to_json() const;
@@ -90,6 +98,16 @@ struct TrainEvents {
 // Trains according to cfg. With cfg.resume, continues the run in cfg.out_dir from its latest
 // checkpoint, reproducing the uninterrupted run's losses exactly (same thread count).
 TrainResult train(const TrainConfig& cfg, const TrainEvents& events);
+
+// Data-parallel training: every rank of `comm` calls this with the same cfg. Each micro-batch's
+// batch_size rows (the same rows for any rank count) are split into comm.size() equal slices, one
+// per rank; gradients and losses are summed over ranks, so every rank holds the same weights and
+// optimizer state, and losses, checkpoints and the final model match a one-process run with the
+// same batch_size up to float summation order. Rank 0 alone prepares the data (the others wait,
+// then read its token cache), writes checkpoints, metrics and train_config.json, and fires
+// `events`; a stop request on any rank stops all. Error (on every rank) if batch_size is not
+// divisible by the rank count, or the ranks' options or initial weights differ.
+TrainResult train(const TrainConfig& cfg, const TrainEvents& events, dist::Communicator& comm);
 
 // Model FLOPs per trained token (forward + backward = 6N + attention), for throughput reports.
 double train_flops_per_token(const ModelConfig& c, int64_t seq_len);

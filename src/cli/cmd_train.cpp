@@ -1,12 +1,20 @@
-// `attnres train`: train a model on a text corpus, with a progress bar, evaluation and a sample.
+// `attnres train`: train a model on a text corpus, with a progress bar, evaluation and a sample;
+// data parallel over MPI when launched with `mpirun -np N` (see attnres/dist.hpp).
+#include <omp.h>
+#include <sched.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
+#include "attnres/dist.hpp"
+#include "attnres/error.hpp"
 #include "attnres/generate.hpp"
 #include "attnres/train.hpp"
 #include "cli/commands.hpp"
@@ -17,9 +25,32 @@ namespace attnres::cli {
 
 namespace {
 
-void run_train(TrainArgs& a) {
+struct DistArgs {
+  double timeout_s = 300;
+};
+
+// Ranks sharing a host split its cores: mpirun may bind each rank to its own cores (then OpenMP
+// already sees only those), else each rank takes cores / ranks-on-this-host threads. An explicit
+// --threads or OMP_NUM_THREADS wins.
+void set_rank_threads(const dist::Communicator& comm) {
+  if (comm.size() == 1 || requested_threads() > 0 || std::getenv("OMP_NUM_THREADS")) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
+  int allowed = static_cast<int>(online);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) allowed = CPU_COUNT(&set);
+  if (allowed < online) {
+    omp_set_num_threads(std::max(1, allowed));  // bound by the launcher
+    return;
+  }
+  int local = comm.size();
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
+  omp_set_num_threads(std::max(1, allowed / local));
+}
+
+void train_ranks(TrainArgs& a, dist::Communicator& comm) {
   TrainConfig& cfg = a.cfg;
-  a.finalize();
+  const bool root = comm.is_root();
   Progress bar(cfg.log_every);
   TrainEvents ev;
   ev.on_message = [&](const std::string& m) { bar.message(m); };
@@ -36,8 +67,13 @@ void run_train(TrainArgs& a) {
     bar.message(f);
   };
   ev.stop = install_stop_handler();
-  const TrainResult r = train(cfg, ev);
+  if (root && comm.size() > 1) {
+    bar.message("ranks: " + std::to_string(comm.size()) + " (" + comm.backend() + "), " +
+                std::to_string(omp_get_max_threads()) + " thread(s) each");
+  }
+  const TrainResult r = train(cfg, ev, comm);
   remove_stop_handler();
+  if (!root) return;  // rank 0 alone reports and samples
   bar.finish();
   if (r.interrupted) {
     std::printf("stopped at step %lld; continue with: attnres train --resume --out %s\n",
@@ -70,10 +106,40 @@ void run_train(TrainArgs& a) {
   }
 }
 
+void run_train(TrainArgs& a, const DistArgs& d) {
+  a.finalize();
+  std::unique_ptr<dist::Communicator> comm = dist::init_world();
+  comm->set_timeout(d.timeout_s);
+  set_rank_threads(*comm);
+  if (comm->size() == 1) {
+    train_ranks(a, *comm);
+    return;
+  }
+  // A rank that fails must take the others down with it, or they would wait for it in the next
+  // collective until the --dist-timeout watchdog fires.
+  try {
+    train_ranks(a, *comm);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    if (comm->is_root()) {
+      std::fprintf(stderr, "\nerror: %s\n", e.what());
+    } else {
+      // Most errors (bad options, unreadable data) are raised on every rank alike: give rank 0
+      // a moment to report and end the job (mpirun's SIGTERM now ends this process), so the
+      // message appears once.
+      remove_stop_handler();
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      std::fprintf(stderr, "\nerror (rank %d): %s\n", comm->rank(), e.what());
+    }
+    comm->abort(dynamic_cast<const Error*>(&e) ? 1 : 2);
+  }
+}
+
 }  // namespace
 
 void add_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
+  auto d = std::make_shared<DistArgs>();
   CLI::App* s = app.add_subcommand("train", "Train a model on a text corpus");
   add_train_options(s, *a);
   s->add_option("--out", a->cfg.out_dir, "Run directory (checkpoints, metrics, final model)")
@@ -82,7 +148,25 @@ void add_train(CLI::App& app) {
   s->add_option("--sample-tokens", a->sample_tokens, "Tokens sampled after training (0 = none)")
       ->capture_default_str();
   s->add_option("--prompt", a->prompt, "Prompt of the final sample")->capture_default_str();
-  s->callback([a] { run_train(*a); });
+  s->add_flag("--zero1", a->cfg.zero1,
+              "Multi-process runs: shard the AdamW moments over the ranks (ZeRO-1): each of N "
+              "ranks keeps 1/N of them; results are bit-identical");
+  s->add_option("--dist-timeout", d->timeout_s,
+                 "Multi-process runs: seconds a rank may wait for the others in one collective "
+                 "before the job is aborted (0 = wait forever)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  s->footer(
+      "Data-parallel training on N processes (OpenMPI):\n"
+      "  mpirun -np N [--oversubscribe] attnres train ... [--zero1] [--dist-timeout S]\n"
+      "Each rank trains on batch-size/N sequences of every micro-batch (--batch-size must be\n"
+      "divisible by N) and gradients are summed over ranks, so losses and weights match a\n"
+      "1-process run with the same --batch-size. Rank 0 alone prints, writes metrics and\n"
+      "checkpoints; a run resumes (--resume) on any number of ranks. The ranks on one host share\n"
+      "its cores (override with --threads or OMP_NUM_THREADS). `kill -USR1 <mpirun pid>` stops\n"
+      "every rank with a checkpoint (Ctrl-C makes mpirun kill the job). As root, mpirun needs\n"
+      "--allow-run-as-root. See README, \"Multi-process training (MPI)\".");
+  s->callback([a, d] { run_train(*a, *d); });
 }
 
 }  // namespace attnres::cli

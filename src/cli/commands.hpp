@@ -14,6 +14,9 @@ void add_compare(CLI::App& app);
 void add_report(CLI::App& app);
 void add_bench(CLI::App& app);
 
+// The global --threads option (0 = not given).
+int requested_threads();
+
 // The command line as typed (for reports).
 const std::string& command_line();
 void set_command_line(int argc, char** argv);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 
+#include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 #include "cli/commands.hpp"
 
@@ -31,7 +32,10 @@ void tune_openmp_wait(char** argv) {
 namespace attnres::cli {
 namespace {
 std::string g_command_line;
+int g_threads = 0;
 }
+int requested_threads() { return g_threads; }
+void set_requested_threads(int n) { g_threads = n; }
 const std::string& command_line() { return g_command_line; }
 void set_command_line(int argc, char** argv) {
   g_command_line = "attnres";
@@ -55,6 +59,14 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.set_config("--config", "", "Read options from a TOML/INI file (command-line flags win)");
   app.parse_complete_callback([&] {
+    attnres::cli::set_requested_threads(threads);
+    const int ranks = attnres::dist::launched_world_size();
+    if (ranks > 1 && !app.got_subcommand("train")) {
+      throw attnres::Error("this process is one of " + std::to_string(ranks) +
+                           " ranks started by mpirun, but only `attnres train` runs on several "
+                           "ranks (the ranks would each do the whole job and overwrite each "
+                           "other's files); run this command without mpirun");
+    }
     if (threads > 0) omp_set_num_threads(threads);
   });
   attnres::cli::add_train(app);

@@ -23,6 +23,9 @@ const std::atomic<bool>* install_stop_handler() {
   g_stop.store(false);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  // mpirun forwards SIGUSR1 to every rank (SIGINT/SIGTERM kill the job after a few seconds):
+  // `kill -USR1 <mpirun pid>` stops a multi-process run with a checkpoint.
+  std::signal(SIGUSR1, on_signal);
   return &g_stop;
 }
 
@@ -42,6 +45,7 @@ void apply_train_args(TrainArgs& a, const std::vector<std::string>& args) {
 void remove_stop_handler() {
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGUSR1, SIG_DFL);
 }
 
 void add_train_options(CLI::App* s, TrainArgs& a) {

@@ -27,7 +27,7 @@ void add_train_options(CLI::App* s, TrainArgs& a);
 // Throws Error on an unknown option or a bad value.
 void apply_train_args(TrainArgs& a, const std::vector<std::string>& args);
 
-// SIGINT/SIGTERM set the returned flag (a second one exits at once); remove restores defaults.
+// SIGINT/SIGTERM/SIGUSR1 set the returned flag (a second one exits at once); remove restores defaults.
 const std::atomic<bool>* install_stop_handler();
 void remove_stop_handler();
 

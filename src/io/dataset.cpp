@@ -29,7 +29,13 @@ void TokenSpan::check_fits(int64_t B, int64_t T) const {
 
 void TokenSpan::sample_batch(uint64_t seed, int64_t step, int64_t micro, int64_t B, int64_t T,
                              Batch& out) const {
+  sample_rows(seed, step, micro, 0, B, T, out);
+}
+
+void TokenSpan::sample_rows(uint64_t seed, int64_t step, int64_t micro, int64_t first_row,
+                            int64_t B, int64_t T, Batch& out) const {
   check_fits(B, T);
+  check(first_row >= 0, "internal: negative first batch row " + std::to_string(first_row));
   out.B = B;
   out.T = T;
   out.inputs.resize(static_cast<size_t>(B * T));
@@ -39,7 +45,7 @@ void TokenSpan::sample_batch(uint64_t seed, int64_t step, int64_t micro, int64_t
   const uint64_t base = splitmix64(splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(step)) ^
                                    static_cast<uint64_t>(micro));
   for (int64_t r = 0; r < B; ++r) {
-    const uint64_t h = splitmix64(base ^ static_cast<uint64_t>(r));
+    const uint64_t h = splitmix64(base ^ static_cast<uint64_t>(first_row + r));
     const int32_t* src = data_ + (h % range);
     int32_t* in = out.inputs.data() + r * T;
     int32_t* tg = out.targets.data() + r * T;

@@ -84,6 +84,7 @@ std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta, int64
 }
 
 void save_optimizer(const std::string& path, const Model& model, AdamW& opt, const Metadata& meta) {
+  check(!opt.sharded(), "internal: save_optimizer needs the whole optimizer state, not a shard");
   SafetensorsWriter w;
   for (const auto& [k, v] : meta) w.set_metadata(k, v);
   w.set_metadata("format", kOptimFormat);
@@ -96,6 +97,7 @@ void save_optimizer(const std::string& path, const Model& model, AdamW& opt, con
 }
 
 Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt) {
+  check(!opt.sharded(), "internal: load_optimizer needs the whole optimizer state, not a shard");
   SafetensorsReader r = SafetensorsReader::open(path);
   auto fmt = r.metadata().find("format");
   auto steps = r.metadata().find("adam_steps");

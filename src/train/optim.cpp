@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "attnres/error.hpp"
 #include "core/dispatch.hpp"
@@ -71,7 +72,16 @@ double clip_grad_norm(float* grads, int64_t n, double max_norm) {
 }
 
 AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg)
-    : layout_(layout), cfg_(cfg), m_(layout.total(), 0.0f), v_(layout.total(), 0.0f) {}
+    : AdamW(layout, cfg, 0, layout.total()) {}
+
+AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg, int64_t begin, int64_t end)
+    : layout_(layout), cfg_(cfg), begin_(begin), end_(end) {
+  check(0 <= begin && begin <= end && end <= layout.total(),
+        "internal: optimizer shard [" + std::to_string(begin) + ", " + std::to_string(end) +
+            ") outside the " + std::to_string(layout.total()) + " parameters");
+  m_.assign(static_cast<size_t>(end - begin), 0.0f);
+  v_.assign(static_cast<size_t>(end - begin), 0.0f);
+}
 
 namespace {
 
@@ -108,9 +118,12 @@ void AdamW::step(float* params, const float* grads, double lr, float grad_scale)
   // One parallel region for all tensors, each split in static chunks with no barrier between.
 #pragma omp parallel
   for (const ParamEntry& e : entries) {
+    // The part of this tensor inside the owned range (all of it unless sharded).
+    const int64_t lo = std::max(e.offset, begin_), hi = std::min(e.offset + e.numel, end_);
+    if (lo >= hi) continue;
     const float decay = e.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
-    adam_update(params + e.offset, grads + e.offset, m_.data() + e.offset, v_.data() + e.offset,
-                e.numel, decay, k);
+    adam_update(params + lo, grads + lo, m_.data() + (lo - begin_), v_.data() + (lo - begin_),
+                hi - lo, decay, k);
   }
 }
 

@@ -1,17 +1,21 @@
 // The training loop (attnres/train.hpp): deterministic batches from (seed, step, micro), so a run
-// resumed from a checkpoint continues exactly where it stopped.
+// resumed from a checkpoint continues exactly where it stopped; data parallel over a
+// dist::Communicator (each rank trains on its slice of every batch, gradients are all-reduced).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
 #include "attnres/diagnostics.hpp"
+#include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/model.hpp"
@@ -41,20 +45,72 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Mean loss over up to max_batches validation batches of consecutive windows.
-double evaluate(Model& model, const TokenSpan& val, int64_t B, int64_t T, int64_t max_batches) {
+// Mean loss over up to max_batches validation batches of consecutive windows; each rank evaluates
+// its slice of every batch.
+double evaluate(Model& model, const TokenSpan& val, int64_t B, int64_t T, int64_t max_batches,
+                dist::Communicator& comm) {
   const int64_t windows = val.num_windows(T);
   check(windows >= 1, "validation split has " + std::to_string(val.size()) +
                           " tokens, fewer than seq_len + 1; use a larger corpus, a larger "
                           "--val-fraction or a smaller --seq-len");
   const int64_t batches = std::min(max_batches, (windows + B - 1) / B);
+  const int64_t ranks = comm.size(), rows = B / ranks, row0 = comm.rank() * rows;
   Batch batch;
   double total = 0.0;
   for (int64_t i = 0; i < batches; i++) {
-    val.window_batch(i * B, B, T, batch);
-    total += model.forward(batch.inputs.data(), batch.targets.data(), B, T);
+    val.window_batch(i * B + row0, rows, T, batch);
+    total += model.forward(batch.inputs.data(), batch.targets.data(), rows, T);
+  }
+  if (ranks > 1) {
+    comm.allreduce_sum(&total, 1);  // equal slices: the batch mean is the mean of the rank means
+    total /= static_cast<double>(ranks);
   }
   return total / static_cast<double>(batches);
+}
+
+// Fingerprint of everything that must be identical on every rank: weights, the AdamW step count
+// and (unless sharded, ZeRO-1) the AdamW moments.
+uint64_t replica_hash(const Model& model, AdamW& opt) {
+  auto bytes = [](const float* p, int64_t n) {
+    return std::string_view(reinterpret_cast<const char*>(p), static_cast<size_t>(n) * 4);
+  };
+  const int64_t n = model.layout().total();
+  uint64_t h = fnv1a64(bytes(model.params(), n), fnv1a64(std::to_string(opt.steps_taken())));
+  if (opt.sharded()) return h;
+  h = fnv1a64(bytes(opt.m().data(), n), h);
+  return fnv1a64(bytes(opt.v().data(), n), h);
+}
+
+// ZeRO-1: rank r owns the flat parameter range [bounds[r], bounds[r + 1]).
+std::vector<int64_t> shard_bounds(int64_t n, int64_t ranks) {
+  std::vector<int64_t> b(static_cast<size_t>(ranks + 1));
+  for (int64_t r = 0; r <= ranks; r++) b[static_cast<size_t>(r)] = n * r / ranks;
+  return b;
+}
+
+// Rank 0 prepares the data (trains the tokenizer, writes the token cache); the others wait, then
+// prepare_data reuses what rank 0 wrote. An error on rank 0 is raised on every rank.
+PreparedData prepare_data_once(const DataOptions& dopt, dist::Communicator& comm) {
+  if (comm.size() == 1) return prepare_data(dopt);
+  const double timeout = comm.timeout();
+  comm.set_timeout(0);  // tokenizer training on a large corpus may take longer than a step
+  std::string err;
+  if (comm.is_root()) {
+    try {
+      PreparedData d = prepare_data(dopt);
+      comm.broadcast_string("");
+      comm.set_timeout(timeout);
+      return d;
+    } catch (const std::exception& e) {
+      err = e.what();
+      comm.broadcast_string(err.empty() ? "data preparation failed" : err);
+      throw;
+    }
+  }
+  err = comm.broadcast_string("");
+  comm.set_timeout(timeout);
+  if (!err.empty()) throw Error(err);
+  return prepare_data(dopt);
 }
 
 std::string step_dir_name(int64_t step) {
@@ -157,10 +213,18 @@ class RunDir {
 }  // namespace
 
 TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
+  dist::SingleCommunicator single;
+  return train(cfg_in, ev, single);
+}
+
+TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Communicator& comm) {
+  const int64_t ranks = comm.size();
+  const bool root = comm.is_root();
   auto msg = [&](const std::string& m) {
-    if (ev.on_message) ev.on_message(m);
+    if (root && ev.on_message) ev.on_message(m);
   };
   TrainConfig cfg = cfg_in;
+  const bool zero1 = cfg_in.zero1 && ranks > 1;
   const fs::path cfg_path = fs::path(cfg.out_dir) / "train_config.json";
   if (cfg.resume) {
     check(fs::exists(cfg_path), "cannot resume: '" + cfg_path.string() +
@@ -177,6 +241,13 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
   }
   cfg.schedule.total_steps = cfg.steps;
   cfg.validate();
+  check(cfg.batch_size % ranks == 0,
+        "--batch-size " + std::to_string(cfg.batch_size) + " is not divisible by the " +
+            std::to_string(ranks) + " ranks: every rank takes batch-size / ranks sequences of each "
+            "micro-batch; use a multiple of " + std::to_string(ranks) + " (e.g. " +
+            std::to_string((cfg.batch_size / ranks + 1) * ranks) + ") or another rank count");
+  comm.require_same(fnv1a64(cfg.to_json() + (zero1 ? "+zero1" : "")), "training options",
+                    "start every rank with the same command line");
   fs::create_directories(cfg.out_dir);
 
   DataOptions dopt;
@@ -185,7 +256,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
   dopt.vocab_size = cfg.bpe_vocab;
   dopt.out_dir = cfg.data_dir.empty() ? cfg.out_dir : cfg.data_dir;
   dopt.val_fraction = cfg.val_fraction;
-  PreparedData data = prepare_data(dopt);
+  PreparedData data = prepare_data_once(dopt, comm);
   msg("data: " + std::to_string(data.files.size()) + " file(s), " +
       std::to_string(data.corpus_bytes) + " bytes; tokenizer " + data.tokenizer_ref +
       " (vocab " + std::to_string(data.tokenizer->vocab_size()) + "); " +
@@ -200,7 +271,13 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
             " tokens, fewer than seq_len + 1 = " + std::to_string(cfg.seq_len + 1) +
             "; use a larger corpus or a smaller --seq-len");
 
-  if (!data.tokenizer_path.empty() && !cfg.data_dir.empty()) {
+  comm.require_same(fnv1a64(data.tokenizer->model_data(),
+                            fnv1a64(data.tokenizer_ref + ":" + std::to_string(data.train.size()) +
+                                    ":" + std::to_string(data.val.size()))),
+                    "tokenizer or token counts",
+                    "every rank must read the same corpus and run directory (on several hosts, "
+                    "put --out, or --data-dir, on a shared file system)");
+  if (root && !data.tokenizer_path.empty() && !cfg.data_dir.empty()) {
     // The final model resolves its tokenizer beside itself: keep a copy in the run directory.
     const fs::path copy = fs::path(cfg.out_dir) / fs::path(data.tokenizer_path).filename();
     if (!fs::exists(copy)) write_file_atomic(copy.string(), read_file(data.tokenizer_path));
@@ -211,7 +288,13 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
   cfg.model.validate();
   Model model(cfg.model);
   model.init_weights(cfg.seed);
-  AdamW opt(model.layout(), cfg.adamw);
+  const int64_t nparams = model.layout().total();
+  const std::vector<int64_t> bounds = shard_bounds(nparams, zero1 ? ranks : 1);
+  std::vector<int64_t> shard_counts;  // elements per rank's shard
+  for (size_t r = 0; r + 1 < bounds.size(); r++) shard_counts.push_back(bounds[r + 1] - bounds[r]);
+  const int64_t shard = zero1 ? comm.rank() : 0;
+  AdamW opt(model.layout(), cfg.adamw, bounds[static_cast<size_t>(shard)],
+            bounds[static_cast<size_t>(shard) + 1]);
   RunDir run(cfg, data);
 
   int64_t start = 0;
@@ -219,12 +302,24 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
     const std::string dir = run.latest();
     auto r = SafetensorsReader::open(dir + "/model.safetensors");
     load_weights(model, r);
-    load_optimizer(dir + "/optimizer.safetensors", model, opt);
+    if (!opt.sharded()) {
+      load_optimizer(dir + "/optimizer.safetensors", model, opt);
+    } else {  // keep this rank's shard of the moments
+      AdamW full(model.layout(), cfg.adamw);
+      load_optimizer(dir + "/optimizer.safetensors", model, full);
+      std::copy(full.m().begin() + opt.begin(), full.m().begin() + opt.end(), opt.m().begin());
+      std::copy(full.v().begin() + opt.begin(), full.v().begin() + opt.end(), opt.v().begin());
+      opt.set_steps_taken(full.steps_taken());
+    }
     start = std::stoll(r.metadata().at("step"));
     msg("resumed from " + dir + " at step " + std::to_string(start));
-  } else {
+  } else if (root) {
     write_file_atomic(cfg_path.string(), cfg.to_json() + "\n");
   }
+  comm.require_same(replica_hash(model, opt),
+                    cfg.resume ? "resumed weights and optimizer state" : "initial weights",
+                    "every rank must run the same attnres build and read the same run directory "
+                    "(on several hosts, --out must be on a shared file system)");
 
   const double flops_tok = train_flops_per_token(cfg.model, cfg.seq_len);
   const int64_t tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum;
@@ -232,11 +327,20 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
       cfg.model.residual.mode + ", " + std::to_string(cfg.model.n_layer) + " layers, d " +
       std::to_string(cfg.model.d_model) + "; " + std::to_string(tokens_per_step) +
       " tokens/step, " + std::to_string(static_cast<int64_t>(flops_tok / 1e6)) +
-      " MFLOP/token");
+      " MFLOP/token; " +
+      (ranks == 1 ? std::string("1 rank")
+                  : std::to_string(ranks) + " ranks (" + comm.backend() + "), " +
+                        std::to_string(cfg.batch_size / ranks) +
+                        " sequences per rank per micro-batch" +
+                        (zero1 ? ", AdamW state sharded (ZeRO-1)" : "")));
 
-  std::ofstream metrics(fs::path(cfg.out_dir) / "metrics.jsonl", std::ios::app);
-  check(metrics.good(), "cannot write metrics to '" + cfg.out_dir + "/metrics.jsonl'");
+  std::ofstream metrics;
+  if (root) {
+    metrics.open(fs::path(cfg.out_dir) / "metrics.jsonl", std::ios::app);
+    check(metrics.good(), "cannot write metrics to '" + cfg.out_dir + "/metrics.jsonl'");
+  }
   auto log_json = [&](const nlohmann::json& j) {
+    if (!root) return;
     metrics << j.dump() << "\n";
     metrics.flush();
   };
@@ -249,14 +353,44 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
   data.train.sample_batch(cfg.seed, 0, 0, cfg.batch_size, cfg.seq_len, batch);
   res.batch_hash = fnv1a64(std::string_view(reinterpret_cast<const char*>(batch.inputs.data()),
                                             batch.inputs.size() * sizeof(int32_t)));
+  // Replicas must not drift: check before each checkpoint (which only rank 0 writes).
+  auto save_checkpoint = [&](int64_t at_step) {
+    comm.require_same(replica_hash(model, opt), "weights or optimizer state at step " +
+                          std::to_string(at_step),
+                      "the ranks' replicas diverged, which is a bug: please report it with the "
+                      "command line");
+    if (!opt.sharded()) {
+      if (root) run.save(model, opt, at_step);
+      return;
+    }
+    // ZeRO-1: rank 0 collects the moment shards into a whole optimizer state and writes it.
+    if (!root) {
+      comm.send(opt.m().data(), static_cast<int64_t>(opt.m().size()), 0, 1);
+      comm.send(opt.v().data(), static_cast<int64_t>(opt.v().size()), 0, 2);
+      return;
+    }
+    AdamW full(model.layout(), cfg.adamw);
+    std::copy(opt.m().begin(), opt.m().end(), full.m().begin());
+    std::copy(opt.v().begin(), opt.v().end(), full.v().begin());
+    for (int r = 1; r < ranks; r++) {
+      const int64_t b = bounds[static_cast<size_t>(r)], n = shard_counts[static_cast<size_t>(r)];
+      comm.recv(full.m().data() + b, n, r, 1);
+      comm.recv(full.v().data() + b, n, r, 2);
+    }
+    full.set_steps_taken(opt.steps_taken());
+    run.save(model, full, at_step);
+  };
   const auto t0 = Clock::now();
   double timed_s = 0.0;  // excludes the first step (allocation, warm-up)
   int64_t timed_steps = 0;
   double recent_loss = 0.0;
   int64_t recent_n = 0;
+  const int64_t rows = cfg.batch_size / ranks, row0 = comm.rank() * rows;
   int64_t step = start;
   for (; step < cfg.steps; step++) {
-    if (ev.stop && ev.stop->load()) {
+    bool stop = ev.stop && ev.stop->load();
+    if (ranks > 1) stop = comm.any(stop);  // a stop request on any rank stops all, at one step
+    if (stop) {
       res.interrupted = true;
       msg("interrupted: saving a checkpoint at step " + std::to_string(step));
       break;
@@ -265,25 +399,31 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
     model.zero_grad();
     double loss = 0.0;
     for (int64_t micro = 0; micro < cfg.grad_accum; micro++) {
-      data.train.sample_batch(cfg.seed, step, micro, cfg.batch_size, cfg.seq_len, batch);
-      loss += model.forward(batch.inputs.data(), batch.targets.data(), cfg.batch_size,
-                            cfg.seq_len);
+      data.train.sample_rows(cfg.seed, step, micro, row0, rows, cfg.seq_len, batch);
+      loss += model.forward(batch.inputs.data(), batch.targets.data(), rows, cfg.seq_len);
       model.backward();
     }
-    loss /= static_cast<double>(cfg.grad_accum);
+    if (ranks > 1) {
+      // Sum of every rank's (sum over micro-batches of) mean-loss gradients, in buckets. A
+      // non-finite value on any rank makes the sum non-finite on all, so all skip together below.
+      comm.allreduce_sum(model.grads(), nparams);
+      comm.allreduce_sum(&loss, 1);
+    }
+    // Equal slices and micro-batches: the global mean is the mean of the ranks' micro means.
+    const int64_t parts = cfg.grad_accum * ranks;
+    loss /= static_cast<double>(parts);
     if (ev.loss_hook) loss = ev.loss_hook(step + 1, loss);
-    if (cfg.grad_accum > 1) {
-      const float s = 1.0f / static_cast<float>(cfg.grad_accum);
+    if (parts > 1) {
+      const float s = 1.0f / static_cast<float>(parts);
       float* g = model.grads();
-      const int64_t n = model.layout().total();
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; i++) g[i] *= s;
+      for (int64_t i = 0; i < nparams; i++) g[i] *= s;
     }
     const bool last = step + 1 == cfg.steps;
     const bool eval_now = (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last;
     std::vector<double> grad_norms;
-    if (eval_now) grad_norms = model.sublayer_grad_norms();  // before clipping
-    const double gnorm = grad_norm(model.grads(), model.layout().total());
+    if (eval_now && root) grad_norms = model.sublayer_grad_norms();  // before clipping
+    const double gnorm = grad_norm(model.grads(), nparams);
     const double lr = lr_at(cfg.schedule, cfg.adamw.lr, step);
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       res.skipped_steps++;
@@ -297,6 +437,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
       continue;
     }
     opt.step(model.params(), model.grads(), lr, clip_scale(gnorm, cfg.grad_clip));
+    if (zero1) comm.allgather(model.params(), shard_counts);  // every rank's updated shard
     const double dt = seconds_since(ts);
     if (step > start) {
       timed_s += dt;
@@ -316,7 +457,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
     si.tokens_per_s = static_cast<double>(tokens_per_step) / per_step;
     si.elapsed_s = seconds_since(t0);
     si.eta_s = per_step * static_cast<double>(cfg.steps - step - 1);
-    if (ev.on_step) ev.on_step(si);
+    if (root && ev.on_step) ev.on_step(si);
     if ((step + 1) % cfg.log_every == 0 || last) {
       log_json({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
                 {"tokens_per_s", si.tokens_per_s}, {"elapsed_s", si.elapsed_s},
@@ -325,39 +466,47 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev) {
     if (eval_now) {
       EvalInfo ei;
       ei.step = step + 1;
-      ei.val_loss = evaluate(model, data.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches);
+      ei.val_loss =
+          evaluate(model, data.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches, comm);
       ei.train_loss = recent_loss / static_cast<double>(std::max<int64_t>(1, recent_n));
       recent_loss = 0.0;
       recent_n = 0;
       res.final_val_loss = ei.val_loss;
       log_json({{"step", step + 1}, {"val_loss", ei.val_loss}, {"train_loss", ei.train_loss},
                 {"tokens", (step + 1) * tokens_per_step}});
-      // Magnitudes and depth weights on the first validation batch (SPEC 6 analyses).
-      data.val.window_batch(0, cfg.batch_size, cfg.seq_len, batch);
-      Diagnostics dg = measure_diagnostics(model, batch.inputs.data(), cfg.batch_size, cfg.seq_len);
-      dg.grad_norm = grad_norms;
-      auto dj = nlohmann::json::parse(diagnostics_to_json(dg));
-      dj["step"] = step + 1;
-      dj["kind"] = "diagnostics";
-      log_json(dj);
-      if (ev.on_eval) ev.on_eval(ei);
+      if (root) {
+        // Magnitudes and depth weights on the first validation batch (SPEC 6 analyses).
+        data.val.window_batch(0, cfg.batch_size, cfg.seq_len, batch);
+        Diagnostics dg =
+            measure_diagnostics(model, batch.inputs.data(), cfg.batch_size, cfg.seq_len);
+        dg.grad_norm = grad_norms;
+        auto dj = nlohmann::json::parse(diagnostics_to_json(dg));
+        dj["step"] = step + 1;
+        dj["kind"] = "diagnostics";
+        log_json(dj);
+        if (ev.on_eval) ev.on_eval(ei);
+      }
     }
     if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0 && !last) {
-      run.save(model, opt, step + 1);
+      save_checkpoint(step + 1);
     }
   }
   res.steps_done = step;
   // A resumed run stopped before its first step has nothing new: re-saving step_N would replace
-  // the very checkpoint `latest` names, opening a window in which a kill leaves none.
-  if (!(cfg.resume && step == start)) run.save(model, opt, step);
+  // the very checkpoint `latest` names, opening a window in which a kill leaves none. (The
+  // condition is the same on every rank.)
+  if (!(cfg.resume && step == start)) save_checkpoint(step);
   res.seconds = seconds_since(t0);
   res.tokens_per_s = timed_steps > 0 ? tokens_per_step * timed_steps / timed_s : 0.0;
   res.model_gflops = res.tokens_per_s * flops_tok / 1e9;
   if (!res.interrupted) {
     res.model_path = (fs::path(cfg.out_dir) / "model.safetensors").string();
-    save_model(res.model_path, model,
-               {{"tokenizer", data.tokenizer_ref}, {"step", std::to_string(step)}});
+    if (root) {
+      save_model(res.model_path, model,
+                 {{"tokenizer", data.tokenizer_ref}, {"step", std::to_string(step)}});
+    }
   }
+  comm.barrier();  // on return, rank 0's files are complete on every rank
   return res;
 }
 

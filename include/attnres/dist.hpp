@@ -1,0 +1,97 @@
+// attnres/dist.hpp — the communicator that multi-process (data-parallel) training runs over.
+//
+// One process per rank, all running the same program. A Communicator offers the few collectives
+// training needs (sum-all-reduce, all-gather, broadcast, barrier), point-to-point float transfers (for a later
+// pipeline-parallel schedule, SPEC 5) and abort. Two implementations:
+//   single  one process; collectives are no-ops (always available);
+//   mpi     MPI_COMM_WORLD (compiled when CMake finds MPI, option ATTNRES_MPI; see
+//           src/dist/comm_mpi.cpp). A watchdog aborts the whole job when one collective waits
+//           longer than timeout() for the other ranks, so a dead or hung rank never hangs the rest.
+//
+// Every collective must be called by every rank in the same order; a rank that throws instead
+// must call abort() (the CLI does), or the others wait until the watchdog fires.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace attnres::dist {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "single" or "mpi".
+  virtual std::string backend() const = 0;
+
+  // In-place element-wise sum over all ranks; every rank receives the same result. Large
+  // buffers are reduced in buckets of bucket_elems() values.
+  virtual void allreduce_sum(float* data, int64_t n) = 0;
+  virtual void allreduce_sum(double* data, int64_t n) = 0;
+  // In place: data holds size() consecutive blocks of counts[r] floats; rank r's own block is
+  // copied into every other rank's buffer (ZeRO-1: each rank's updated parameter shard).
+  virtual void allgather(float* data, const std::vector<int64_t>& counts) = 0;
+  // Copies `bytes` bytes at `data` from rank `root` to every other rank.
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+  // Point-to-point (blocking): n floats to / from rank `peer`, matched by `tag`.
+  virtual void send(const float* data, int64_t n, int peer, int tag) = 0;
+  virtual void recv(float* data, int64_t n, int peer, int tag) = 0;
+  // Ends every rank of the job with exit status `code` (never returns).
+  [[noreturn]] virtual void abort(int code) = 0;
+
+  // Seconds one collective may wait for the other ranks before the job is aborted (0 = forever).
+  double timeout() const { return timeout_s_; }
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  // Values per all-reduce bucket.
+  int64_t bucket_elems() const { return bucket_elems_; }
+  void set_bucket_elems(int64_t n) { bucket_elems_ = n > 0 ? n : bucket_elems_; }
+
+  // Convenience built on the primitives above.
+  bool is_root() const { return rank() == 0; }
+  // True on every rank when `flag` is true on any rank.
+  bool any(bool flag);
+  // Rank root's string on every rank.
+  std::string broadcast_string(const std::string& s, int root = 0);
+  // Throws Error (the same on every rank) unless `value` is equal on all ranks. The message names
+  // `what` (e.g. "initial weights"), the ranks that differ and `fix`.
+  void require_same(uint64_t value, const std::string& what, const std::string& fix);
+
+ protected:
+  double timeout_s_ = 300.0;
+  int64_t bucket_elems_ = int64_t{1} << 22;  // 16 MiB of floats
+};
+
+// One process, no communication.
+class SingleCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "single"; }
+  void allreduce_sum(float*, int64_t) override {}
+  void allreduce_sum(double*, int64_t) override {}
+  void allgather(float*, const std::vector<int64_t>&) override {}
+  void broadcast(void*, int64_t, int) override {}
+  void barrier() override {}
+  // Throw Error: a single process has no peer.
+  void send(const float*, int64_t, int, int) override;
+  void recv(float*, int64_t, int, int) override;
+  [[noreturn]] void abort(int code) override;
+};
+
+// True when this build has the MPI backend (CMake found MPI and ATTNRES_MPI is ON).
+bool mpi_compiled();
+
+// Number of ranks the launcher (mpirun / srun with PMI/PMIx) started, from its environment;
+// 1 when not launched by one.
+int launched_world_size();
+
+// The process's communicator: MPI when launched by mpirun with more than one rank (MPI is
+// initialised here and finalised when the communicator is destroyed; create at most one),
+// otherwise a SingleCommunicator. Error if launched with several ranks but built without MPI.
+std::unique_ptr<Communicator> init_world();
+
+}  // namespace attnres::dist

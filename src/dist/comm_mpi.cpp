@@ -1,0 +1,195 @@
+// The MPI communicator (attnres/dist.hpp), compiled when CMake finds MPI (ATTNRES_MPI=ON).
+//
+// MPI_COMM_WORLD with the C API. Each collective registers itself with a watchdog thread; when one
+// waits longer than timeout() the watchdog prints which collective hung and aborts the whole job
+// (MPI_Abort with MPI_THREAD_MULTIPLE, else _exit, which mpirun also turns into a job abort).
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "attnres/dist.hpp"
+#include "attnres/error.hpp"
+
+namespace attnres::dist {
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator() {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    check(!inited, "internal: MPI initialised twice (create one communicator per process)");
+    // MULTIPLE so the watchdog thread may call MPI_Abort while the main thread is blocked.
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &thread_level_);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  void allreduce_sum(float* data, int64_t n) override { reduce(data, n, MPI_FLOAT); }
+  void allreduce_sum(double* data, int64_t n) override { reduce(data, n, MPI_DOUBLE); }
+
+  void allgather(float* data, const std::vector<int64_t>& counts) override {
+    check(static_cast<int>(counts.size()) == size_,
+          "internal: allgather with " + std::to_string(counts.size()) + " counts for " +
+              std::to_string(size_) + " ranks");
+    std::vector<int> n(counts.size()), displ(counts.size());
+    int64_t off = 0;
+    for (size_t r = 0; r < counts.size(); r++) {
+      check(off + counts[r] <= INT_MAX,
+            "all-gather of more than 2^31 floats is not supported (the MPI counts are int)");
+      n[r] = static_cast<int>(counts[r]);
+      displ[r] = static_cast<int>(off);
+      off += counts[r];
+    }
+    Op op(*this, "allgather");
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, n.data(), displ.data(), MPI_FLOAT,
+                   MPI_COMM_WORLD);
+  }
+
+  void broadcast(void* data, int64_t bytes, int root) override {
+    Op op(*this, "broadcast");
+    char* p = static_cast<char*>(data);
+    for (int64_t off = 0; off < bytes; off += INT_MAX) {
+      MPI_Bcast(p + off, static_cast<int>(std::min<int64_t>(INT_MAX, bytes - off)), MPI_BYTE,
+                root, MPI_COMM_WORLD);
+    }
+  }
+
+  void barrier() override {
+    Op op(*this, "barrier");
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+
+  void send(const float* data, int64_t n, int peer, int tag) override {
+    check_peer(peer);
+    Op op(*this, "send");
+    for (int64_t off = 0; off < n; off += chunk()) {
+      MPI_Send(data + off, static_cast<int>(std::min(chunk(), n - off)), MPI_FLOAT, peer, tag,
+               MPI_COMM_WORLD);
+    }
+  }
+
+  void recv(float* data, int64_t n, int peer, int tag) override {
+    check_peer(peer);
+    Op op(*this, "recv");
+    for (int64_t off = 0; off < n; off += chunk()) {
+      MPI_Recv(data + off, static_cast<int>(std::min(chunk(), n - off)), MPI_FLOAT, peer, tag,
+               MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+  }
+
+  [[noreturn]] void abort(int code) override {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; this satisfies [[noreturn]]
+  }
+
+ private:
+  // Marks one blocking MPI call for the watchdog.
+  struct Op {
+    Op(MpiCommunicator& c, const char* name) : c_(c) {
+      c_.op_name_.store(name);
+      c_.op_timeout_.store(c_.timeout_s_);
+      c_.op_start_ns_.store(now_ns());
+    }
+    ~Op() { c_.op_start_ns_.store(0); }
+    MpiCommunicator& c_;
+  };
+
+  int64_t chunk() const { return std::min<int64_t>(bucket_elems_, INT_MAX); }
+
+  void check_peer(int peer) const {
+    check(peer >= 0 && peer < size_ && peer != rank_,
+          "invalid peer rank " + std::to_string(peer) + " for rank " + std::to_string(rank_) +
+              " of " + std::to_string(size_));
+  }
+
+  // Bucketed in-place sum: one MPI_Allreduce per bucket of bucket_elems() values.
+  void reduce(void* data, int64_t n, MPI_Datatype type) {
+    if (n <= 0) return;
+    Op op(*this, "allreduce");
+    const int64_t elem = type == MPI_DOUBLE ? 8 : 4;
+    char* p = static_cast<char*>(data);
+    for (int64_t off = 0; off < n; off += chunk()) {
+      MPI_Allreduce(MPI_IN_PLACE, p + off * elem, static_cast<int>(std::min(chunk(), n - off)),
+                    type, MPI_SUM, MPI_COMM_WORLD);
+    }
+  }
+
+  void watch() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!cv_.wait_for(lk, std::chrono::milliseconds(200), [this] { return quit_; })) {
+      const int64_t t0 = op_start_ns_.load();
+      const double limit = op_timeout_.load();
+      if (t0 == 0 || limit <= 0) continue;
+      const double waited = static_cast<double>(now_ns() - t0) * 1e-9;
+      if (waited < limit) continue;
+      std::fflush(stdout);
+      std::fprintf(stderr,
+                   "\nerror: rank %d of %d waited %.0f s in MPI %s for the other ranks: one of "
+                   "them died or hangs. Aborting the job; the last complete checkpoint is intact "
+                   "(resume with --resume). If a rank legitimately needs longer between steps "
+                   "(slow checkpoint writes, large evaluations), raise --dist-timeout.\n",
+                   rank_, size_, waited, op_name_.load());
+      std::fflush(stderr);
+      if (thread_level_ >= MPI_THREAD_MULTIPLE) MPI_Abort(MPI_COMM_WORLD, 1);
+      std::_Exit(1);
+    }
+  }
+
+  int rank_ = 0, size_ = 1, thread_level_ = MPI_THREAD_SINGLE;
+  std::atomic<int64_t> op_start_ns_{0};
+  std::atomic<double> op_timeout_{0.0};
+  std::atomic<const char*> op_name_{""};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool quit_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+bool mpi_compiled() { return true; }
+
+std::unique_ptr<Communicator> init_world() {
+  if (launched_world_size() <= 1) return std::make_unique<SingleCommunicator>();
+  auto c = std::make_unique<MpiCommunicator>();
+  if (c->size() == 1) return std::make_unique<SingleCommunicator>();
+  return c;
+}
+
+}  // namespace attnres::dist

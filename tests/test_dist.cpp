@@ -1,0 +1,439 @@
+// Data-parallel training over MPI: the communicator across processes, 2 ranks matching 1 rank,
+// checkpoints that resume on another rank count, and jobs that end (rather than hang) when a rank
+// dies. Tests that need mpirun skip with a message when it or the MPI build is absent.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/dist.hpp"
+#include "attnres/error.hpp"
+#include "attnres/safetensors.hpp"
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using namespace attnres;
+using attnres::testing::CliRun;
+using attnres::testing::TempDir;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+// mpirun's path, or "" when it is not installed.
+std::string find_mpirun() {
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= p.size()) {
+    const size_t end = std::min(p.find(':', start), p.size());
+    const fs::path cand = fs::path(p.substr(start, end - start)) / "mpirun";
+    if (::access(cand.c_str(), X_OK) == 0) return cand.string();
+    start = end + 1;
+  }
+  return "";
+}
+
+// The mpirun command prefix for n ranks on this machine (any number of cores, as root too).
+std::string mpirun(int n) {
+  // CI runs as root; OpenMPI refuses that unless told it is deliberate.
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  return "exec " + find_mpirun() + " -np " + std::to_string(n) + " --oversubscribe ";
+}
+
+#define SKIP_WITHOUT_MPIRUN()                                                                    \
+  do {                                                                                           \
+    if (!dist::mpi_compiled()) {                                                                 \
+      GTEST_SKIP() << "attnres was built without MPI: install libopenmpi-dev (scripts/setup.sh)" \
+                      " and reconfigure to run the multi-process tests";                         \
+    }                                                                                            \
+    if (find_mpirun().empty()) {                                                                 \
+      GTEST_SKIP() << "mpirun not found: install openmpi-bin (scripts/setup.sh) to run the "     \
+                      "multi-process tests";                                                     \
+    }                                                                                            \
+  } while (0)
+
+// Runs a shell command; stdout and stderr together.
+CliRun shell(const std::string& cmd) {
+  CliRun r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string cli() { return std::string(ATTNRES_CLI_PATH) + " --threads 1 "; }
+
+std::string write_corpus(const fs::path& dir) {
+  std::ofstream f(dir / "corpus.txt");
+  for (int i = 0; i < 400; i++) {
+    f << "line " << i % 17 << ": the quick brown fox jumps over the lazy dog number " << i % 7
+      << ".\n";
+  }
+  return (dir / "corpus.txt").string();
+}
+
+// A small model and run; --batch-size is the global batch whatever the rank count.
+std::string train_args(const std::string& data, const fs::path& out, int steps, int batch = 8,
+                       int eval_every = 5) {
+  return "train --data " + data + " --out " + out.string() + " --steps " + std::to_string(steps) +
+         " --n-layer 2 --d-model 32 --n-head 2 --n-kv-head 1 --seq-len 32 --batch-size " +
+         std::to_string(batch) + " --grad-accum 2 --lr 3e-3 --warmup 2 --eval-every " +
+         std::to_string(eval_every) + " --eval-batches 2 --sample-tokens 0";
+}
+
+struct Metrics {
+  std::vector<double> loss, val_loss;
+};
+
+Metrics read_metrics(const fs::path& file) {
+  Metrics m;
+  std::ifstream f(file);
+  std::string line;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss") && !j.contains("skipped")) m.loss.push_back(j["loss"].get<double>());
+    if (j.contains("val_loss")) m.val_loss.push_back(j["val_loss"].get<double>());
+  }
+  return m;
+}
+
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); i++) {
+    EXPECT_NEAR(a[i], b[i], rel * std::abs(b[i])) << what << " " << i;
+  }
+}
+
+double weights_rel_diff(const fs::path& a, const fs::path& b) {
+  auto ma = load_model(a.string());
+  auto mb = load_model(b.string());
+  EXPECT_EQ(ma->layout().total(), mb->layout().total());
+  return attnres::testing::rel_diff(ma->params(), mb->params(), ma->layout().total());
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(Dist, SingleProcessCommunicator) {
+  dist::SingleCommunicator c;
+  EXPECT_EQ(c.rank(), 0);
+  EXPECT_EQ(c.size(), 1);
+  EXPECT_TRUE(c.is_root());
+  float f[3] = {1, 2, 3};
+  c.allreduce_sum(f, 3);
+  EXPECT_EQ(f[2], 3.0f);
+  EXPECT_TRUE(c.any(true));
+  EXPECT_FALSE(c.any(false));
+  EXPECT_EQ(c.broadcast_string("abc"), "abc");
+  EXPECT_NO_THROW(c.require_same(1, "x", "y"));
+  try {
+    c.send(f, 3, 1, 0);
+    ADD_FAILURE() << "send on one process must fail";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "mpirun -np")) << e.what();
+  }
+  // Not launched by mpirun: one process, whatever the build.
+  if (dist::launched_world_size() == 1) {
+    EXPECT_EQ(dist::init_world()->size(), 1);
+  }
+}
+
+TEST(Dist, TrainHelpDocumentsMultiProcessRuns) {
+  const CliRun r = attnres::testing::run_cli("train --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* s : {"mpirun -np N", "--zero1", "--dist-timeout", "divisible by N", "USR1"}) {
+    EXPECT_TRUE(contains(r.out, s)) << s << "\n" << r.out;
+  }
+}
+
+TEST(Dist, CollectivesAcrossTwoRanks) {
+  SKIP_WITHOUT_MPIRUN();
+  const CliRun r = shell(mpirun(2) + ATTNRES_DIST_CHECK_PATH + " collectives");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "rank 0 of 2: ok (mpi)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "rank 1 of 2: ok (mpi)")) << r.out;
+}
+
+TEST(Dist, WatchdogAbortsAHungCollective) {
+  SKIP_WITHOUT_MPIRUN();
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliRun r = shell(mpirun(2) + ATTNRES_DIST_CHECK_PATH + " hang 2");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_LT(s, 30.0) << r.out;  // the sleeping rank would otherwise keep it alive for 120 s
+  EXPECT_TRUE(contains(r.out, "waited 2 s in MPI barrier")) << r.out;
+  EXPECT_TRUE(contains(r.out, "--dist-timeout")) << r.out;
+  EXPECT_FALSE(contains(r.out, "barrier returned")) << r.out;
+}
+
+TEST(Dist, TwoRanksMatchOneRank) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const CliRun one = shell("exec " + cli() + train_args(data, dir / "one", 10) + " --log-every 1");
+  ASSERT_EQ(one.code, 0) << one.out;
+  EXPECT_TRUE(contains(one.out, "; 1 rank")) << one.out;
+  const CliRun two = shell(mpirun(2) + cli() + train_args(data, dir / "two", 10) + " --log-every 1");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_TRUE(contains(two.out, "2 ranks (mpi), 4 sequences per rank")) << two.out;
+  // Rank 0 alone reports: one summary, one metrics line per step.
+  EXPECT_EQ(two.out.find("done:"), two.out.rfind("done:")) << two.out;
+  const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
+  const Metrics b = read_metrics(dir / "two" / "metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 10u);
+  ASSERT_EQ(a.val_loss.size(), 2u);
+  expect_close(b.loss, a.loss, 1e-5, "training loss at step");
+  expect_close(b.val_loss, a.val_loss, 1e-5, "validation loss at evaluation");
+  EXPECT_NE(a.loss.front(), a.loss.back());  // it trained
+  EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / "two" / "model.safetensors"),
+            1e-5);
+}
+
+TEST(Dist, BatchNotDivisibleByRanksIsAClearError) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliRun r = shell(mpirun(2) + cli() + train_args(data, dir / "run", 3, 7));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "--batch-size 7 is not divisible by the 2 ranks")) << r.out;
+  EXPECT_TRUE(contains(r.out, "use a multiple of 2 (e.g. 8)")) << r.out;
+  EXPECT_LT(s, 30.0);
+}
+
+TEST(Dist, CheckpointFromTwoRanksResumesOnOne) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const std::string save = " --save-every 10 --keep-checkpoints 3 --log-every 1";
+  const CliRun one = shell("exec " + cli() + train_args(data, dir / "one", 20) + save);
+  ASSERT_EQ(one.code, 0) << one.out;
+  const CliRun two = shell(mpirun(2) + cli() + train_args(data, dir / "two", 20) + save);
+  ASSERT_EQ(two.code, 0) << two.out;
+
+  // The step-10 checkpoints do not depend on the rank count: same tensors, same metadata.
+  const fs::path c1 = dir / "one" / "checkpoints" / "step_00000010";
+  const fs::path c2 = dir / "two" / "checkpoints" / "step_00000010";
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    auto r1 = SafetensorsReader::open((c1 / f).string());
+    auto r2 = SafetensorsReader::open((c2 / f).string());
+    EXPECT_EQ(r1.names(), r2.names()) << f;
+    EXPECT_EQ(r1.metadata(), r2.metadata()) << f;
+  }
+  EXPECT_LT(weights_rel_diff(c1 / "model.safetensors", c2 / "model.safetensors"), 1e-5);
+
+  // Resume the 2-rank run from its step-10 checkpoint on 1 rank, as if it had died after step 10.
+  std::ofstream(dir / "two" / "latest") << "step_00000010\n";
+  fs::remove(dir / "two" / "model.safetensors");
+  const CliRun resumed = shell("exec " + cli() + "train --resume --out " + (dir / "two").string() +
+                               " --sample-tokens 0");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_TRUE(contains(resumed.out, "at step 10")) << resumed.out;
+  EXPECT_TRUE(contains(resumed.out, "; 1 rank")) << resumed.out;
+  const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
+  const Metrics b = read_metrics(dir / "two" / "metrics.jsonl");  // 20 (2 ranks) + 10 (resumed)
+  ASSERT_EQ(a.loss.size(), 20u);
+  ASSERT_EQ(b.loss.size(), 30u);
+  expect_close(std::vector<double>(b.loss.begin() + 20, b.loss.end()),
+               std::vector<double>(a.loss.begin() + 10, a.loss.end()), 1e-5,
+               "resumed loss at step 11+");
+  EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / "two" / "model.safetensors"),
+            1e-5);
+}
+
+TEST(Dist, Zero1IsBitIdenticalToReplicatedAndResumes) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const std::string save = " --save-every 10 --keep-checkpoints 3 --log-every 1";
+  const CliRun rep = shell(mpirun(2) + cli() + train_args(data, dir / "rep", 20) + save);
+  ASSERT_EQ(rep.code, 0) << rep.out;
+  const CliRun z = shell(mpirun(2) + cli() + train_args(data, dir / "z", 20) + save + " --zero1");
+  ASSERT_EQ(z.code, 0) << z.out;
+  EXPECT_TRUE(contains(z.out, "AdamW state sharded (ZeRO-1)")) << z.out;
+  // Each rank updates its shard with the same arithmetic: identical bytes, including the
+  // optimizer state rank 0 gathers for the checkpoint.
+  using attnres::testing::slurp;
+  EXPECT_EQ(read_metrics(dir / "z" / "metrics.jsonl").loss,
+            read_metrics(dir / "rep" / "metrics.jsonl").loss);
+  EXPECT_TRUE(slurp(dir / "z" / "model.safetensors") == slurp(dir / "rep" / "model.safetensors"));
+  for (const char* step : {"step_00000010", "step_00000020"}) {
+    const fs::path f = fs::path("checkpoints") / step / "optimizer.safetensors";
+    EXPECT_TRUE(slurp(dir / "z" / f) == slurp(dir / "rep" / f)) << step;
+  }
+  // Resume the sharded run from step 10: each rank takes its shard of the saved moments.
+  std::ofstream(dir / "z" / "latest") << "step_00000010\n";
+  fs::remove(dir / "z" / "model.safetensors");
+  const CliRun zr = shell(mpirun(2) + cli() + "train --resume --zero1 --sample-tokens 0 --out " +
+                          (dir / "z").string());
+  ASSERT_EQ(zr.code, 0) << zr.out;
+  EXPECT_TRUE(contains(zr.out, "at step 10")) << zr.out;
+  EXPECT_TRUE(slurp(dir / "z" / "model.safetensors") == slurp(dir / "rep" / "model.safetensors"));
+}
+
+// An mpirun job in the background, its output in a log file.
+class Job {
+ public:
+  // `cmd` must exec mpirun, so the pid is mpirun's.
+  Job(const std::string& cmd, const fs::path& log) : log_(log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      const std::string full = cmd + " >" + log.string() + " 2>&1";
+      ::execl("/bin/sh", "sh", "-c", full.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Job() {
+    if (!done_ && pid_ > 0) {
+      ::kill(-pid_, SIGKILL);
+      wait(10);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  std::string log() const { return attnres::testing::slurp(log_); }
+  // Waits up to limit_s for mpirun to exit; true if it did (status() is then valid).
+  bool wait(double limit_s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!done_) {
+      done_ = ::waitpid(pid_, &status_, WNOHANG) == pid_;
+      if (done_ || seconds_since(t0) > limit_s) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return done_;
+  }
+  // Polls until the run in `out` has a checkpoint at step >= step; false on timeout or exit.
+  bool wait_for_checkpoint(const fs::path& out, int64_t step, double limit_s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (seconds_since(t0) < limit_s && !wait(0)) {
+      const std::string latest = attnres::testing::slurp(out / "latest");  // "step_%08d\n"
+      if (latest.size() > 5 && std::atoll(latest.c_str() + 5) >= step) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+  int status() const { return status_; }
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  fs::path log_;
+  pid_t pid_ = -1;
+  int status_ = 0;
+  bool done_ = false;
+};
+
+// The pid of the process launched by `parent` (mpirun) as MPI rank `rank`, or -1.
+pid_t find_rank(pid_t parent, int rank) {
+  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = attnres::testing::slurp(e.path() / "stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    int ppid = 0;
+    char state = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != parent) {
+      continue;
+    }
+    const std::string env = attnres::testing::slurp(e.path() / "environ");
+    size_t pos = 0;
+    while (pos < env.size()) {
+      const size_t end = std::min(env.find('\0', pos), env.size());
+      if (env.compare(pos, end - pos, want) == 0) return static_cast<pid_t>(std::stoi(name));
+      pos = end + 1;
+    }
+  }
+  return -1;
+}
+
+// A long 2-rank run that checkpoints every 3 steps.
+std::string long_run(const std::string& data, const fs::path& out) {
+  return mpirun(2) + cli() + train_args(data, out, 1000000, 8, 0) +
+         " --save-every 3 --log-every 50";
+}
+
+// The newest complete checkpoint of `out` loads (weights and optimizer); returns its step.
+int64_t load_latest(const fs::path& out) {
+  std::string latest = attnres::testing::slurp(out / "latest");
+  while (!latest.empty() && latest.back() == '\n') latest.pop_back();
+  EXPECT_FALSE(latest.empty());
+  const fs::path ck = out / "checkpoints" / latest;
+  Metadata meta;
+  std::unique_ptr<Model> model;
+  EXPECT_NO_THROW(model = load_model((ck / "model.safetensors").string(), &meta)) << ck;
+  if (!model) return -1;
+  AdamW opt(model->layout(), AdamWConfig{});
+  EXPECT_NO_THROW(load_optimizer((ck / "optimizer.safetensors").string(), *model, opt));
+  EXPECT_EQ(opt.steps_taken(), std::stoll(meta.at("step")));
+  return opt.steps_taken();
+}
+
+class DistKill : public ::testing::TestWithParam<int> {};
+
+TEST_P(DistKill, KilledRankEndsTheJobAndLeavesACheckpoint) {
+  SKIP_WITHOUT_MPIRUN();
+  const int victim = GetParam();
+  TempDir td;
+  const fs::path dir = td.path;
+  const fs::path out = dir / "run";
+  Job job(long_run(write_corpus(dir), out), dir / "log.txt");
+  ASSERT_TRUE(job.wait_for_checkpoint(out, 6, 60)) << "no checkpoint within 60 s:\n" << job.log();
+  const pid_t pid = find_rank(job.pid(), victim);
+  ASSERT_GT(pid, 0) << "rank " << victim << "'s process not found among mpirun's children";
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(job.wait(30)) << "the job still ran 30 s after rank " << victim
+                            << " was killed:\n" << job.log();
+  const int st = job.status();
+  EXPECT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << job.log();
+  std::printf("job ended %.1f s after rank %d was killed (mpirun status %d)\n",
+              Job::seconds_since(t0), victim, WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the other rank go
+  EXPECT_GE(load_latest(out), 6);
+}
+
+TEST(Dist, SigusrToMpirunStopsEveryRankWithACheckpoint) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const fs::path out = dir / "run";
+  Job job(long_run(write_corpus(dir), out), dir / "log.txt");
+  ASSERT_TRUE(job.wait_for_checkpoint(out, 3, 60)) << "no checkpoint within 60 s:\n" << job.log();
+  ASSERT_EQ(::kill(job.pid(), SIGUSR1), 0);  // mpirun forwards it to every rank
+  ASSERT_TRUE(job.wait(30)) << job.log();
+  EXPECT_TRUE(WIFEXITED(job.status()) && WEXITSTATUS(job.status()) == 0) << job.log();
+  const std::string log = job.log();
+  const size_t at = log.find("stopped at step ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int64_t stopped = std::atoll(log.c_str() + at + 16);
+  EXPECT_EQ(load_latest(out), stopped);  // the stop wrote a checkpoint at that very step
+}
+
+INSTANTIATE_TEST_SUITE_P(Rank, DistKill, ::testing::Values(0, 1));
+
+}  // namespace
