@@ -338,7 +338,11 @@ void Model::backward() {
     // --- MLP sublayer (l = 2i+1) ---
     {
       const int64_t l = 2 * i + 1;
-      const float* dy = router_->grad_output(l);
+      const float* dy;
+      {
+        prof::Scope ps(prof::kResidual, prof::kBackward);
+        dy = router_->grad_output(l);
+      }
       float* dgate = zeroed(a.d_a, N * F);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
@@ -369,7 +373,11 @@ void Model::backward() {
     // --- attention sublayer (l = 2i) ---
     {
       const int64_t l = 2 * i;
-      const float* dy = router_->grad_output(l);
+      const float* dy;
+      {
+        prof::Scope ps(prof::kResidual, prof::kBackward);
+        dy = router_->grad_output(l);
+      }
       float* datty = zeroed(a.d_a, N * HD);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
@@ -409,8 +417,13 @@ void Model::backward() {
     }
   }
   {
+    const float* demb;
+    {
+      prof::Scope ps(prof::kResidual, prof::kBackward);
+      demb = router_->grad_embedding();
+    }
     prof::Scope ps(prof::kEmbedding, prof::kBackward);
-    ops::embedding_backward(grad_of(wte), router_->grad_embedding(), a.tokens.data(), N, d);
+    ops::embedding_backward(grad_of(wte), demb, a.tokens.data(), N, d);
   }
 }
 

@@ -8,6 +8,8 @@
 //
 // Backward: dL/d(out of sublayer (n,k)) = dL/dB_n + sum_{i>k} dL/dP^(i), kept in B_n's gradient
 // buffer, which the partial sums' gradients are added to as the pass moves back.
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -38,6 +40,8 @@ class AttnResRouter final : public DepthRouter {
     // Two-phase needs queries known before the block starts and one softmax over a fixed set of
     // completed blocks: softmax gate, static query, no window.
     two_phase_ = c.residual.two_phase && mix_.softmax && !dynamic_ && window_ == 0 && S_ > 1;
+    // Full AttnRes with static queries: backward by source (see begin_backward).
+    by_source_ = S_ == 1 && !dynamic_ && (window_ == 0 || window_ >= L_);
   }
 
   void add_params(ParamLayout& layout) override {
@@ -113,8 +117,21 @@ class AttnResRouter final : public DepthRouter {
   const float* final_hidden() override { return final_.data(); }
 
   // ---------------------------------------------------------------- backward
+  // Two backward schemes. By mixer (block mode, dynamic queries): each mixer's backward adds into
+  // the gradients of all its sources as soon as its dx is known. By source (Full AttnRes with
+  // static queries): each mixer only keeps its dx and D = dx . x; a source's gradient is formed
+  // when the pass reaches the sublayer that produced it (grad_output), from every mixer that read
+  // it, in one pass per reader over memory instead of three (read v, read and write dv). The same
+  // memory: (L+1) stored dx buffers replace the L per-source gradient buffers and the scratch.
   void begin_backward(const float* dh) override {
     const int64_t nd = n_ * d_;
+    if (by_source_) {
+      std::memcpy(dxs_[L_].data(), dh, sizeof(float) * nd);
+      ops::depth_dx_dot(D_[L_].data(), dxs_[L_].data(), final_.data(), mix_, n_);
+      nthr_ = omp_get_max_threads();
+      dq_part_.assign(static_cast<size_t>(nthr_) * (L_ + 1) * d_, 0.0f);
+      return;
+    }
     std::memset(emb_.g.data(), 0, sizeof(float) * nd);
     for (auto& b : blocks_) std::memset(b.g.data(), 0, sizeof(float) * nd);
     mix_backward(L_, dh, final_.data(), lse_[L_].data());
@@ -123,19 +140,43 @@ class AttnResRouter final : public DepthRouter {
   // dL/d out_l = dL/dB_n + sum_{i>k} dL/dP^(i). The partial sums' gradients are accumulated
   // straight into B_n's gradient buffer (complete before block n's backward starts, and read by
   // nothing after), which therefore holds exactly that running sum.
-  const float* grad_output(int64_t l) override { return blocks_[l / S_].g.data(); }
+  const float* grad_output(int64_t l) override {
+    if (!by_source_) return blocks_[l / S_].g.data();
+    // Sublayer l's output is source block l, read by mixers l+1..L.
+    source_backward(dv_cur_.data(), blocks_[l], l + 1);
+    return dv_cur_.data();
+  }
 
-  float* grad_input_slot(int64_t) override {
-    std::memset(dx_.data(), 0, sizeof(float) * n_ * d_);
-    return dx_.data();
+  float* grad_input_slot(int64_t l) override {
+    float* dx = by_source_ ? dxs_[l].data() : dx_.data();
+    std::memset(dx, 0, sizeof(float) * n_ * d_);
+    return dx;
   }
 
   void commit_grad_input(int64_t l) override {
+    if (by_source_) {
+      ops::depth_dx_dot(D_[l].data(), dxs_[l].data(), xin_[l].data(), mix_, n_);
+      return;
+    }
     // The partial source P^(k)'s gradient lands in B_n's gradient, turning it into dL/d out_{l-1}.
     mix_backward(l, dx_.data(), xin_[l].data(), lse_[l].data());
   }
 
-  const float* grad_embedding() override { return emb_.g.data(); }
+  const float* grad_embedding() override {
+    if (!by_source_) return emb_.g.data();
+    source_backward(emb_.g.data(), emb_, 0);  // read by every mixer
+    // Query gradients: each thread's partial sums, combined in thread order.
+    std::vector<float> dqg(d_);
+    for (int64_t m = 0; m <= L_; m++) {
+      std::fill(dqg.begin(), dqg.end(), 0.0f);
+      for (int t = 0; t < nthr_; t++) {
+        const float* p = dq_part_.data() + (static_cast<int64_t>(t) * (L_ + 1) + m) * d_;
+        for (int64_t c = 0; c < d_; c++) dqg[c] += p[c];
+      }
+      accumulate_query_grad(m, dqg.data());
+    }
+    return emb_.g.data();
+  }
 
   bool depth_weights(std::vector<std::vector<double>>& w, std::vector<std::string>& rows,
                      std::vector<std::string>& cols) override {
@@ -192,7 +233,7 @@ class AttnResRouter final : public DepthRouter {
     };
     fit(emb_, true);
     blocks_.resize(NB_);
-    for (auto& b : blocks_) fit(b, true);
+    for (auto& b : blocks_) fit(b, !by_source_);
     part_.resize(L_);
     for (int64_t l = 0; l < L_; l++) {
       if (l % S_ != 0) fit(part_[l], false);  // partial before sublayer l exists for k > 0
@@ -202,8 +243,16 @@ class AttnResRouter final : public DepthRouter {
     lse_.resize(L_ + 1);
     for (auto& x : lse_) x.resize(nh);
     final_.resize(nd);
-    out_.resize(nd);
-    dx_.resize(nd);
+    if (by_source_) {
+      dxs_.resize(L_ + 1);
+      for (auto& x : dxs_) x.resize(nd);
+      D_.resize(L_ + 1);
+      for (auto& x : D_) x.resize(nh);
+      dv_cur_.resize(nd);
+    } else {
+      out_.resize(nd);  // S == 1 never uses it, but block mode does
+      dx_.resize(nd);
+    }
     if (dynamic_) {
       qdyn_.resize(nd);
       qraw_.resize(nd);
@@ -308,24 +357,43 @@ class AttnResRouter final : public DepthRouter {
     }
   }
 
-  // Backpropagates dx through mixer m into its sources' gradients and its parameters.
-  void mix_backward(int64_t m, const float* dx, const float* x, const float* lse) {
-    auto src = sources(m);
-    const int64_t S = static_cast<int64_t>(src.size());
+  // Static query qg = w * g of mixer m: dw += dqg * g, dg += dqg * w.
+  void accumulate_query_grad(int64_t m, const float* dqg) {
     const float* w = params_ + off_[m].query;
     const float* g = mix_.key_norm ? params_ + off_[m].gain : nullptr;
     float* dw = grads_ + off_[m].query;
     float* dg = g ? grads_ + off_[m].gain : nullptr;
+    for (int64_t c = 0; c < d_; c++) {
+      dw[c] += g ? dqg[c] * g[c] : dqg[c];
+      if (dg) dg[c] += dqg[c] * w[c];
+    }
+  }
+
+  // By-source backward: dv = the whole gradient of source `src`, read by mixers first..L.
+  void source_backward(float* dv, const Source& src, int64_t first) {
+    std::vector<ops::DepthReader> rd;
+    for (int64_t m = first; m <= L_; m++) {
+      rd.push_back({dxs_[m].data(), lse_[m].data(), D_[m].data(), qg_.data() + m * d_, m * d_});
+    }
+    const ops::DepthSource s{src.v.data(), src.r.data(), nullptr};
+    ops::depth_source_backward(dv, s, rd.data(), static_cast<int64_t>(rd.size()), dq_part_.data(),
+                               (L_ + 1) * d_, nthr_, mix_, n_);
+  }
+
+  // Backpropagates dx through mixer m into its sources' gradients and its parameters.
+  void mix_backward(int64_t m, const float* dx, const float* x, const float* lse) {
+    auto src = sources(m);
+    const int64_t S = static_cast<int64_t>(src.size());
     if (!dynamic_) {
       std::vector<float> dqg(d_, 0.0f);
       ops::depth_mix_backward(dqg.data(), dx, x, lse, src.data(), S, qg_.data() + m * d_, 0, mix_,
                               n_);
-      for (int64_t c = 0; c < d_; c++) {  // qg = w * g
-        dw[c] += g ? dqg[c] * g[c] : dqg[c];
-        if (dg) dg[c] += dqg[c] * w[c];
-      }
+      accumulate_query_grad(m, dqg.data());
       return;
     }
+    const float* g = mix_.key_norm ? params_ + off_[m].gain : nullptr;
+    float* dw = grads_ + off_[m].query;
+    float* dg = g ? grads_ + off_[m].gain : nullptr;
     int64_t q_ld = 0;
     query(m, src, &q_ld);  // recomputes qraw_/qdyn_: cheaper than storing L of them
     std::memset(dq_.data(), 0, sizeof(float) * n_ * d_);
@@ -359,6 +427,8 @@ class AttnResRouter final : public DepthRouter {
   ops::DepthMix mix_;
   int64_t NB_ = 0, n_ = 0;
   bool two_phase_ = false;
+  bool by_source_ = false;
+  int nthr_ = 1;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<Offsets> off_;
@@ -367,6 +437,8 @@ class AttnResRouter final : public DepthRouter {
   std::vector<Source> blocks_, part_;
   std::vector<std::vector<float>> xin_, lse_, o1_, lse1_;
   std::vector<float> final_, out_, dx_, qdyn_, qraw_, dq_;
+  std::vector<std::vector<float>> dxs_, D_;  // by source: every mixer's dx (N,d) and dx . x (N,H)
+  std::vector<float> dv_cur_, dq_part_;      // by source: one source's gradient; query partials
 };
 
 }  // namespace

@@ -264,6 +264,67 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
 }
 
 ATTNRES_KERNEL
+void depth_dx_dot(float* D, const float* dx, const float* x, const DepthMix& m, int64_t N) {
+  const int64_t d = m.d, H = m.H, dh = m.dh();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; n++) {
+    for (int64_t h = 0; h < H; h++) D[n * H + h] = dotf(dx + n * d + h * dh, x + n * d + h * dh, dh);
+  }
+}
+
+ATTNRES_KERNEL
+void depth_source_backward(float* dv, const DepthSource& src, const DepthReader* rd, int64_t K,
+                           float* dq, int64_t dq_stride, int nthr, const DepthMix& m, int64_t N) {
+  const int64_t d = m.d, H = m.H, dh = m.dh();
+  const int64_t TB = backward_tile_rows(d);
+  const int64_t tiles = (N + TB - 1) / TB;
+#pragma omp parallel num_threads(nthr)
+  {
+    float* my_dq = dq + static_cast<int64_t>(omp_get_thread_num()) * dq_stride;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+      const int64_t n0 = t * TB, nb = std::min(TB, N - n0);
+      std::fill(dv + n0 * d, dv + (n0 + nb) * d, 0.0f);  // the tile stays in L2 across readers
+      // Reader by reader, each streaming its dx over the tile; the tile's v rows stay in cache.
+      for (int64_t k = 0; k < K; k++) {
+        const DepthReader& R = rd[k];
+        float* dqk = my_dq + R.dq_offset;
+        for (int64_t r = 0; r < nb; r++) {
+          const int64_t n = n0 + r;
+          for (int64_t h = 0; h < H; h++) {
+            const float* vh = src.v + n * d + h * dh;
+            const float* gh = R.dx + n * d + h * dh;
+            const float* qh = R.qg + h * dh;
+            float qv, da;
+            dot2(qh, gh, vh, dh, &qv, &da);
+            const float rs = m.key_norm ? src.rstd[n * H + h] : 1.0f;
+            const float s = qv * rs;
+            float a, ds;
+            if (m.softmax) {
+              a = std::exp(s - R.lse[n * H + h]);
+              ds = a * (da - R.D[n * H + h]);
+            } else {
+              a = sigmoidf(s);
+              ds = a * (1.0f - a) * da;
+            }
+            // As in depth_mix_backward: ds/dv = r q - s r^2 v / dh.
+            const float dsr = ds * rs;
+            const float kv = m.key_norm ? ds * s * rs * rs / static_cast<float>(dh) : 0.0f;
+            float* dvh = dv + n * d + h * dh;
+            float* dqh = dqk + h * dh;
+#pragma omp simd
+            for (int64_t c = 0; c < dh; c++) {
+              dvh[c] += a * gh[c] + dsr * qh[c] - kv * vh[c];
+              dqh[c] += dsr * vh[c];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+ATTNRES_KERNEL
 void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src, int64_t S,
                       const float* const* qg, int64_t K, const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();

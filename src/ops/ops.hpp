@@ -108,6 +108,26 @@ void depth_mix_forward_reference(float* x, float* lse, const DepthSource* src, i
 void depth_mix_backward(float* dqg, const float* dx, const float* x, const float* lse,
                         const DepthSource* src, int64_t S, const float* qg, int64_t q_ld,
                         const DepthMix& m, int64_t N);
+// Backward BY SOURCE (Full AttnRes, static queries): instead of each mixer read-modify-writing
+// the gradients of all its sources (3 passes over memory per mixer and source), the gradient of
+// one source is formed once, when it is needed, from the K mixers that read it: one pass over each
+// reader's dx. Reader k: its dx (N,d), forward lse (N,H), D = dx . x per head (N,H, from
+// depth_dx_dot) and static query qg (d).
+struct DepthReader {
+  const float* dx;
+  const float* lse;
+  const float* D;
+  const float* qg;
+  int64_t dq_offset;  // where this reader's query gradient lives in each thread's dq block
+};
+// dv (N,d) = sum_k d loss / d v through reader k (OVERWRITTEN). dq + t * dq_stride + dq_offset_k
+// (d) += reader k's query-gradient partial sum over the rows thread t handles; t < nthr, and the
+// rows a thread handles depend only on N and nthr, so combining the blocks in thread order is
+// deterministic.
+void depth_source_backward(float* dv, const DepthSource& src, const DepthReader* rd, int64_t K,
+                           float* dq, int64_t dq_stride, int nthr, const DepthMix& m, int64_t N);
+// D (N,H) = dx . x over each head slice.
+void depth_dx_dot(float* D, const float* dx, const float* x, const DepthMix& m, int64_t N);
 // Two-phase computation (SPEC 4), softmax gate and per-token-independent queries only.
 // Phase 1: K queries qg[k] (d) score the same S sources in ONE pass over them; o[k] (N,d) gets the
 // normalised mix and lse[k] (N,H) its log-sum-exp.
