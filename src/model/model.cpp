@@ -9,6 +9,7 @@
 
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
+#include "core/buffer.hpp"
 #include "core/profile.hpp"
 #include "core/rng.hpp"
 #include "model/layer_views.hpp"
@@ -21,18 +22,18 @@ struct Model::Acts {
   int64_t B = 0, T = 0, cap_rows = 0, cap_att = 0;
   bool have_targets = false;
   std::vector<int32_t> tokens, targets;  // (N)
-  std::vector<float> emb;                // (N,d)
-  std::vector<float> xn_att, rstd_att;   // (nl,N,d), (nl,N)
-  std::vector<float> qkv;                // (nl,N,QKV) q|k|v after RoPE
-  std::vector<float> att;                // (nl,B,H,T,T) attention probabilities
-  std::vector<float> atty;               // (nl,N,H*hd) attention output before wo
-  std::vector<float> xn_mlp, rstd_mlp;   // (nl,N,d), (nl,N)
-  std::vector<float> h13;                // (nl,N,2F) [w1 x | w3 x]
-  std::vector<float> gate;               // (nl,N,F) silu(h1) * h3
-  std::vector<float> xf, rstd_f;         // (N,d), (N) final norm
-  std::vector<float> logits, lse;        // (N,V), (N)
+  FloatBuf emb;                // (N,d)
+  FloatBuf xn_att, rstd_att;   // (nl,N,d), (nl,N)
+  FloatBuf qkv;                // (nl,N,QKV) q|k|v after RoPE
+  FloatBuf att;                // (nl,B,H,T,T) attention probabilities
+  FloatBuf atty;               // (nl,N,H*hd) attention output before wo
+  FloatBuf xn_mlp, rstd_mlp;   // (nl,N,d), (nl,N)
+  FloatBuf h13;                // (nl,N,2F) [w1 x | w3 x]
+  FloatBuf gate;               // (nl,N,F) silu(h1) * h3
+  FloatBuf xf, rstd_f;         // (N,d), (N) final norm
+  FloatBuf logits, lse;        // (N,V), (N)
   // backward scratch, reused by every layer
-  std::vector<float> d_a, d_b, d_c, d_att;
+  FloatBuf d_a, d_b, d_c, d_att;
   std::vector<float> rope_cos, rope_sin;  // (max_seq_len, hd/2)
 };
 
@@ -302,7 +303,7 @@ void Model::backward() {
   const int64_t QKV = as.ld(), HD = as.H * as.hd;
   float* G = grads_.data();
   auto grad_of = [&](const float* p) { return G + (p - params_.data()); };
-  auto zeroed = [](std::vector<float>& v, int64_t n) {
+  auto zeroed = [](FloatBuf& v, int64_t n) {
     std::memset(v.data(), 0, sizeof(float) * n);
     return v.data();
   };

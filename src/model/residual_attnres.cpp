@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attnres/error.hpp"
+#include "core/buffer.hpp"
 #include "model/routers.hpp"
 #include "ops/ops.hpp"
 
@@ -213,7 +214,7 @@ class AttnResRouter final : public DepthRouter {
 
  private:
   struct Source {
-    std::vector<float> v, r, g;  // value (n,d), inverse RMS (n,H), gradient (n,d)
+    FloatBuf v, r, g;  // value (n,d), inverse RMS (n,H), gradient (n,d)
   };
   struct Offsets {
     int64_t query = -1, gain = -1, proj = -1;
@@ -435,10 +436,11 @@ class AttnResRouter final : public DepthRouter {
   std::vector<float> qg_;  // ((L+1), d) static query * gain
   Source emb_;
   std::vector<Source> blocks_, part_;
-  std::vector<std::vector<float>> xin_, lse_, o1_, lse1_;
-  std::vector<float> final_, out_, dx_, qdyn_, qraw_, dq_;
-  std::vector<std::vector<float>> dxs_, D_;  // by source: every mixer's dx (N,d) and dx . x (N,H)
-  std::vector<float> dv_cur_, dq_part_;      // by source: one source's gradient; query partials
+  std::vector<FloatBuf> xin_, lse_, o1_, lse1_;
+  FloatBuf final_, out_, dx_, qdyn_, qraw_, dq_;
+  std::vector<FloatBuf> dxs_, D_;  // by source: every mixer's dx (N,d) and dx . x (N,H)
+  FloatBuf dv_cur_;
+  std::vector<float> dq_part_;      // by source: one source's gradient; query partials
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
+#include "core/buffer.hpp"
 #include "model/routers.hpp"
 
 namespace attnres {
@@ -66,10 +67,10 @@ class PrenormRouter final : public DepthRouter {
  private:
   float* x(int64_t l) { return xs_.data() + l * n_ * d_; }
   int64_t L_, d_, n_ = 0;
-  std::vector<float> xs_;   // (L+1, n, d): x_0 = v_0, ..., x_L = final hidden
-  std::vector<float> out_;  // (n, d) sublayer output scratch
-  std::vector<float> g_;    // (n, d) running gradient
-  std::vector<float> dx_;   // (n, d) input-gradient scratch
+  FloatBuf xs_;   // (L+1, n, d): x_0 = v_0, ..., x_L = final hidden
+  FloatBuf out_;  // (n, d) sublayer output scratch
+  FloatBuf g_;    // (n, d) running gradient
+  FloatBuf dx_;   // (n, d) input-gradient scratch
 };
 
 }  // namespace

@@ -41,6 +41,12 @@ inline int64_t backward_tile_rows(int64_t d) {
   return std::clamp<int64_t>((256 << 10) / (d * static_cast<int64_t>(sizeof(float))), 8, 64);
 }
 
+// Software prefetch of the row n floats long starting at p, kPrefetchRows rows ahead of use.
+constexpr int64_t kPrefetchRows = 4;
+inline void prefetch_row(const float* p, int64_t n) {
+  for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(p + c, 0, 3);
+}
+
 // w (n) <- softmax(w); returns the log-sum-exp.
 inline float softmax_inplace(float* w, int64_t n) {
   float mx = w[0];
@@ -108,6 +114,7 @@ void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, 
       for (int64_t i = 0; i < S; i++) {
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
+          if (r + kPrefetchRows < nb) prefetch_row(src[i].v + (n + kPrefetchRows) * d, d);
           for (int64_t h = 0; h < H; h++) a[(r * H + h) * S + i] = score(src[i], qg + n * q_ld, n, h, m);
         }
       }
@@ -218,6 +225,10 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
       for (int64_t i = 0; i < S; i++) {
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
+          if (r + kPrefetchRows < nb) {
+            prefetch_row(src[i].v + (n + kPrefetchRows) * d, d);
+            if (src[i].dv) prefetch_row(src[i].dv + (n + kPrefetchRows) * d, d);
+          }
           const float* q = qg + n * q_ld;
           float* dq = shared_q ? my_dq : dqg + n * d;
           for (int64_t h = 0; h < H; h++) {
@@ -291,6 +302,9 @@ void depth_source_backward(float* dv, const DepthSource& src, const DepthReader*
         float* dqk = my_dq + R.dq_offset;
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
+          // One core keeps too few cache misses in flight to stream at full bandwidth, and the
+          // hardware prefetchers lose track of many interleaved streams: fetch ahead explicitly.
+          if (r + kPrefetchRows < nb) prefetch_row(R.dx + (n + kPrefetchRows) * d, d);
           for (int64_t h = 0; h < H; h++) {
             const float* vh = src.v + n * d + h * dh;
             const float* gh = R.dx + n * d + h * dh;
