@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "attnres/buffer.hpp"
 #include "attnres/config.hpp"
 #include "attnres/params.hpp"
 
@@ -86,7 +87,7 @@ class Model {
   size_t n_core_entries_ = 0;  // layout entries before the router's own
   bool record_stats_ = false;
   SublayerStats stats_;
-  std::vector<float> params_, grads_;
+  FloatBuf params_, grads_;  // on huge pages where available (attnres/buffer.hpp)
   std::unique_ptr<DepthRouter> router_;
   std::unique_ptr<Acts> acts_;
 };

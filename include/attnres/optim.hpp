@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "attnres/buffer.hpp"
 #include "attnres/params.hpp"
 
 namespace attnres {
@@ -61,8 +62,8 @@ class AdamW {
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
   // Moments of the owned range: m()[i] belongs to flat parameter begin() + i.
-  std::vector<float>& m() { return m_; }
-  std::vector<float>& v() { return v_; }
+  FloatBuf& m() { return m_; }
+  FloatBuf& v() { return v_; }
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
   bool sharded() const { return begin_ != 0 || end_ != layout_.total(); }
@@ -72,7 +73,7 @@ class AdamW {
   const ParamLayout& layout_;
   AdamWConfig cfg_;
   int64_t begin_ = 0, end_ = 0;
-  std::vector<float> m_, v_;
+  FloatBuf m_, v_;
   int64_t t_ = 0;
 };
 

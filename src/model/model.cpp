@@ -9,7 +9,7 @@
 
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
-#include "core/buffer.hpp"
+#include "attnres/buffer.hpp"
 #include "core/profile.hpp"
 #include "core/rng.hpp"
 #include "model/layer_views.hpp"

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "attnres/error.hpp"
-#include "core/buffer.hpp"
+#include "attnres/buffer.hpp"
 #include "model/routers.hpp"
 #include "ops/ops.hpp"
 
@@ -104,7 +104,7 @@ class AttnResRouter final : public DepthRouter {
     const float* o = out_.data();
     if (k != 0) {
       const float* prev = part_[l].v.data();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (nd > 65536)
       for (int64_t i = 0; i < nd; i++) p[i] = prev[i] + o[i];
     }
     if (mix_.key_norm) ops::depth_rstd(dst.r.data(), p, N, d_, mix_.H, eps_);

@@ -5,7 +5,7 @@
 
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
-#include "core/buffer.hpp"
+#include "attnres/buffer.hpp"
 #include "model/routers.hpp"
 
 namespace attnres {
@@ -34,7 +34,7 @@ class PrenormRouter final : public DepthRouter {
     float* dst = x(l + 1);
     const float* o = out_.data();
     const int64_t m = n_ * d_;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (m > 65536)
     for (int64_t i = 0; i < m; i++) dst[i] = a[i] + o[i];
   }
   const float* final_hidden() override { return x(L_); }

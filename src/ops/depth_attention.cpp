@@ -41,6 +41,10 @@ inline int64_t backward_tile_rows(int64_t d) {
   return std::clamp<int64_t>((256 << 10) / (d * static_cast<int64_t>(sizeof(float))), 8, 64);
 }
 
+// Up to this many rows (token-by-token decoding) a kernel runs on the calling thread: waking the
+// OpenMP team costs more than the work.
+constexpr int64_t kSerialRows = 8;
+
 // Software prefetch of the row n floats long starting at p, kPrefetchRows rows ahead of use.
 constexpr int64_t kPrefetchRows = 4;
 inline void prefetch_row(const float* p, int64_t n) {
@@ -88,7 +92,7 @@ inline float score(const DepthSource& s, const float* q, int64_t n, int64_t h, c
 ATTNRES_KERNEL
 void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H, float eps) {
   const int64_t dh = d / H;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > kSerialRows)
   for (int64_t n = 0; n < N; n++) {
     for (int64_t h = 0; h < H; h++) {
       const float* x = v + n * d + h * dh;
@@ -104,7 +108,7 @@ void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, 
   const int64_t d = m.d, H = m.H, dh = m.dh();
   const int64_t TB = tile_rows(S, d);
   const int64_t tiles = (N + TB - 1) / TB;
-#pragma omp parallel
+#pragma omp parallel if (N > kSerialRows)
   {
     std::vector<float> a(static_cast<size_t>(TB * H * S));  // weights [row][head][source]
 #pragma omp for schedule(static)
@@ -344,7 +348,7 @@ void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src
   const int64_t d = m.d, H = m.H, dh = m.dh();
   const int64_t TB = tile_rows(S, d);
   const int64_t tiles = (N + TB - 1) / TB;
-#pragma omp parallel
+#pragma omp parallel if (N > kSerialRows)
   {
     std::vector<float> a(static_cast<size_t>(K * TB * H * S));  // [query][row][head][source]
 #pragma omp for schedule(static)
@@ -380,7 +384,7 @@ ATTNRES_KERNEL
 void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
                       const DepthSource& p, const float* qg, const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > kSerialRows)
   for (int64_t n = 0; n < N; n++) {
     for (int64_t h = 0; h < H; h++) {
       const float s = score(p, qg, n, h, m);

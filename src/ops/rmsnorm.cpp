@@ -12,7 +12,7 @@ namespace attnres::ops {
 ATTNRES_KERNEL
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,
                      int64_t C, float eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > 8)  // decoding: one row, no team
   for (int64_t n = 0; n < N; n++) {
     const float* x = inp + n * C;
     float* y = out + n * C;

@@ -25,7 +25,7 @@ void rope_table(float* cos_t, float* sin_t, int64_t T_max, int64_t hd, double th
 static void rope_apply(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
                        int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0, float sign) {
   const int64_t half = hd / 2;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (B * T > 8)
   for (int64_t b = 0; b < B; b++) {
     for (int64_t t = 0; t < T; t++) {
       const float* c = cos_t + (pos0 + t) * half;

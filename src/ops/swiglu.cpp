@@ -9,7 +9,7 @@ namespace attnres::ops {
 
 ATTNRES_KERNEL
 void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N > 8)  // decoding: one row, no team
   for (int64_t n = 0; n < N; n++) {
     const float* h1 = h13 + n * 2 * F;
     const float* h3 = h1 + F;

@@ -1,4 +1,4 @@
-// Large activation and parameter buffers on transparent huge pages.
+// attnres/buffer.hpp — large activation, parameter and optimizer buffers on transparent huge pages.
 //
 // The AttnRes depth mix and the optimizer stream tens of (N,d) arrays; with 4 KiB pages every
 // 2 MiB of them costs 512 TLB entries, and the page walks showed up as ~20 % of the depth-mix
