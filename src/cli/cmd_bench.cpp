@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
@@ -166,6 +167,49 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
           {"peak_rss_mib", ru.ru_maxrss / 1024.0}};
 }
 
+// Inference latency of every mode side by side in ONE process: prefill rounds and then single
+// tokens interleaved mode by mode (A B C A B C ...), so machine noise and process-to-process
+// differences (page placement, huge pages) hit every mode alike; medians per mode.
+json inference_interleaved(const BenchArgs& a, const std::vector<std::string>& modes) {
+  const int64_t T = a.seq_len, P = std::max<int64_t>(1, T / 2);
+  std::vector<std::unique_ptr<Model>> models;
+  std::vector<std::unique_ptr<Decoder>> decs;
+  for (const auto& mode : modes) {
+    models.push_back(std::make_unique<Model>(bench_config(a, mode)));
+    models.back()->init_weights(1);
+    decs.push_back(std::make_unique<Decoder>(*models.back(), models.back()->config().max_seq_len));
+  }
+  std::vector<int32_t> tok(P + 1);
+  Rng rng(7);
+  for (auto& t : tok) t = static_cast<int32_t>(rng.next_u64() % a.vocab);
+  const size_t M = modes.size();
+  std::vector<std::vector<double>> pre(M), dec(M);
+  for (int r = 0; r < 5; r++) {
+    for (size_t i = 0; i < M; i++) {
+      decs[i]->reset();
+      const auto t0 = Clock::now();
+      decs[i]->feed(tok.data(), P);
+      pre[i].push_back(secs(t0));
+    }
+  }
+  std::vector<int32_t> next(M, tok[P]);
+  for (int64_t k = 0; k < std::max<int64_t>(a.decode_tokens, 1); k++) {
+    for (size_t i = 0; i < M; i++) {
+      const auto t0 = Clock::now();
+      const float* l = decs[i]->feed(&next[i], 1);
+      dec[i].push_back(secs(t0));
+      next[i] = static_cast<int32_t>(std::max_element(l, l + a.vocab) - l);
+    }
+  }
+  json out = json::array();
+  for (size_t i = 0; i < M; i++) {
+    out.push_back({{"mode", modes[i]},
+                   {"prefill_tokens_per_s", P / median(pre[i])},
+                   {"decode_ms_per_token", 1e3 * median(dec[i])}});
+  }
+  return out;
+}
+
 std::string self_args(const BenchArgs& a) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
@@ -290,6 +334,28 @@ void run_bench(const BenchArgs& a) {
       std::printf(" %8.1f /%7.1f", 1e3 * v[0].get<double>(), 1e3 * v[1].get<double>());
     }
     std::printf("\n");
+  }
+  // Inference side by side in this process (the per-child figures above vary from process to
+  // process by several percent; this is the comparison to trust).
+  {
+    const json inf = inference_interleaved(a, modes);
+    results["inference_interleaved"] = inf;
+    std::printf("\ninference, all modes in one process, interleaved (medians; prefill %lld tokens, "
+                "then %lld single tokens):\n%-9s %12s %9s %12s %9s\n",
+                static_cast<long long>(std::max<int64_t>(1, a.seq_len / 2)),
+                static_cast<long long>(a.decode_tokens), "mode", "prefill t/s", "vs base",
+                "decode ms/t", "vs base");
+    const json* b = nullptr;
+    for (const auto& r : inf) {
+      if (r["mode"] == "prenorm") b = &r;
+    }
+    for (const auto& r : inf) {
+      const double pt = r["prefill_tokens_per_s"], dm = r["decode_ms_per_token"];
+      std::printf("%-9s %12.0f %9.3f %12.3f %9.3f\n", r["mode"].get<std::string>().c_str(), pt,
+                  b ? pt / (*b)["prefill_tokens_per_s"].get<double>() : 0.0, dm,
+                  b ? dm / (*b)["decode_ms_per_token"].get<double>() : 0.0);
+    }
+    std::fflush(stdout);
   }
   // PyTorch on the identical model and batch (tools/bench_torch.py), same loss required.
   if (!a.torch_pythons.empty() && base) {

@@ -197,19 +197,22 @@ void attention_decode(float* out, const float* q, const float* kc, const float* 
         const int64_t j = h / grp;
         float mx = -INFINITY;
         for (int64_t u = 0; u < P; u++) {
-          const float* k = kc + u * kvld + j * hd;
-          float dot = 0.0f;
-          for (int64_t i = 0; i < hd; i++) dot += qh[i] * k[i];
-          sc[u] = dot * scale;
+          sc[u] = simd::dot(qh, kc + u * kvld + j * hd, hd) * scale;
           mx = std::max(mx, sc[u]);
         }
         float sum = 0.0f;
-        for (int64_t u = 0; u < P; u++) sum += (sc[u] = std::exp(sc[u] - mx));
+#pragma omp simd reduction(+ : sum)
+        for (int64_t u = 0; u < P; u++) {
+          sc[u] = vexpf(sc[u] - mx);
+          sum += sc[u];
+        }
+        const float inv = 1.0f / sum;
         float* o = out + (t * H + h) * hd;
         for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
         for (int64_t u = 0; u < P; u++) {
-          const float w = sc[u] / sum;
+          const float w = sc[u] * inv;
           const float* v = vc + u * kvld + j * hd;
+#pragma omp simd
           for (int64_t i = 0; i < hd; i++) o[i] += w * v[i];
         }
       }

@@ -106,7 +106,7 @@ ATTNRES_KERNEL
 void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, const float* qg,
                        int64_t q_ld, const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();
-  const int64_t TB = tile_rows(S, d);
+  const int64_t TB = std::min(tile_rows(S, d), std::max<int64_t>(N, 1));
   const int64_t tiles = (N + TB - 1) / TB;
 #pragma omp parallel if (N > kSerialRows)
   {
@@ -346,7 +346,7 @@ ATTNRES_KERNEL
 void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src, int64_t S,
                       const float* const* qg, int64_t K, const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();
-  const int64_t TB = tile_rows(S, d);
+  const int64_t TB = std::min(tile_rows(S, d), std::max<int64_t>(N, 1));
   const int64_t tiles = (N + TB - 1) / TB;
 #pragma omp parallel if (N > kSerialRows)
   {
