@@ -10,6 +10,7 @@
 #include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 #include "cli/commands.hpp"
+#include "cli/train_options.hpp"
 
 namespace {
 
@@ -49,6 +50,7 @@ void set_command_line(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   tune_openmp_wait(argv);
+  attnres::cli::start_signal_thread();  // before any other thread exists
   attnres::cli::set_command_line(argc, argv);
   CLI::App app{
       "attnres: a C++ engine that trains and runs Transformer language models with Attention "

@@ -1,8 +1,12 @@
 // Options shared by `attnres train` and `attnres compare`, and the Ctrl-C handler.
 #include "cli/train_options.hpp"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <csignal>
 #include <cstdlib>
+#include <thread>
 
 #include "attnres/error.hpp"
 #include "cli/commands.hpp"
@@ -11,21 +15,59 @@ namespace attnres::cli {
 
 namespace {
 std::atomic<bool> g_stop{false};
-extern "C" void on_signal(int) {
-  if (g_stop.load()) std::_Exit(130);  // second Ctrl-C: leave now
-  g_stop.store(true);
+std::atomic<bool> g_handling{false};  // a stop handler is installed
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1};
+
+sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : kStopSignals) sigaddset(&set, s);
+  return set;
+}
+
+// The only thread that ever receives SIGINT/SIGTERM/SIGUSR1 (see start_signal_thread).
+void signal_thread() {
+  const sigset_t set = stop_signal_set();
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (g_handling.load()) {
+      if (g_stop.load()) std::_Exit(130);  // second Ctrl-C: leave now
+      g_stop.store(true);
+      continue;
+    }
+    // No stop handler: the default action (terminate by that signal), from this thread.
+    std::signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+    std::raise(sig);
+    std::_Exit(128 + sig);  // not reached for the terminating signals above
+  }
 }
 }  // namespace
+
+void start_signal_thread() {
+  // Debian 12's oneDNN sgemm corrupts the heap when a signal handler runs on a thread inside it
+  // (reproduced in isolation: dnnl_sgemm in a loop + SIGUSR1 -> glibc "corrupted size vs.
+  // prev_size", abort; it turned Ctrl-C during training into a crash). So the stop signals are
+  // blocked in every thread -- the mask is set here, before any other thread exists, and
+  // inherited by OpenMP's, oneDNN's and MPI's threads -- and one thread takes them with sigwait.
+  const sigset_t set = stop_signal_set();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread(signal_thread).detach();
+}
 
 TrainArgs::TrainArgs() { cfg.data_path = kDefaultCorpus; }
 
 const std::atomic<bool>* install_stop_handler() {
+  // SIGINT/SIGTERM, and SIGUSR1 (mpirun forwards it to every rank while SIGINT/SIGTERM kill the
+  // job after a few seconds: `kill -USR1 <mpirun pid>` stops a multi-process run with a
+  // checkpoint) set the flag; a second one exits at once. Delivered by start_signal_thread's
+  // thread.
   g_stop.store(false);
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
-  // mpirun forwards SIGUSR1 to every rank (SIGINT/SIGTERM kill the job after a few seconds):
-  // `kill -USR1 <mpirun pid>` stops a multi-process run with a checkpoint.
-  std::signal(SIGUSR1, on_signal);
+  g_handling.store(true);
   return &g_stop;
 }
 
@@ -42,11 +84,7 @@ void apply_train_args(TrainArgs& a, const std::vector<std::string>& args) {
   }
 }
 
-void remove_stop_handler() {
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
-  std::signal(SIGUSR1, SIG_DFL);
-}
+void remove_stop_handler() { g_handling.store(false); }
 
 void add_train_options(CLI::App* s, TrainArgs& a) {
   TrainConfig& c = a.cfg;

@@ -27,7 +27,12 @@ void add_train_options(CLI::App* s, TrainArgs& a);
 // Throws Error on an unknown option or a bad value.
 void apply_train_args(TrainArgs& a, const std::vector<std::string>& args);
 
-// SIGINT/SIGTERM/SIGUSR1 set the returned flag (a second one exits at once); remove restores defaults.
+// SIGINT/SIGTERM/SIGUSR1 set the returned flag (a second one exits at once); remove restores the
+// default action (terminate).
+// Blocks SIGINT/SIGTERM/SIGUSR1 in every thread and starts the one thread that receives them;
+// main() calls it before any other thread exists. Without an installed stop handler a signal
+// terminates the process as by default.
+void start_signal_thread();
 const std::atomic<bool>* install_stop_handler();
 void remove_stop_handler();
 
