@@ -15,19 +15,7 @@ namespace {
 struct Tiny {
   Model model;
   AdamW opt;
-  static ModelConfig config() {
-    ModelConfig c;
-    c.n_layer = 1;
-    c.d_model = 8;
-    c.n_head = 2;
-    c.vocab_size = 16;
-    c.ffn_hidden = 8;
-    c.max_seq_len = 8;
-    c.residual.mode = "block";
-    c.residual.block_size = 2;
-    return c;
-  }
-  Tiny() : model(config()), opt(model.layout(), AdamWConfig{}) {}
+  Tiny() : model(fuzz::tiny_model_config()), opt(model.layout(), AdamWConfig{}) {}
 };
 
 }  // namespace

@@ -13,7 +13,24 @@
 #include <cstdlib>
 #include <string>
 
+#include "attnres/config.hpp"
+
 namespace attnres::fuzz {
+
+// The small block-mode model whose checkpoints fuzz_safetensors loads; make_seeds writes its seeds
+// from the same config.
+inline ModelConfig tiny_model_config() {
+  ModelConfig c;
+  c.n_layer = 1;
+  c.d_model = 8;
+  c.n_head = 2;
+  c.vocab_size = 16;
+  c.ffn_hidden = 8;
+  c.max_seq_len = 8;
+  c.residual.mode = "block";
+  c.residual.block_size = 2;
+  return c;
+}
 
 // A scratch directory per fuzzing process, under $TMPDIR (or /tmp).
 inline const std::string& scratch_dir() {

@@ -44,15 +44,7 @@ int main(int argc, char** argv) {
 
   // fuzz_safetensors: the small model fuzz_safetensors.cpp also builds, its optimizer state,
   // other dtypes, and a header that claims a terabyte.
-  ModelConfig c;
-  c.n_layer = 1;
-  c.d_model = 8;
-  c.n_head = 2;
-  c.vocab_size = 16;
-  c.ffn_hidden = 8;
-  c.max_seq_len = 8;
-  c.residual.mode = "block";
-  c.residual.block_size = 2;
+  const ModelConfig c = fuzz::tiny_model_config();
   Model m(c);
   m.init_weights(1);
   AdamW opt(m.layout(), AdamWConfig{});

@@ -43,7 +43,7 @@ inline int64_t backward_tile_rows(int64_t d) {
 
 // Up to this many rows (token-by-token decoding) a kernel runs on the calling thread: waking the
 // OpenMP team costs more than the work.
-constexpr int64_t kSerialRows = 8;
+[[maybe_unused]] constexpr int64_t kSerialRows = 8;  // unused when built without OpenMP
 
 // Software prefetch of the row n floats long starting at p, kPrefetchRows rows ahead of use.
 constexpr int64_t kPrefetchRows = 4;
@@ -85,6 +85,40 @@ inline float score(const DepthSource& s, const float* q, int64_t n, int64_t h, c
   const int64_t dh = m.dh();
   const float dot = dotf(q + h * dh, s.v + n * m.d + h * dh, dh);
   return m.key_norm ? dot * s.rstd[n * m.H + h] : dot;
+}
+
+// One (row, head) of one mixer's backward into one source v: q . v and dx . v in one pass over
+// v give the score s = r (q . v) and d loss / d a; the weight a comes from the saved lse (softmax)
+// or the sigmoid, and ds = d loss / d s. Then, with r = rsqrt(mean(v^2) + eps) so that
+// ds/dv = r q - s r^2 v / dh: dv += a dx + ds (r q - s r^2 v / dh) (dv may be null) and
+// dq += ds r v. rs = 1 without key norm; lse and D = dx . x are used by the softmax only.
+[[gnu::always_inline]] inline void mix_grad_row(float* dvh, float* dqh, const float* vh,
+                                                const float* gh, const float* qh, float rs,
+                                                float lse, float D, const DepthMix& m) {
+  const int64_t dh = m.dh();
+  float qv, da;
+  dot2(qh, gh, vh, dh, &qv, &da);
+  const float s = qv * rs;
+  float a, ds;
+  if (m.softmax) {
+    a = std::exp(s - lse);
+    ds = a * (da - D);
+  } else {
+    a = sigmoidf(s);
+    ds = a * (1.0f - a) * da;
+  }
+  const float dsr = ds * rs;
+  if (dvh) {
+    const float kv = m.key_norm ? ds * s * rs * rs / static_cast<float>(dh) : 0.0f;
+#pragma omp simd
+    for (int64_t c = 0; c < dh; c++) {
+      dvh[c] += a * gh[c] + dsr * qh[c] - kv * vh[c];
+      dqh[c] += dsr * vh[c];
+    }
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < dh; c++) dqh[c] += dsr * vh[c];
+  }
 }
 
 }  // namespace
@@ -236,36 +270,10 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
           const float* q = qg + n * q_ld;
           float* dq = shared_q ? my_dq : dqg + n * d;
           for (int64_t h = 0; h < H; h++) {
-            const float* vh = src[i].v + n * d + h * dh;
-            const float* gh = dx + n * d + h * dh;
-            const float* qh = q + h * dh;
-            float qv, da;
-            dot2(qh, gh, vh, dh, &qv, &da);
-            const float rs = m.key_norm ? src[i].rstd[n * H + h] : 1.0f;
-            const float s = qv * rs;
-            float a, ds;
-            if (m.softmax) {
-              a = std::exp(s - lse[n * H + h]);
-              ds = a * (da - D[r * H + h]);
-            } else {
-              a = sigmoidf(s);
-              ds = a * (1.0f - a) * da;
-            }
-            // s = r (q . v) with r = rsqrt(mean(v^2) + eps): ds/dv = r q - s r^2 v / dh.
-            const float dsr = ds * rs;
-            float* dqh = dq + h * dh;
-            if (src[i].dv) {
-              float* dvh = src[i].dv + n * d + h * dh;
-              const float kv = m.key_norm ? ds * s * rs * rs / static_cast<float>(dh) : 0.0f;
-#pragma omp simd
-              for (int64_t c = 0; c < dh; c++) {
-                dvh[c] += a * gh[c] + dsr * qh[c] - kv * vh[c];
-                dqh[c] += dsr * vh[c];
-              }
-            } else {
-#pragma omp simd
-              for (int64_t c = 0; c < dh; c++) dqh[c] += dsr * vh[c];
-            }
+            mix_grad_row(src[i].dv ? src[i].dv + n * d + h * dh : nullptr, dq + h * dh,
+                         src[i].v + n * d + h * dh, dx + n * d + h * dh, q + h * dh,
+                         m.key_norm ? src[i].rstd[n * H + h] : 1.0f,
+                         m.softmax ? lse[n * H + h] : 0.0f, m.softmax ? D[r * H + h] : 0.0f, m);
           }
         }
       }
@@ -310,31 +318,10 @@ void depth_source_backward(float* dv, const DepthSource& src, const DepthReader*
           // hardware prefetchers lose track of many interleaved streams: fetch ahead explicitly.
           if (r + kPrefetchRows < nb) prefetch_row(R.dx + (n + kPrefetchRows) * d, d);
           for (int64_t h = 0; h < H; h++) {
-            const float* vh = src.v + n * d + h * dh;
-            const float* gh = R.dx + n * d + h * dh;
-            const float* qh = R.qg + h * dh;
-            float qv, da;
-            dot2(qh, gh, vh, dh, &qv, &da);
-            const float rs = m.key_norm ? src.rstd[n * H + h] : 1.0f;
-            const float s = qv * rs;
-            float a, ds;
-            if (m.softmax) {
-              a = std::exp(s - R.lse[n * H + h]);
-              ds = a * (da - R.D[n * H + h]);
-            } else {
-              a = sigmoidf(s);
-              ds = a * (1.0f - a) * da;
-            }
-            // As in depth_mix_backward: ds/dv = r q - s r^2 v / dh.
-            const float dsr = ds * rs;
-            const float kv = m.key_norm ? ds * s * rs * rs / static_cast<float>(dh) : 0.0f;
-            float* dvh = dv + n * d + h * dh;
-            float* dqh = dqk + h * dh;
-#pragma omp simd
-            for (int64_t c = 0; c < dh; c++) {
-              dvh[c] += a * gh[c] + dsr * qh[c] - kv * vh[c];
-              dqh[c] += dsr * vh[c];
-            }
+            mix_grad_row(dv + n * d + h * dh, dqk + h * dh, src.v + n * d + h * dh,
+                         R.dx + n * d + h * dh, R.qg + h * dh,
+                         m.key_norm ? src.rstd[n * H + h] : 1.0f,
+                         m.softmax ? R.lse[n * H + h] : 0.0f, m.softmax ? R.D[n * H + h] : 0.0f, m);
           }
         }
       }
