@@ -19,6 +19,7 @@
 namespace attnres {
 
 class DepthRouter;
+struct SourceStore;
 
 class Model {
  public:
@@ -75,21 +76,51 @@ class Model {
   // modes when they were initialised from one seed.
   uint64_t shared_weights_hash() const;
   // The residual path (e.g. for its depth_weights() after a forward).
-  DepthRouter& router() { return *router_; }
+  DepthRouter& router() { return *main_->router; }
+
+  // --- pipeline stages (SPEC 5; attnres/pipeline.hpp drives them) ---
+  struct Acts;
+  // One micro-batch's pass through the sublayers [first, last) of a pipeline stage: the
+  // activations its backward needs and its own router. Reused by the stage's later micro-batches.
+  struct StagePass {
+    StagePass();
+    ~StagePass();
+    int64_t first = 0, last = 0;
+    std::unique_ptr<Acts> acts;
+    std::unique_ptr<DepthRouter> router;
+  };
+  // Error unless the residual mode runs as stages (block, full) and first and last lie on layer
+  // and block boundaries (stage_unit() sublayers).
+  std::unique_ptr<StagePass> make_stage_pass(int64_t first, int64_t last);
+  // Stage boundaries are multiples of this many sublayers (layer and block aligned); 0 when the
+  // residual mode cannot be split into stages.
+  int64_t stage_unit() const;
+  // Forward of one micro-batch of (B,T) tokens through the stage, reading the depth sources
+  // before `first` from `store` and adding the ones it forms. The first stage embeds `tokens`;
+  // the last returns the mean cross-entropy over `targets` (every other stage returns 0).
+  double stage_forward(StagePass& p, SourceStore& store, const int32_t* tokens,
+                       const int32_t* targets, int64_t B, int64_t T);
+  // Backward of the pass's forward: accumulates its parameters' gradients into grads() and its
+  // reads of earlier sources into the store's gradients. Before it, the store's gradients of the
+  // sources this stage formed must hold everything later stages added.
+  void stage_backward(StagePass& p);
 
  private:
-  struct Acts;
   void build_layout();
-  void ensure_acts(int64_t B, int64_t T);
+  void ensure_acts(StagePass& p, int64_t B, int64_t T);
+  double run_forward(StagePass& p, const int32_t* tokens, const int32_t* targets, int64_t B,
+                     int64_t T);
+  void run_backward(StagePass& p);
 
   ModelConfig cfg_;
   ParamLayout layout_;
   size_t n_core_entries_ = 0;  // layout entries before the router's own
   bool record_stats_ = false;
   SublayerStats stats_;
-  FloatBuf params_, grads_;  // on huge pages where available (attnres/buffer.hpp)
-  std::unique_ptr<DepthRouter> router_;
-  std::unique_ptr<Acts> acts_;
+  FloatBuf params_, grads_;                 // on huge pages where available (attnres/buffer.hpp)
+  std::vector<float> rope_cos_, rope_sin_;  // (max_seq_len, hd/2)
+  std::unique_ptr<StagePass>
+      main_;  // forward()/backward(): all sublayers, the router's own sources
 };
 
 }  // namespace attnres

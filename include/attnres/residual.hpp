@@ -23,10 +23,46 @@
 #include <string>
 #include <vector>
 
+#include "attnres/buffer.hpp"
 #include "attnres/config.hpp"
 #include "attnres/params.hpp"
 
 namespace attnres {
+
+// The depth sources of one micro-batch on one pipeline rank (SPEC 5): id 0 is the embedding v_0,
+// id 1 + b the representation of block b. Each holds its value (n,d), per-token inverse RMS (n,H)
+// and a gradient accumulator (n,d). All of a rank's virtual stages read and write the one store
+// of a micro-batch, so each block is stored once per rank; the pipeline fills it with the
+// sources it receives and the stages add the ones they form.
+struct SourceStore {
+  struct Entry {
+    FloatBuf v, r, g;
+    bool present = false;   // v holds this micro-batch's value
+    bool has_rstd = false;  // r is computed from v
+  };
+  std::vector<Entry> e;
+
+  // Entry id sized for n rows of width d and H heads; a newly present entry gets a zero gradient.
+  Entry& ensure(int64_t id, int64_t n, int64_t d, int64_t H) {
+    if (static_cast<int64_t>(e.size()) <= id) e.resize(static_cast<size_t>(id + 1));
+    Entry& x = e[static_cast<size_t>(id)];
+    if (!x.present) {
+      x.v.resize(static_cast<size_t>(n * d));
+      x.r.resize(static_cast<size_t>(n * H));
+      x.g.assign(static_cast<size_t>(n * d), 0.0f);
+      x.present = true;
+      x.has_rstd = false;
+    }
+    return x;
+  }
+  bool has(int64_t id) const {
+    return id < static_cast<int64_t>(e.size()) && e[static_cast<size_t>(id)].present;
+  }
+  // Forgets every source (keeps the memory for the next micro-batch).
+  void clear() {
+    for (auto& x : e) x.present = x.has_rstd = false;
+  }
+};
 
 class DepthRouter {
  public:
@@ -76,6 +112,25 @@ class DepthRouter {
 
   // Bytes of activations held for n rows (for memory reports).
   virtual int64_t activation_bytes(int64_t n) const = 0;
+
+  // --- pipeline stages (SPEC 5) ---
+  // A stage is a range of sublayers [first, last) whose ends lie on block boundaries. Modes that
+  // return true here run as stages: their state between stages is the list of depth sources
+  // (SourceStore), of which boundary_sources(l) exist before sublayer l.
+  virtual bool supports_stages() const { return false; }
+  virtual int64_t boundary_sources(int64_t l) const { return 0; }
+  // Block size S of the sources (stage boundaries must be multiples of it).
+  virtual int64_t source_block_size() const { return 1; }
+  // Restricts the router to sublayers [first, last) and makes it read and write its depth sources
+  // in *store (which must outlive the pass; rebind per micro-batch). The forward of a stage with
+  // first == 0 starts with begin(emb, n); a later one with begin_stage(n), after the store got the
+  // boundary_sources(first) sources. The backward of a stage with last == L starts with
+  // begin_backward(dh); an earlier one with begin_backward_stage(), after the store's gradients of
+  // the sources the stage formed hold everything later stages added.
+  virtual void set_stage(int64_t first, int64_t last) {}
+  virtual void bind_store(SourceStore* store) {}
+  virtual void begin_stage(int64_t n) {}
+  virtual void begin_backward_stage() {}
 };
 
 // Builds the router for cfg.residual.mode (prenorm, full, block, static, denseformer). Throws

@@ -5,11 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <stdexcept>
 
+#include "attnres/buffer.hpp"
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
-#include "attnres/buffer.hpp"
 #include "core/profile.hpp"
 #include "core/rng.hpp"
 #include "model/layer_views.hpp"
@@ -17,43 +18,89 @@
 
 namespace attnres {
 
-// Activations of one forward pass, kept for backward. Sized for (B,T); regrown when larger.
+// Activations of one forward pass through layers [i0, i0 + nl), kept for backward. Sized for
+// (B,T); regrown when larger. Layer buffers are indexed by i - i0.
 struct Model::Acts {
+  int64_t i0 = 0, nl = 0;
+  bool first = true, head = true;  // embeds the tokens / ends with the LM head and the loss
   int64_t B = 0, T = 0, cap_rows = 0, cap_att = 0;
   bool have_targets = false;
   std::vector<int32_t> tokens, targets;  // (N)
-  FloatBuf emb;                // (N,d)
-  FloatBuf xn_att, rstd_att;   // (nl,N,d), (nl,N)
-  FloatBuf qkv;                // (nl,N,QKV) q|k|v after RoPE
-  FloatBuf att;                // (nl,B,H,T,T) attention probabilities
-  FloatBuf atty;               // (nl,N,H*hd) attention output before wo
-  FloatBuf xn_mlp, rstd_mlp;   // (nl,N,d), (nl,N)
-  FloatBuf h13;                // (nl,N,2F) [w1 x | w3 x]
-  FloatBuf gate;               // (nl,N,F) silu(h1) * h3
-  FloatBuf xf, rstd_f;         // (N,d), (N) final norm
-  FloatBuf logits, lse;        // (N,V), (N)
+  FloatBuf emb;                          // (N,d)
+  FloatBuf xn_att, rstd_att;             // (nl,N,d), (nl,N)
+  FloatBuf qkv;                          // (nl,N,QKV) q|k|v after RoPE
+  FloatBuf att;                          // (nl,B,H,T,T) attention probabilities
+  FloatBuf atty;                         // (nl,N,H*hd) attention output before wo
+  FloatBuf xn_mlp, rstd_mlp;             // (nl,N,d), (nl,N)
+  FloatBuf h13;                          // (nl,N,2F) [w1 x | w3 x]
+  FloatBuf gate;                         // (nl,N,F) silu(h1) * h3
+  FloatBuf xf, rstd_f;                   // (N,d), (N) final norm
+  FloatBuf logits, lse;                  // (N,V), (N)
   // backward scratch, reused by every layer
   FloatBuf d_a, d_b, d_c, d_att;
-  std::vector<float> rope_cos, rope_sin;  // (max_seq_len, hd/2)
 };
+
+Model::StagePass::StagePass() = default;
+Model::StagePass::~StagePass() = default;
 
 Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
   cfg_.resolve();
   cfg_.validate();
-  router_ = make_router(cfg_);
+  main_ = std::make_unique<StagePass>();
+  main_->router = make_router(cfg_);
   build_layout();
   params_.assign(layout_.total(), 0.0f);
   grads_.assign(layout_.total(), 0.0f);
-  router_->bind(layout_, params_.data(), grads_.data());
-  acts_ = std::make_unique<Acts>();
+  main_->router->bind(layout_, params_.data(), grads_.data());
+  main_->first = 0;
+  main_->last = cfg_.n_sublayers();
+  main_->acts = std::make_unique<Acts>();
+  main_->acts->nl = cfg_.n_layer;
   const int64_t half = cfg_.head_dim() / 2;
-  acts_->rope_cos.resize(cfg_.max_seq_len * half);
-  acts_->rope_sin.resize(cfg_.max_seq_len * half);
-  ops::rope_table(acts_->rope_cos.data(), acts_->rope_sin.data(), cfg_.max_seq_len, cfg_.head_dim(),
+  rope_cos_.resize(cfg_.max_seq_len * half);
+  rope_sin_.resize(cfg_.max_seq_len * half);
+  ops::rope_table(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq_len, cfg_.head_dim(),
                   cfg_.rope_theta);
 }
 
 Model::~Model() = default;
+
+int64_t Model::stage_unit() const {
+  if (!main_->router->supports_stages()) return 0;
+  const int64_t S = main_->router->source_block_size();
+  return std::lcm(int64_t{2}, S);  // whole layers (attention + MLP) and whole blocks
+}
+
+std::unique_ptr<Model::StagePass> Model::make_stage_pass(int64_t first, int64_t last) {
+  const int64_t L = cfg_.n_sublayers(), u = stage_unit();
+  check(u > 0, "residual mode '" + cfg_.residual.mode +
+                   "' cannot be split into pipeline stages; use --residual block or full");
+  check(first >= 0 && first < last && last <= L && first % u == 0 && (last % u == 0 || last == L),
+        "pipeline stage [" + std::to_string(first) + ", " + std::to_string(last) + ") of " +
+            std::to_string(L) + " sublayers does not start and end on a multiple of " +
+            std::to_string(u) + " sublayers (whole layers and whole blocks)");
+  auto p = std::make_unique<StagePass>();
+  p->first = first;
+  p->last = last;
+  p->router = make_router(cfg_);
+  p->router->bind(layout_, params_.data(), grads_.data());
+  p->router->set_stage(first, last);
+  p->acts = std::make_unique<Acts>();
+  p->acts->i0 = first / 2;
+  p->acts->nl = (last - first) / 2;
+  p->acts->first = first == 0;
+  p->acts->head = last == L;
+  return p;
+}
+
+double Model::stage_forward(StagePass& p, SourceStore& store, const int32_t* tokens,
+                            const int32_t* targets, int64_t B, int64_t T) {
+  check(!p.acts->head || targets != nullptr, "internal: the last pipeline stage needs targets");
+  p.router->bind_store(&store);
+  return run_forward(p, tokens, p.acts->head ? targets : nullptr, B, T);
+}
+
+void Model::stage_backward(StagePass& p) { run_backward(p); }
 
 namespace {
 
@@ -93,7 +140,7 @@ ParamLayout Model::layout_for(ModelConfig cfg) {
 void Model::build_layout() {
   add_core_params(cfg_, layout_);
   n_core_entries_ = layout_.entries().size();
-  router_->add_params(layout_);  // the residual mode's own parameters come last
+  main_->router->add_params(layout_);  // the residual mode's own parameters come last
 }
 
 float* Model::param(const std::string& name) {
@@ -123,18 +170,18 @@ void Model::init_weights(uint64_t seed) {
     const double sd = is_out_proj ? std_out : std_w;
     for (int64_t i = 0; i < e.numel; i++) w[i] = static_cast<float>(sd * rng.normal());
   }
-  router_->init_params(params_.data());
+  main_->router->init_params(params_.data());
 }
 
-void Model::ensure_acts(int64_t B, int64_t T) {
+void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
   check(T >= 1 && T <= cfg_.max_seq_len,
         "sequence length " + std::to_string(T) +
             " is outside [1, max_seq_len = " + std::to_string(cfg_.max_seq_len) + "]");
   check(B >= 1, "batch size must be >= 1");
-  Acts& a = *acts_;
+  Acts& a = *p.acts;
   a.B = B;
   a.T = T;
-  const int64_t N = B * T, nl = cfg_.n_layer, d = cfg_.d_model, V = cfg_.vocab_size;
+  const int64_t N = B * T, nl = a.nl, d = cfg_.d_model, V = cfg_.vocab_size;
   const int64_t H = cfg_.n_head, hd = cfg_.head_dim(), F = cfg_.ffn_hidden;
   const int64_t QKV = (H + 2 * cfg_.n_kv_head) * hd;
   const int64_t att = B * H * T * T;
@@ -144,7 +191,7 @@ void Model::ensure_acts(int64_t B, int64_t T) {
   const int64_t R = a.cap_rows, AT = a.cap_att;
   a.tokens.resize(R);
   a.targets.resize(R);
-  a.emb.resize(R * d);
+  if (a.first) a.emb.resize(R * d);
   a.xn_att.resize(nl * R * d);
   a.rstd_att.resize(nl * R);
   a.qkv.resize(nl * R * QKV);
@@ -154,10 +201,12 @@ void Model::ensure_acts(int64_t B, int64_t T) {
   a.rstd_mlp.resize(nl * R);
   a.h13.resize(nl * R * 2 * F);
   a.gate.resize(nl * R * F);
-  a.xf.resize(R * d);
-  a.rstd_f.resize(R);
-  a.logits.resize(R * V);
-  a.lse.resize(R);
+  if (a.head) {
+    a.xf.resize(R * d);
+    a.rstd_f.resize(R);
+    a.logits.resize(R * V);
+    a.lse.resize(R);
+  }
   const int64_t widest = std::max({d, QKV, 2 * F, H * hd});
   a.d_a.resize(R * widest);
   a.d_b.resize(R * widest);
@@ -166,35 +215,46 @@ void Model::ensure_acts(int64_t B, int64_t T) {
 }
 
 double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
-  ensure_acts(B, T);
-  Acts& a = *acts_;
+  return run_forward(*main_, tokens, targets, B, T);
+}
+
+// The stage's part of the forward: embedding (first stage), its layers, the head (last stage).
+double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* targets, int64_t B,
+                          int64_t T) {
+  ensure_acts(p, B, T);
+  Acts& a = *p.acts;
+  DepthRouter& router = *p.router;
+  const bool record_stats = record_stats_ && &p == main_.get();
   const int64_t N = B * T, d = cfg_.d_model, V = cfg_.vocab_size, F = cfg_.ffn_hidden;
   const ops::AttnShape as{B, T, cfg_.n_head, cfg_.n_kv_head, cfg_.head_dim()};
   const int64_t QKV = as.ld(), HD = as.H * as.hd;
   const float eps = static_cast<float>(cfg_.norm_eps);
   for (int64_t n = 0; n < N; n++) {
-    check(tokens[n] >= 0 && tokens[n] < V, "token id " + std::to_string(tokens[n]) +
-                                               " is outside the vocabulary [0, " +
-                                               std::to_string(V) + ")");
+    check(!a.first || (tokens[n] >= 0 && tokens[n] < V), "token id " + std::to_string(tokens[n]) +
+                                                             " is outside the vocabulary [0, " +
+                                                             std::to_string(V) + ")");
     if (targets) {
       check(targets[n] >= 0 && targets[n] < V,
             "target id " + std::to_string(targets[n]) + " is outside the vocabulary");
     }
   }
-  std::copy(tokens, tokens + N, a.tokens.begin());
+  if (a.first) std::copy(tokens, tokens + N, a.tokens.begin());
   a.have_targets = targets != nullptr;
   if (targets) std::copy(targets, targets + N, a.targets.begin());
 
   const float* wte = param("tok_embeddings.weight");
-  {
-    prof::Scope ps(prof::kEmbedding, prof::kForward);
-    ops::embedding_forward(a.emb.data(), tokens, wte, N, d);
-  }
-  {
+  if (a.first) {
+    {
+      prof::Scope ps(prof::kEmbedding, prof::kForward);
+      ops::embedding_forward(a.emb.data(), tokens, wte, N, d);
+    }
     prof::Scope ps(prof::kResidual, prof::kForward);
-    router_->begin(a.emb.data(), N);
+    router.begin(a.emb.data(), N);
+  } else {
+    prof::Scope ps(prof::kResidual, prof::kForward);
+    router.begin_stage(N);
   }
-  if (record_stats_) {
+  if (record_stats) {
     stats_.input_rms.assign(cfg_.n_sublayers(), 0.0);
     stats_.output_rms.assign(cfg_.n_sublayers(), 0.0);
   }
@@ -204,21 +264,22 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
     return std::sqrt(ss / static_cast<double>(N * d));
   };
   auto record = [&](int64_t l) {  // before commit_output(l): the slot holds the output
-    if (!record_stats_) return;
-    stats_.input_rms[l] = rms(router_->input(l));
-    stats_.output_rms[l] = rms(router_->output_slot(l));
+    if (!record_stats) return;
+    stats_.input_rms[l] = rms(router.input(l));
+    stats_.output_rms[l] = rms(router.output_slot(l));
   };
 
-  for (int64_t i = 0; i < cfg_.n_layer; i++) {
+  for (int64_t i = a.i0; i < a.i0 + a.nl; i++) {
     const LayerViews w = layer_views(layout_, params_.data(), i);
+    const int64_t j = i - a.i0;  // index into this pass's layer buffers
     // --- attention sublayer (l = 2i) ---
-    float* xn = a.xn_att.data() + i * N * d;
-    float* qkv = a.qkv.data() + i * N * QKV;
-    float* att = a.att.data() + i * a.cap_att;
-    float* atty = a.atty.data() + i * N * HD;
+    float* xn = a.xn_att.data() + j * N * d;
+    float* qkv = a.qkv.data() + j * N * QKV;
+    float* att = a.att.data() + j * a.cap_att;
+    float* atty = a.atty.data() + j * N * HD;
     {
       prof::Scope ps(prof::kRmsNorm, prof::kForward);
-      ops::rmsnorm_forward(xn, a.rstd_att.data() + i * N, router_->input(2 * i), w.attn_norm, N, d,
+      ops::rmsnorm_forward(xn, a.rstd_att.data() + j * N, router.input(2 * i), w.attn_norm, N, d,
                            eps);
     }
     {
@@ -227,12 +288,11 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
     }
     {
       prof::Scope ps(prof::kRope, prof::kForward);
-      ops::rope_forward(qkv, a.rope_cos.data(), a.rope_sin.data(), B, T, as.H, as.hd, QKV, 0);
+      ops::rope_forward(qkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
     }
     {
       prof::Scope ps(prof::kRope, prof::kForward);
-      ops::rope_forward(qkv + HD, a.rope_cos.data(), a.rope_sin.data(), B, T, as.Hkv, as.hd, QKV,
-                        0);
+      ops::rope_forward(qkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV, 0);
     }
     {
       prof::Scope ps(prof::kAttention, prof::kForward);
@@ -240,21 +300,21 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
-      ops::matmul_forward(router_->output_slot(2 * i), atty, w.wo, N, HD, d);
+      ops::matmul_forward(router.output_slot(2 * i), atty, w.wo, N, HD, d);
     }
     record(2 * i);
     {
       prof::Scope ps(prof::kResidual, prof::kForward);
-      router_->commit_output(2 * i);
+      router.commit_output(2 * i);
     }
     // --- MLP sublayer (l = 2i+1) ---
-    float* xm = a.xn_mlp.data() + i * N * d;
-    float* h13 = a.h13.data() + i * N * 2 * F;
-    float* gate = a.gate.data() + i * N * F;
+    float* xm = a.xn_mlp.data() + j * N * d;
+    float* h13 = a.h13.data() + j * N * 2 * F;
+    float* gate = a.gate.data() + j * N * F;
     {
       prof::Scope ps(prof::kRmsNorm, prof::kForward);
-      ops::rmsnorm_forward(xm, a.rstd_mlp.data() + i * N, router_->input(2 * i + 1), w.ffn_norm, N,
-                           d, eps);
+      ops::rmsnorm_forward(xm, a.rstd_mlp.data() + j * N, router.input(2 * i + 1), w.ffn_norm, N, d,
+                           eps);
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
@@ -266,20 +326,20 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
-      ops::matmul_forward(router_->output_slot(2 * i + 1), gate, w.w2, N, F, d);
+      ops::matmul_forward(router.output_slot(2 * i + 1), gate, w.w2, N, F, d);
     }
     record(2 * i + 1);
     {
       prof::Scope ps(prof::kResidual, prof::kForward);
-      router_->commit_output(2 * i + 1);
+      router.commit_output(2 * i + 1);
     }
   }
 
+  if (!a.head) return 0.0;
   {
     prof::Scope ps(prof::kRmsNorm, prof::kForward);
-
-    ops::rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router_->final_hidden(),
-                         param("norm.weight"), N, d, eps);
+    ops::rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router.final_hidden(), param("norm.weight"),
+                         N, d, eps);
   }
   const float* wout = cfg_.tied ? wte : param("output.weight");
   {
@@ -290,85 +350,97 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
   return ops::cross_entropy_forward(nullptr, a.lse.data(), a.logits.data(), targets, N, V);
 }
 
-const float* Model::logits() const { return acts_->logits.data(); }
+const float* Model::logits() const { return main_->acts->logits.data(); }
 
 void Model::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
-void Model::backward() {
-  Acts& a = *acts_;
-  if (!a.have_targets) throw std::logic_error("Model::backward needs a forward with targets");
+void Model::backward() { run_backward(*main_); }
+
+// The stage's part of the backward, in reverse: head (last stage), layers, embedding (first).
+void Model::run_backward(StagePass& p) {
+  Acts& a = *p.acts;
+  DepthRouter& router = *p.router;
+  if (a.head && !a.have_targets) {
+    throw std::logic_error("Model::backward needs a forward with targets");
+  }
   const int64_t B = a.B, T = a.T, N = B * T, d = cfg_.d_model, V = cfg_.vocab_size;
   const int64_t F = cfg_.ffn_hidden;
   const ops::AttnShape as{B, T, cfg_.n_head, cfg_.n_kv_head, cfg_.head_dim()};
   const int64_t QKV = as.ld(), HD = as.H * as.hd;
   float* G = grads_.data();
-  auto grad_of = [&](const float* p) { return G + (p - params_.data()); };
+  auto grad_of = [&](const float* w) { return G + (w - params_.data()); };
   auto zeroed = [](FloatBuf& v, int64_t n) {
     std::memset(v.data(), 0, sizeof(float) * n);
     return v.data();
   };
 
-  // LM head and final norm. dlogits overwrite the logits (dead after the loss).
-  float* dlogits = a.logits.data();
-  {
-    prof::Scope ps(prof::kCrossEntropy, prof::kBackward);
-    ops::cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), a.targets.data(), N, V,
-                                1.0f / static_cast<float>(N));
-  }
   const float* wte = param("tok_embeddings.weight");
-  const float* wout = cfg_.tied ? wte : param("output.weight");
-  float* dxf = zeroed(a.d_a, N * d);
-  {
-    prof::Scope ps(prof::kMatmul, prof::kBackward);
-    ops::matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V);
-  }
-  float* dh = zeroed(a.d_b, N * d);
-  const float* gnorm = param("norm.weight");
-  {
-    prof::Scope ps(prof::kRmsNorm, prof::kBackward);
-    ops::rmsnorm_backward(dh, grad_of(gnorm), dxf, router_->final_hidden(), gnorm, a.rstd_f.data(),
-                          N, d);
-  }
-  {
+  if (a.head) {
+    // LM head and final norm. dlogits overwrite the logits (dead after the loss).
+    float* dlogits = a.logits.data();
+    {
+      prof::Scope ps(prof::kCrossEntropy, prof::kBackward);
+      ops::cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), a.targets.data(), N, V,
+                                  1.0f / static_cast<float>(N));
+    }
+    const float* wout = cfg_.tied ? wte : param("output.weight");
+    float* dxf = zeroed(a.d_a, N * d);
+    {
+      prof::Scope ps(prof::kMatmul, prof::kBackward);
+      ops::matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V);
+    }
+    float* dh = zeroed(a.d_b, N * d);
+    const float* gnorm = param("norm.weight");
+    {
+      prof::Scope ps(prof::kRmsNorm, prof::kBackward);
+      ops::rmsnorm_backward(dh, grad_of(gnorm), dxf, router.final_hidden(), gnorm, a.rstd_f.data(),
+                            N, d);
+    }
+    {
+      prof::Scope ps(prof::kResidual, prof::kBackward);
+      router.begin_backward(dh);
+    }
+  } else {
     prof::Scope ps(prof::kResidual, prof::kBackward);
-    router_->begin_backward(dh);
+    router.begin_backward_stage();
   }
 
-  for (int64_t i = cfg_.n_layer - 1; i >= 0; i--) {
+  for (int64_t i = a.i0 + a.nl - 1; i >= a.i0; i--) {
     const LayerViews w = layer_views(layout_, params_.data(), i);
+    const int64_t j = i - a.i0;
     // --- MLP sublayer (l = 2i+1) ---
     {
       const int64_t l = 2 * i + 1;
       const float* dy;
       {
         prof::Scope ps(prof::kResidual, prof::kBackward);
-        dy = router_->grad_output(l);
+        dy = router.grad_output(l);
       }
       float* dgate = zeroed(a.d_a, N * F);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        ops::matmul_backward(dgate, grad_of(w.w2), dy, a.gate.data() + i * N * F, w.w2, N, F, d);
+        ops::matmul_backward(dgate, grad_of(w.w2), dy, a.gate.data() + j * N * F, w.w2, N, F, d);
       }
       float* dh13 = zeroed(a.d_b, N * 2 * F);
       {
         prof::Scope ps(prof::kSwiglu, prof::kBackward);
-        ops::swiglu_backward(dh13, dgate, a.h13.data() + i * N * 2 * F, N, F);
+        ops::swiglu_backward(dh13, dgate, a.h13.data() + j * N * 2 * F, N, F);
       }
       float* dxn = zeroed(a.d_c, N * d);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        ops::matmul_backward(dxn, grad_of(w.w13), dh13, a.xn_mlp.data() + i * N * d, w.w13, N, d,
+        ops::matmul_backward(dxn, grad_of(w.w13), dh13, a.xn_mlp.data() + j * N * d, w.w13, N, d,
                              2 * F);
       }
-      float* dx = router_->grad_input_slot(l);
+      float* dx = router.grad_input_slot(l);
       {
         prof::Scope ps(prof::kRmsNorm, prof::kBackward);
-        ops::rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router_->input(l), w.ffn_norm,
-                              a.rstd_mlp.data() + i * N, N, d);
+        ops::rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router.input(l), w.ffn_norm,
+                              a.rstd_mlp.data() + j * N, N, d);
       }
       {
         prof::Scope ps(prof::kResidual, prof::kBackward);
-        router_->commit_grad_input(l);
+        router.commit_grad_input(l);
       }
     }
     // --- attention sublayer (l = 2i) ---
@@ -377,51 +449,51 @@ void Model::backward() {
       const float* dy;
       {
         prof::Scope ps(prof::kResidual, prof::kBackward);
-        dy = router_->grad_output(l);
+        dy = router.grad_output(l);
       }
       float* datty = zeroed(a.d_a, N * HD);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        ops::matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + i * N * HD, w.wo, N, HD, d);
+        ops::matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + j * N * HD, w.wo, N, HD, d);
       }
       float* dqkv = zeroed(a.d_b, N * QKV);
       {
         prof::Scope ps(prof::kAttention, prof::kBackward);
-        ops::attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + i * N * QKV,
-                                a.att.data() + i * a.cap_att, as);
+        ops::attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + j * N * QKV,
+                                a.att.data() + j * a.cap_att, as);
       }
       {
         prof::Scope ps(prof::kRope, prof::kBackward);
-        ops::rope_backward(dqkv, a.rope_cos.data(), a.rope_sin.data(), B, T, as.H, as.hd, QKV, 0);
+        ops::rope_backward(dqkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
       }
       {
         prof::Scope ps(prof::kRope, prof::kBackward);
-        ops::rope_backward(dqkv + HD, a.rope_cos.data(), a.rope_sin.data(), B, T, as.Hkv, as.hd,
-                           QKV, 0);
+        ops::rope_backward(dqkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV,
+                           0);
       }
       float* dxn = zeroed(a.d_c, N * d);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        ops::matmul_backward(dxn, grad_of(w.wqkv), dqkv, a.xn_att.data() + i * N * d, w.wqkv, N, d,
+        ops::matmul_backward(dxn, grad_of(w.wqkv), dqkv, a.xn_att.data() + j * N * d, w.wqkv, N, d,
                              QKV);
       }
-      float* dx = router_->grad_input_slot(l);
+      float* dx = router.grad_input_slot(l);
       {
         prof::Scope ps(prof::kRmsNorm, prof::kBackward);
-        ops::rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router_->input(l), w.attn_norm,
-                              a.rstd_att.data() + i * N, N, d);
+        ops::rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router.input(l), w.attn_norm,
+                              a.rstd_att.data() + j * N, N, d);
       }
       {
         prof::Scope ps(prof::kResidual, prof::kBackward);
-        router_->commit_grad_input(l);
+        router.commit_grad_input(l);
       }
     }
   }
-  {
+  if (a.first) {
     const float* demb;
     {
       prof::Scope ps(prof::kResidual, prof::kBackward);
-      demb = router_->grad_embedding();
+      demb = router.grad_embedding();
     }
     prof::Scope ps(prof::kEmbedding, prof::kBackward);
     ops::embedding_backward(grad_of(wte), demb, a.tokens.data(), N, d);
@@ -459,14 +531,14 @@ std::vector<double> Model::sublayer_grad_norms() const {
 }
 
 int64_t Model::activation_bytes() const {
-  const Acts& a = *acts_;
+  const Acts& a = *main_->acts;
   int64_t n = 0;
   for (const auto* v :
        {&a.emb, &a.xn_att, &a.rstd_att, &a.qkv, &a.att, &a.atty, &a.xn_mlp, &a.rstd_mlp, &a.h13,
         &a.gate, &a.xf, &a.rstd_f, &a.logits, &a.lse, &a.d_a, &a.d_b, &a.d_c, &a.d_att}) {
     n += static_cast<int64_t>(v->size() * sizeof(float));
   }
-  return n + router_->activation_bytes(a.cap_rows);
+  return n + main_->router->activation_bytes(a.cap_rows);
 }
 
 }  // namespace attnres

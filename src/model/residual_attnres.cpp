@@ -14,8 +14,8 @@
 #include <cstring>
 #include <vector>
 
-#include "attnres/error.hpp"
 #include "attnres/buffer.hpp"
+#include "attnres/error.hpp"
 #include "model/routers.hpp"
 #include "ops/ops.hpp"
 
@@ -43,7 +43,25 @@ class AttnResRouter final : public DepthRouter {
     two_phase_ = c.residual.two_phase && mix_.softmax && !dynamic_ && window_ == 0 && S_ > 1;
     // Full AttnRes with static queries: backward by source (see begin_backward).
     by_source_ = S_ == 1 && !dynamic_ && (window_ == 0 || window_ >= L_);
+    last_ = L_;
   }
+
+  bool supports_stages() const override { return true; }
+  int64_t boundary_sources(int64_t l) const override { return 1 + (l + S_ - 1) / S_; }
+  int64_t source_block_size() const override { return S_; }
+
+  void set_stage(int64_t first, int64_t last) override {
+    check(first >= 0 && first < last && last <= L_ && first % S_ == 0 &&
+              (last % S_ == 0 || last == L_),
+          "internal: stage [" + std::to_string(first) + ", " + std::to_string(last) +
+              ") does not lie on block boundaries of size " + std::to_string(S_));
+    first_ = first;
+    last_ = last;
+    stage_ = true;
+    by_source_ = false;  // later readers of a source live on other ranks: backward by mixer
+  }
+
+  void bind_store(SourceStore* store) override { st_ = store ? store : &own_; }
 
   void add_params(ParamLayout& layout) override {
     for (int64_t m = 0; m <= L_; m++) {
@@ -77,8 +95,29 @@ class AttnResRouter final : public DepthRouter {
   // ---------------------------------------------------------------- forward
   void begin(const float* emb, int64_t n) override {
     alloc(n);
-    std::memcpy(emb_.v.data(), emb, sizeof(float) * n * d_);
-    if (mix_.key_norm) ops::depth_rstd(emb_.r.data(), emb_.v.data(), n, d_, mix_.H, eps_);
+    Source& e = st_->ensure(0, n, d_, mix_.H);
+    std::memcpy(e.v.data(), emb, sizeof(float) * n * d_);
+    start_pass();
+  }
+
+  void begin_stage(int64_t n) override {
+    check(stage_ && first_ > 0, "internal: begin_stage() on a router that is not a later stage");
+    alloc(n);
+    for (int64_t id = 0; id < boundary_sources(first_); id++) {
+      check(st_->has(id), "internal: pipeline stage at sublayer " + std::to_string(first_) +
+                              " is missing depth source " + std::to_string(id));
+    }
+    start_pass();
+  }
+
+  // Inverse RMS of the sources that arrived without it; folded queries; the first input.
+  void start_pass() {
+    for (int64_t id = 0; id < boundary_sources(first_); id++) {
+      Source& s = st_->e[static_cast<size_t>(id)];
+      if (mix_.key_norm && !s.has_rstd)
+        ops::depth_rstd(s.r.data(), s.v.data(), n_, d_, mix_.H, eps_);
+      s.has_rstd = true;
+    }
     // Static queries fold the key-norm gain in once per pass: (w * g) . v_hat (SPEC 2 identity).
     if (!dynamic_) {
       qg_.resize((L_ + 1) * d_);
@@ -88,7 +127,7 @@ class AttnResRouter final : public DepthRouter {
         for (int64_t c = 0; c < d_; c++) qg_[m * d_ + c] = g ? w[c] * g[c] : w[c];
       }
     }
-    prepare_input(0);
+    prepare_input(first_);
   }
 
   const float* input(int64_t l) override { return xin_[l].data(); }
@@ -108,9 +147,10 @@ class AttnResRouter final : public DepthRouter {
       for (int64_t i = 0; i < nd; i++) p[i] = prev[i] + o[i];
     }
     if (mix_.key_norm) ops::depth_rstd(dst.r.data(), p, N, d_, mix_.H, eps_);
-    if (l + 1 < L_) {
+    dst.has_rstd = true;
+    if (l + 1 < last_) {
       prepare_input(l + 1);
-    } else {
+    } else if (l + 1 == L_) {
       mix_forward(L_, final_.data(), lse_[L_].data());
     }
   }
@@ -133,18 +173,27 @@ class AttnResRouter final : public DepthRouter {
       dq_part_.assign(static_cast<size_t>(nthr_) * (L_ + 1) * d_, 0.0f);
       return;
     }
-    std::memset(emb_.g.data(), 0, sizeof(float) * nd);
-    for (auto& b : blocks_) std::memset(b.g.data(), 0, sizeof(float) * nd);
+    if (!stage_) {  // a stage's store gradients already hold what later stages added
+      for (int64_t id = 0; id <= NB_; id++) {
+        std::memset(st_->e[static_cast<size_t>(id)].g.data(), 0, sizeof(float) * nd);
+      }
+    }
     mix_backward(L_, dh, final_.data(), lse_[L_].data());
+  }
+
+  void begin_backward_stage() override {
+    check(stage_ && last_ < L_,
+          "internal: begin_backward_stage() on a router that is not an "
+          "earlier stage");
   }
 
   // dL/d out_l = dL/dB_n + sum_{i>k} dL/dP^(i). The partial sums' gradients are accumulated
   // straight into B_n's gradient buffer (complete before block n's backward starts, and read by
   // nothing after), which therefore holds exactly that running sum.
   const float* grad_output(int64_t l) override {
-    if (!by_source_) return blocks_[l / S_].g.data();
+    if (!by_source_) return blk(l / S_).g.data();
     // Sublayer l's output is source block l, read by mixers l+1..L.
-    source_backward(dv_cur_.data(), blocks_[l], l + 1);
+    source_backward(dv_cur_.data(), blk(l), l + 1);
     return dv_cur_.data();
   }
 
@@ -164,8 +213,8 @@ class AttnResRouter final : public DepthRouter {
   }
 
   const float* grad_embedding() override {
-    if (!by_source_) return emb_.g.data();
-    source_backward(emb_.g.data(), emb_, 0);  // read by every mixer
+    if (!by_source_) return emb().g.data();
+    source_backward(emb().g.data(), emb(), 0);  // read by every mixer
     // Query gradients: each thread's partial sums, combined in thread order.
     std::vector<float> dqg(d_);
     for (int64_t m = 0; m <= L_; m++) {
@@ -176,11 +225,12 @@ class AttnResRouter final : public DepthRouter {
       }
       accumulate_query_grad(m, dqg.data());
     }
-    return emb_.g.data();
+    return emb().g.data();
   }
 
   bool depth_weights(std::vector<std::vector<double>>& w, std::vector<std::string>& rows,
                      std::vector<std::string>& cols) override {
+    if (stage_) return false;  // a stage holds only its own mixers' inputs
     cols = {"emb"};
     for (int64_t j = 0; j < NB_; j++) {
       cols.push_back(S_ == 1 ? mixer_label(j, L_) : "block" + std::to_string(j));
@@ -207,22 +257,22 @@ class AttnResRouter final : public DepthRouter {
   int64_t activation_bytes(int64_t n) const override {
     const int64_t H = mix_.H;
     const int64_t sources = 1 + NB_ + L_;  // embedding, blocks, partials (upper bound)
-    const int64_t per_row = sources * (2 * d_ + H) + L_ * (d_ + H) + 4 * d_ +
-                            (two_phase_ ? S_ * (d_ + H) : 0);
+    const int64_t per_row =
+        sources * (2 * d_ + H) + L_ * (d_ + H) + 4 * d_ + (two_phase_ ? S_ * (d_ + H) : 0);
     return static_cast<int64_t>(sizeof(float)) * n * per_row;
   }
 
  private:
-  struct Source {
-    FloatBuf v, r, g;  // value (n,d), inverse RMS (n,H), gradient (n,d)
-  };
+  using Source = SourceStore::Entry;  // value (n,d), inverse RMS (n,H), gradient (n,d)
   struct Offsets {
     int64_t query = -1, gain = -1, proj = -1;
   };
 
+  Source& emb() { return st_->e[0]; }
+  Source& blk(int64_t b) { return st_->e[static_cast<size_t>(1 + b)]; }
   bool last_in_block(int64_t l) const { return l % S_ == S_ - 1 || l == L_ - 1; }
   // The source sublayer l's output completes: its block's sum, or the next partial sum.
-  Source& formed(int64_t l) { return last_in_block(l) ? blocks_[l / S_] : part_[l + 1]; }
+  Source& formed(int64_t l) { return last_in_block(l) ? blk(l / S_) : part_[l + 1]; }
 
   void alloc(int64_t n) {
     n_ = n;
@@ -231,19 +281,31 @@ class AttnResRouter final : public DepthRouter {
       s.v.resize(nd);
       s.r.resize(nh);
       if (grad) s.g.resize(nd);
+      s.present = true;
+      s.has_rstd = false;
     };
-    fit(emb_, true);
-    blocks_.resize(NB_);
-    for (auto& b : blocks_) fit(b, !by_source_);
-    part_.resize(L_);
-    for (int64_t l = 0; l < L_; l++) {
-      if (l % S_ != 0) fit(part_[l], false);  // partial before sublayer l exists for k > 0
+    if (!stage_) {  // the router's own sources, gradients zeroed by begin_backward
+      own_.e.resize(static_cast<size_t>(NB_ + 1));
+      fit(own_.e[0], true);
+      for (int64_t b = 0; b < NB_; b++) fit(blk(b), !by_source_);
+    } else {  // the stage's own blocks; the pipeline put the earlier ones in the store
+      for (int64_t b = first_ / S_; b < (last_ + S_ - 1) / S_; b++) {
+        st_->ensure(1 + b, n, d_, mix_.H);
+      }
     }
+    // Per-sublayer state only for this stage's sublayers (all of them outside pipelines).
+    part_.resize(L_);
     xin_.resize(L_);
-    for (auto& x : xin_) x.resize(nd);
     lse_.resize(L_ + 1);
-    for (auto& x : lse_) x.resize(nh);
-    final_.resize(nd);
+    for (int64_t l = first_; l < last_; l++) {
+      if (l % S_ != 0) fit(part_[l], false);  // partial before sublayer l exists for k > 0
+      xin_[l].resize(nd);
+      lse_[l].resize(nh);
+    }
+    if (last_ == L_) {
+      lse_[L_].resize(nh);
+      final_.resize(nd);
+    }
     if (by_source_) {
       dxs_.resize(L_ + 1);
       for (auto& x : dxs_) x.resize(nd);
@@ -272,15 +334,15 @@ class AttnResRouter final : public DepthRouter {
     std::vector<ops::DepthSource> s;
     const int64_t nb = m == L_ ? NB_ : m / S_;
     for (int64_t j = 0; j < nb; j++) {
-      s.push_back({blocks_[j].v.data(), blocks_[j].r.data(), blocks_[j].g.data()});
+      s.push_back({blk(j).v.data(), blk(j).r.data(), blk(j).g.data()});
     }
     if (m < L_ && m % S_ != 0 && !completed_only) {
-      s.push_back({part_[m].v.data(), part_[m].r.data(), blocks_[m / S_].g.data()});
+      s.push_back({part_[m].v.data(), part_[m].r.data(), blk(m / S_).g.data()});
     }
     if (window_ > 0 && static_cast<int64_t>(s.size()) > window_) {
       s.erase(s.begin(), s.end() - window_);
     }
-    s.insert(s.begin(), {emb_.v.data(), emb_.r.data(), emb_.g.data()});
+    s.insert(s.begin(), {emb().v.data(), emb().r.data(), emb().g.data()});
     return s;
   }
 
@@ -290,7 +352,8 @@ class AttnResRouter final : public DepthRouter {
     const int64_t nb = m == L_ ? NB_ : m / S_;
     for (int64_t j = 0; j < nb; j++) c.push_back(1 + j);
     if (m < L_ && m % S_ != 0) c.push_back(1 + NB_);
-    if (window_ > 0 && static_cast<int64_t>(c.size()) > window_) c.erase(c.begin(), c.end() - window_);
+    if (window_ > 0 && static_cast<int64_t>(c.size()) > window_)
+      c.erase(c.begin(), c.end() - window_);
     c.insert(c.begin(), 0);
     return c;
   }
@@ -324,8 +387,7 @@ class AttnResRouter final : public DepthRouter {
     auto src = sources(m);
     int64_t q_ld = 0;
     const float* q = query(m, src, &q_ld);
-    ops::depth_mix_forward(x, lse, src.data(), static_cast<int64_t>(src.size()), q, q_ld, mix_,
-                           n_);
+    ops::depth_mix_forward(x, lse, src.data(), static_cast<int64_t>(src.size()), q, q_ld, mix_, n_);
   }
 
   // Computes x_l once its sources exist (right after sublayer l-1's output).
@@ -433,14 +495,17 @@ class AttnResRouter final : public DepthRouter {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<Offsets> off_;
-  std::vector<float> qg_;  // ((L+1), d) static query * gain
-  Source emb_;
-  std::vector<Source> blocks_, part_;
+  std::vector<float> qg_;         // ((L+1), d) static query * gain
+  int64_t first_ = 0, last_ = 0;  // sublayers of this stage: [0, L) outside pipelines
+  bool stage_ = false;            // a pipeline stage, with its sources in *st_
+  SourceStore own_;               // the sources outside pipelines
+  SourceStore* st_ = &own_;
+  std::vector<Source> part_;
   std::vector<FloatBuf> xin_, lse_, o1_, lse1_;
   FloatBuf final_, out_, dx_, qdyn_, qraw_, dq_;
   std::vector<FloatBuf> dxs_, D_;  // by source: every mixer's dx (N,d) and dx . x (N,H)
   FloatBuf dv_cur_;
-  std::vector<float> dq_part_;      // by source: one source's gradient; query partials
+  std::vector<float> dq_part_;  // by source: one source's gradient; query partials
 };
 
 }  // namespace
