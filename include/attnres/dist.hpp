@@ -1,12 +1,15 @@
 // attnres/dist.hpp — the communicator that multi-process (data-parallel) training runs over.
 //
 // One process per rank, all running the same program. A Communicator offers the few collectives
-// training needs (sum-all-reduce, all-gather, broadcast, barrier), point-to-point float transfers (for a later
-// pipeline-parallel schedule, SPEC 5) and abort. Two implementations:
+// training needs (sum-all-reduce, all-gather, broadcast, barrier), point-to-point float transfers
+// (blocking, and non-blocking sends for the pipeline schedule, SPEC 5) and abort. Three
+// implementations:
 //   single  one process; collectives are no-ops (always available);
 //   mpi     MPI_COMM_WORLD (compiled when CMake finds MPI, option ATTNRES_MPI; see
 //           src/dist/comm_mpi.cpp). A watchdog aborts the whole job when one collective waits
-//           longer than timeout() for the other ranks, so a dead or hung rank never hangs the rest.
+//           longer than timeout() for the other ranks, so a dead or hung rank never hangs the rest;
+//   local   ranks as threads of one process (make_local_group): the in-process stand-in that
+//           tests run multi-rank code on without mpirun. A wait past timeout() throws Error.
 //
 // Every collective must be called by every rank in the same order; a rank that throws instead
 // must call abort() (the CLI does), or the others wait until the watchdog fires.
@@ -37,9 +40,14 @@ class Communicator {
   // Copies `bytes` bytes at `data` from rank `root` to every other rank.
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
-  // Point-to-point (blocking): n floats to / from rank `peer`, matched by `tag`.
+  // Point-to-point (blocking): n floats to / from rank `peer`, matched by `tag`. Messages from
+  // one rank with one tag arrive in the order they were sent.
   virtual void send(const float* data, int64_t n, int peer, int tag) = 0;
   virtual void recv(float* data, int64_t n, int peer, int tag) = 0;
+  // Non-blocking send: returns at once; `data` must stay valid and unchanged until wait_sends().
+  virtual void isend(const float* data, int64_t n, int peer, int tag) = 0;
+  // Waits until every isend() of this rank has completed.
+  virtual void wait_sends() = 0;
   // Ends every rank of the job with exit status `code` (never returns).
   [[noreturn]] virtual void abort(int code) = 0;
 
@@ -79,8 +87,14 @@ class SingleCommunicator final : public Communicator {
   // Throw Error: a single process has no peer.
   void send(const float*, int64_t, int, int) override;
   void recv(float*, int64_t, int, int) override;
+  void isend(const float* data, int64_t n, int peer, int tag) override { send(data, n, peer, tag); }
+  void wait_sends() override {}
   [[noreturn]] void abort(int code) override;
 };
+
+// `size` communicators whose ranks are threads of this process (rank r is element r): run each
+// rank's code on its own thread. Collectives sum in rank order, so results are deterministic.
+std::vector<std::unique_ptr<Communicator>> make_local_group(int size);
 
 // True when this build has the MPI backend (CMake found MPI and ATTNRES_MPI is ON).
 bool mpi_compiled();

@@ -95,6 +95,8 @@ class Model {
   // Stage boundaries are multiples of this many sublayers (layer and block aligned); 0 when the
   // residual mode cannot be split into stages.
   int64_t stage_unit() const;
+  // Depth sources that exist before sublayer l (a stage boundary): the embedding and the blocks.
+  int64_t boundary_sources(int64_t l) const;
   // Forward of one micro-batch of (B,T) tokens through the stage, reading the depth sources
   // before `first` from `store` and adding the ones it forms. The first stage embeds `tokens`;
   // the last returns the mean cross-entropy over `targets` (every other stage returns 0).

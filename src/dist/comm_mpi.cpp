@@ -111,6 +111,22 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  void isend(const float* data, int64_t n, int peer, int tag) override {
+    check_peer(peer);
+    for (int64_t off = 0; off < n; off += chunk()) {
+      pending_.emplace_back();
+      MPI_Isend(data + off, static_cast<int>(std::min(chunk(), n - off)), MPI_FLOAT, peer, tag,
+                MPI_COMM_WORLD, &pending_.back());
+    }
+  }
+
+  void wait_sends() override {
+    if (pending_.empty()) return;
+    Op op(*this, "wait for sends");
+    MPI_Waitall(static_cast<int>(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE);
+    pending_.clear();
+  }
+
   [[noreturn]] void abort(int code) override {
     std::fflush(stdout);
     std::fflush(stderr);
@@ -172,6 +188,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   int rank_ = 0, size_ = 1, thread_level_ = MPI_THREAD_SINGLE;
+  std::vector<MPI_Request> pending_;  // isend()s not yet waited for
   std::atomic<int64_t> op_start_ns_{0};
   std::atomic<double> op_timeout_{0.0};
   std::atomic<const char*> op_name_{""};

@@ -71,6 +71,8 @@ int64_t Model::stage_unit() const {
   return std::lcm(int64_t{2}, S);  // whole layers (attention + MLP) and whole blocks
 }
 
+int64_t Model::boundary_sources(int64_t l) const { return main_->router->boundary_sources(l); }
+
 std::unique_ptr<Model::StagePass> Model::make_stage_pass(int64_t first, int64_t last) {
   const int64_t L = cfg_.n_sublayers(), u = stage_unit();
   check(u > 0, "residual mode '" + cfg_.residual.mode +

@@ -1,0 +1,172 @@
+// The in-process communicator (attnres/dist.hpp, make_local_group): ranks are threads sharing one
+// mailbox. Tests run multi-rank code (the pipeline schedule, data-parallel steps) on it without
+// mpirun, under the sanitizers too. Collectives are rendezvous on a generation barrier: every rank
+// posts its buffer, then each reads the others' in rank order (deterministic sums).
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "attnres/dist.hpp"
+#include "attnres/error.hpp"
+
+namespace attnres::dist {
+
+namespace {
+
+struct Shared {
+  explicit Shared(int n) : size(n), slots(static_cast<size_t>(n), nullptr) {}
+  const int size;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  std::vector<const void*> slots;  // each rank's buffer during a collective
+  std::map<std::tuple<int, int, int>, std::deque<std::vector<float>>> box;  // (from, to, tag)
+};
+
+class LocalCommunicator final : public Communicator {
+ public:
+  LocalCommunicator(std::shared_ptr<Shared> sh, int rank) : sh_(std::move(sh)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return sh_->size; }
+  std::string backend() const override { return "local"; }
+
+  void allreduce_sum(float* data, int64_t n) override { reduce(data, n); }
+  void allreduce_sum(double* data, int64_t n) override { reduce(data, n); }
+
+  void allgather(float* data, const std::vector<int64_t>& counts) override {
+    check(static_cast<int>(counts.size()) == size(), "internal: allgather counts != ranks");
+    post(data);
+    int64_t off = 0;
+    for (int r = 0; r < size(); r++) {
+      const int64_t c = counts[static_cast<size_t>(r)];
+      if (r != rank_) {
+        std::memcpy(data + off, static_cast<const float*>(slot(r)) + off, sizeof(float) * c);
+      }
+      off += c;
+    }
+    sync("allgather");
+  }
+
+  void broadcast(void* data, int64_t bytes, int root) override {
+    post(data);
+    if (rank_ != root) std::memcpy(data, slot(root), static_cast<size_t>(bytes));
+    sync("broadcast");
+  }
+
+  void barrier() override { sync("barrier"); }
+
+  void send(const float* data, int64_t n, int peer, int tag) override { isend(data, n, peer, tag); }
+
+  void isend(const float* data, int64_t n, int peer, int tag) override {
+    check_peer(peer);
+    {
+      std::lock_guard<std::mutex> lk(sh_->mu);
+      sh_->box[{rank_, peer, tag}].emplace_back(data, data + n);  // copied: complete at once
+    }
+    sh_->cv.notify_all();
+  }
+
+  void wait_sends() override {}
+
+  void recv(float* data, int64_t n, int peer, int tag) override {
+    check_peer(peer);
+    std::unique_lock<std::mutex> lk(sh_->mu);
+    auto& q = sh_->box[{peer, rank_, tag}];
+    wait(
+        lk, [&] { return !q.empty(); }, "recv");
+    check(static_cast<int64_t>(q.front().size()) == n,
+          "local rank " + std::to_string(rank_) + " expected " + std::to_string(n) +
+              " floats from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
+              ") but the message has " + std::to_string(q.front().size()));
+    std::memcpy(data, q.front().data(), sizeof(float) * n);
+    q.pop_front();
+  }
+
+  [[noreturn]] void abort(int code) override {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
+
+ private:
+  void check_peer(int peer) const {
+    check(peer >= 0 && peer < size() && peer != rank_,
+          "invalid peer rank " + std::to_string(peer) + " for local rank " + std::to_string(rank_) +
+              " of " + std::to_string(size()));
+  }
+
+  template <class Pred>
+  void wait(std::unique_lock<std::mutex>& lk, Pred done, const char* what) {
+    const double t = timeout();
+    if (t <= 0) {
+      sh_->cv.wait(lk, done);
+      return;
+    }
+    if (!sh_->cv.wait_for(lk, std::chrono::duration<double>(t), done)) {
+      throw Error("local rank " + std::to_string(rank_) + " waited " + std::to_string(t) +
+                  " s in " + what + " for the other ranks");
+    }
+  }
+
+  // Generation barrier.
+  void sync(const char* what) {
+    std::unique_lock<std::mutex> lk(sh_->mu);
+    const uint64_t gen = sh_->generation;
+    if (++sh_->arrived == sh_->size) {
+      sh_->arrived = 0;
+      sh_->generation++;
+      sh_->cv.notify_all();
+      return;
+    }
+    wait(
+        lk, [&] { return sh_->generation != gen; }, what);
+  }
+
+  void post(const void* data) {
+    {
+      std::lock_guard<std::mutex> lk(sh_->mu);
+      sh_->slots[static_cast<size_t>(rank_)] = data;
+    }
+    sync("collective");
+  }
+  const void* slot(int r) {
+    std::lock_guard<std::mutex> lk(sh_->mu);
+    return sh_->slots[static_cast<size_t>(r)];
+  }
+
+  template <class T>
+  void reduce(T* data, int64_t n) {
+    post(data);
+    std::vector<T> sum(static_cast<size_t>(n), T(0));
+    for (int r = 0; r < size(); r++) {
+      const T* p = static_cast<const T*>(slot(r));
+      for (int64_t i = 0; i < n; i++) sum[static_cast<size_t>(i)] += p[i];
+    }
+    sync("allreduce");  // every rank has read every buffer
+    std::memcpy(data, sum.data(), sizeof(T) * static_cast<size_t>(n));
+  }
+
+  std::shared_ptr<Shared> sh_;
+  const int rank_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_local_group(int size) {
+  check(size >= 1, "a local group needs at least one rank");
+  auto sh = std::make_shared<Shared>(size);
+  std::vector<std::unique_ptr<Communicator>> g;
+  for (int r = 0; r < size; r++) g.push_back(std::make_unique<LocalCommunicator>(sh, r));
+  return g;
+}
+
+}  // namespace attnres::dist

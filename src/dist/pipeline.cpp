@@ -1,0 +1,281 @@
+// Pipeline parallelism with cache-based block communication (attnres/pipeline.hpp, SPEC 5): the
+// stage plan, the 1F1B schedule (built by simulation) and the per-rank executor that moves depth
+// sources and their gradients between stages.
+#include "attnres/pipeline.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "attnres/dist.hpp"
+#include "attnres/error.hpp"
+
+namespace attnres::pipe {
+
+Scheme parse_scheme(const std::string& name) {
+  if (name == "cached") return Scheme::cached;
+  if (name == "naive") return Scheme::naive;
+  throw Error("unknown pipeline communication scheme '" + name +
+              "' (--pipeline-comm): use cached (SPEC 5) or naive");
+}
+
+const char* scheme_name(Scheme s) { return s == Scheme::cached ? "cached" : "naive"; }
+
+std::string Plan::describe() const {
+  std::string s;
+  for (int64_t k = 0; k < stages(); k++) {
+    s += (k ? " " : "") + std::string("[") + std::to_string(bounds[k]) + "," +
+         std::to_string(bounds[k + 1]) + ")";
+  }
+  return s;
+}
+
+namespace {
+// Message tags: ZeRO-1 uses 1 and 2; MPI guarantees tags up to 32767.
+constexpr int64_t kTagBase = 100, kTagMax = 32767;
+
+int tag_of(const Plan& p, bool backward, int64_t transition, int64_t mb) {
+  return static_cast<int>(kTagBase + ((backward ? p.stages() : 0) + transition) * p.M + mb);
+}
+}  // namespace
+
+Plan make_plan(const Model& model, int64_t P, int64_t V, int64_t M) {
+  const ModelConfig& c = model.config();
+  check(P >= 1 && V >= 1 && M >= 1,
+        "pipeline: ranks, virtual stages and micro-batches must be >= 1");
+  const int64_t u = model.stage_unit();
+  check(u > 0,
+        "pipeline parallelism needs the depth sources of Attention Residuals between "
+        "stages; residual mode '" +
+            c.residual.mode +
+            "' is not supported: use --residual block or full (or train it data-parallel)");
+  const int64_t L = c.n_sublayers(), units = (L + u - 1) / u, PV = P * V;
+  check(PV <= units,
+        "pipeline: " + std::to_string(P) + " ranks x " + std::to_string(V) +
+            " virtual stages need " + std::to_string(PV) + " stages, but the model has only " +
+            std::to_string(units) + " pieces of " + std::to_string(u) +
+            " sublayers (whole layers and whole blocks) to split; use fewer ranks or virtual "
+            "stages, more layers, or a smaller --block-size");
+  check(kTagBase + 2 * PV * M <= kTagMax,
+        "pipeline: " + std::to_string(PV) + " stages x " + std::to_string(M) +
+            " micro-batches exceed the message tags MPI guarantees; use fewer micro-batches "
+            "(--grad-accum) or stages");
+  Plan p;
+  p.P = P;
+  p.V = V;
+  p.M = M;
+  p.bounds.push_back(0);
+  for (int64_t k = 0; k < PV; k++) {
+    const int64_t n = units / PV + (k < units % PV ? 1 : 0);
+    p.bounds.push_back(std::min(L, p.bounds.back() + n * u));
+  }
+  for (int64_t b : p.bounds) p.sources.push_back(model.boundary_sources(b));
+  return p;
+}
+
+std::pair<int64_t, int64_t> transition_sources(const Plan& p, int64_t k, Scheme scheme) {
+  const int64_t hi = p.sources[k + 1];
+  if (scheme == Scheme::naive) return {0, hi};
+  // The receiving rank last held this micro-batch at stage k + 1 - P, whose end it has seen.
+  const int64_t prev = k + 1 - p.P;
+  return {prev >= 0 ? p.sources[prev + 1] : 0, hi};
+}
+
+Schedule make_schedule(const Plan& p) {
+  const int64_t P = p.P, V = p.V, M = p.M, PV = p.stages();
+  constexpr int64_t kF = 1, kB = 2, kNever = std::numeric_limits<int64_t>::max();
+  // Completion times (kNever: not run yet).
+  std::vector<int64_t> fdone(M * PV, kNever), bdone(M * PV, kNever);
+  auto at = [&](int64_t mb, int64_t k) { return mb * PV + k; };
+  std::vector<int64_t> limit(P), in_flight(P, 0), busy(P, 0);
+  for (int64_t r = 0; r < P; r++) {
+    limit[r] = V == 1 ? P - r : 2 * (P - r - 1) + (V - 1) * P + 1;
+  }
+  Schedule s;
+  s.ops.assign(P, {});
+  s.max_in_flight.assign(P, 0);
+  int64_t remaining = 2 * M * PV, t = 0;
+  // Priority (Megatron's order): micro-batches in groups of P; forwards by stage ascending,
+  // backwards by stage descending; then by micro-batch.
+  auto better = [&](const Op& a, const Op& b) {
+    const int64_t ga = a.mb / P, gb = b.mb / P;
+    if (ga != gb) return ga < gb;
+    if (a.stage != b.stage) return a.backward ? a.stage > b.stage : a.stage < b.stage;
+    return a.mb < b.mb;
+  };
+  while (remaining > 0) {
+    bool started = false;
+    for (int64_t r = 0; r < P; r++) {
+      if (busy[r] > t) continue;
+      Op best_b, best_f;
+      bool have_b = false, have_f = false;
+      for (int64_t k = r; k < PV; k += P) {
+        for (int64_t mb = 0; mb < M; mb++) {
+          const int64_t i = at(mb, k);
+          if (fdone[i] == kNever) {
+            if (k == 0 || fdone[at(mb, k - 1)] <= t) {
+              const Op o{false, mb, k};
+              if (!have_f || better(o, best_f)) best_f = o, have_f = true;
+            }
+          } else if (bdone[i] == kNever && fdone[i] <= t &&
+                     (k == PV - 1 || bdone[at(mb, k + 1)] <= t)) {
+            const Op o{true, mb, k};
+            if (!have_b || better(o, best_b)) best_b = o, have_b = true;
+          }
+        }
+      }
+      if (have_b) {
+        bdone[at(best_b.mb, best_b.stage)] = t + kB;
+        busy[r] = t + kB;
+        in_flight[r]--;
+        s.ops[r].push_back(best_b);
+      } else if (have_f && in_flight[r] < limit[r]) {
+        fdone[at(best_f.mb, best_f.stage)] = t + kF;
+        busy[r] = t + kF;
+        in_flight[r]++;
+        s.max_in_flight[r] = std::max(s.max_in_flight[r], in_flight[r]);
+        s.ops[r].push_back(best_f);
+      } else {
+        continue;
+      }
+      remaining--;
+      started = true;
+    }
+    // Advance to the next moment something finishes (or deadlock: allow more in flight).
+    int64_t next = kNever;
+    for (int64_t r = 0; r < P; r++) {
+      if (busy[r] > t) next = std::min(next, busy[r]);
+    }
+    if (next == kNever) {
+      if (!started && remaining > 0) {
+        for (auto& l : limit) l++;
+      }
+      continue;  // same t: ranks whose work just finished may start now
+    }
+    t = next;
+  }
+  int64_t end = 0;
+  for (int64_t r = 0; r < P; r++) end = std::max(end, busy[r]);
+  const double work = static_cast<double>(M * V * (kF + kB));
+  s.bubble = end > 0 ? 1.0 - work / static_cast<double>(end) : 0.0;
+  return s;
+}
+
+// ------------------------------------------------------------------------------------ executor
+
+struct Pipeline::Impl {
+  std::vector<SourceStore> stores;                                   // (M) this step's sources
+  std::vector<std::vector<std::unique_ptr<Model::StagePass>>> idle;  // (PV) reusable passes
+  std::vector<std::unique_ptr<Model::StagePass>> live;               // (M*PV) awaiting backward
+  std::vector<FloatBuf> packs;  // gradients handed back, alive until wait_sends()
+  size_t packs_used = 0;
+  FloatBuf scratch;
+};
+
+Pipeline::Pipeline(Model& model, dist::Communicator& comm, Plan plan, Scheme scheme)
+    : model_(model),
+      comm_(comm),
+      plan_(std::move(plan)),
+      scheme_(scheme),
+      impl_(std::make_unique<Impl>()) {
+  check(comm.size() == plan_.P, "pipeline of " + std::to_string(plan_.P) + " ranks run by " +
+                                    std::to_string(comm.size()) +
+                                    " processes; launch with "
+                                    "mpirun -np " +
+                                    std::to_string(plan_.P));
+  sched_ = make_schedule(plan_);
+  impl_->stores.resize(plan_.M);
+  impl_->idle.resize(plan_.stages());
+  impl_->live.resize(plan_.M * plan_.stages());
+}
+
+Pipeline::~Pipeline() = default;
+
+double Pipeline::step(const std::vector<const int32_t*>& inputs,
+                      const std::vector<const int32_t*>& targets, int64_t B, int64_t T) {
+  const ModelConfig& c = model_.config();
+  const int64_t PV = plan_.stages(), n = B * T, d = c.d_model, nd = n * d;
+  const int64_t H = c.residual.heads;
+  check(static_cast<int64_t>(inputs.size()) == plan_.M &&
+            static_cast<int64_t>(targets.size()) == plan_.M,
+        "internal: pipeline step needs one batch per micro-batch");
+  Impl& im = *impl_;
+  for (auto& s : im.stores) s.clear();
+  im.packs_used = 0;
+  im.scratch.resize(static_cast<size_t>(nd));
+  double loss = 0.0;
+  const int me = comm_.rank();
+  for (const Op& op : sched_.ops[static_cast<size_t>(me)]) {
+    const int64_t k = op.stage, mb = op.mb;
+    SourceStore& st = im.stores[static_cast<size_t>(mb)];
+    std::unique_ptr<Model::StagePass>& slot = im.live[static_cast<size_t>(mb * PV + k)];
+    if (!op.backward) {
+      if (k > 0) {  // the sources of transition k-1 -> k
+        const auto [lo, hi] = transition_sources(plan_, k - 1, scheme_);
+        const int from = plan_.rank_of(k - 1), tag = tag_of(plan_, false, k - 1, mb);
+        for (int64_t id = lo; id < hi; id++) {
+          // The naive scheme re-sends sources this rank already holds: receive and drop.
+          float* dst = st.has(id) ? im.scratch.data() : st.ensure(id, n, d, H).v.data();
+          comm_.recv(dst, nd, from, tag);
+        }
+      }
+      auto& idle = im.idle[static_cast<size_t>(k)];
+      if (idle.empty()) {
+        slot = model_.make_stage_pass(plan_.bounds[k], plan_.bounds[k + 1]);
+      } else {
+        slot = std::move(idle.back());
+        idle.pop_back();
+      }
+      loss += model_.stage_forward(*slot, st, inputs[static_cast<size_t>(mb)],
+                                   targets[static_cast<size_t>(mb)], B, T);
+      if (k + 1 < PV) {
+        const auto [lo, hi] = transition_sources(plan_, k, scheme_);
+        const int to = plan_.rank_of(k + 1), tag = tag_of(plan_, false, k, mb);
+        for (int64_t id = lo; id < hi; id++) {
+          comm_.isend(st.e[static_cast<size_t>(id)].v.data(), nd, to, tag);
+          traffic_.messages++;
+        }
+        const int64_t bytes = (hi - lo) * nd * static_cast<int64_t>(sizeof(float));
+        traffic_.forward_bytes += bytes;
+        traffic_.peak_transition_bytes = std::max(traffic_.peak_transition_bytes, bytes);
+      }
+    } else {
+      if (k + 1 < PV) {  // gradients of the sources sent on transition k -> k+1
+        const auto [lo, hi] = transition_sources(plan_, k, scheme_);
+        const int from = plan_.rank_of(k + 1), tag = tag_of(plan_, true, k, mb);
+        for (int64_t id = lo; id < hi; id++) {
+          comm_.recv(im.scratch.data(), nd, from, tag);
+          float* g = st.e[static_cast<size_t>(id)].g.data();
+          const float* x = im.scratch.data();
+#pragma omp parallel for simd schedule(static) if (nd > 65536)
+          for (int64_t i = 0; i < nd; i++) g[i] += x[i];
+        }
+      }
+      check(slot != nullptr, "internal: pipeline backward before its forward");
+      model_.stage_backward(*slot);
+      im.idle[static_cast<size_t>(k)].push_back(std::move(slot));
+      if (k > 0) {  // hand the gradients of what transition k-1 -> k brought back, once
+        const auto [lo, hi] = transition_sources(plan_, k - 1, scheme_);
+        const int to = plan_.rank_of(k - 1), tag = tag_of(plan_, true, k - 1, mb);
+        if (im.packs_used == im.packs.size()) im.packs.emplace_back();
+        FloatBuf& pack = im.packs[im.packs_used++];
+        pack.resize(static_cast<size_t>((hi - lo) * nd));
+        for (int64_t id = lo; id < hi; id++) {
+          FloatBuf& g = st.e[static_cast<size_t>(id)].g;
+          float* seg = pack.data() + (id - lo) * nd;
+          std::memcpy(seg, g.data(), sizeof(float) * static_cast<size_t>(nd));
+          std::memset(g.data(), 0, sizeof(float) * static_cast<size_t>(nd));
+          comm_.isend(seg, nd, to, tag);
+          traffic_.messages++;
+        }
+        const int64_t bytes = (hi - lo) * nd * static_cast<int64_t>(sizeof(float));
+        traffic_.backward_bytes += bytes;
+        traffic_.peak_transition_bytes = std::max(traffic_.peak_transition_bytes, bytes);
+      }
+    }
+  }
+  comm_.wait_sends();
+  return loss;
+}
+
+}  // namespace attnres::pipe

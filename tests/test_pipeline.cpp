@@ -1,0 +1,308 @@
+// Pipeline parallelism (attnres/pipeline.hpp, SPEC 5), in one process: ranks are threads on the
+// local communicator. Gradients and losses of P ranks x V virtual stages equal one process running
+// the same micro-batches; the bytes each scheme sends equal the closed forms of SPEC 5 (derived
+// here, independently of the engine's transition rule); the 1F1B schedule replays without
+// deadlock and bounds the forwards in flight. The MPI path is tested in test_dist.cpp.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "attnres/dist.hpp"
+#include "attnres/error.hpp"
+#include "attnres/model.hpp"
+#include "attnres/pipeline.hpp"
+#include "core/rng.hpp"
+
+using namespace attnres;
+
+namespace {
+
+ModelConfig tiny(const std::string& mode, int64_t n_layer, int64_t block_size = 2) {
+  ModelConfig c;
+  c.n_layer = n_layer;
+  c.n_head = 2;
+  c.d_model = 16;
+  c.ffn_hidden = 32;
+  c.vocab_size = 29;
+  c.max_seq_len = 8;
+  c.residual.mode = mode;
+  c.residual.block_size = block_size;
+  c.resolve();
+  return c;
+}
+
+struct Batches {
+  int64_t B = 2, T = 8;
+  std::vector<std::vector<int32_t>> in, tg;
+  std::vector<const int32_t*> in_p, tg_p;
+  Batches(int64_t M, int64_t vocab, uint64_t seed) {
+    Rng rng(seed);
+    for (int64_t m = 0; m < M; m++) {
+      in.emplace_back(B * T);
+      tg.emplace_back(B * T);
+      for (auto& x : in.back()) x = static_cast<int32_t>(rng.next_u64() % vocab);
+      for (auto& x : tg.back()) x = static_cast<int32_t>(rng.next_u64() % vocab);
+    }
+    for (int64_t m = 0; m < M; m++) {
+      in_p.push_back(in[m].data());
+      tg_p.push_back(tg[m].data());
+    }
+  }
+};
+
+struct Result {
+  double loss = 0;
+  std::vector<float> grads;
+  std::vector<pipe::Traffic> traffic;  // per rank
+};
+
+// One process: the micro-batches one after another (gradient accumulation).
+Result reference(const ModelConfig& c, const Batches& b) {
+  Model m(c);
+  m.init_weights(7);
+  m.zero_grad();
+  Result r;
+  for (size_t i = 0; i < b.in.size(); i++) {
+    r.loss += m.forward(b.in_p[i], b.tg_p[i], b.B, b.T);
+    m.backward();
+  }
+  r.grads.assign(m.grads(), m.grads() + m.layout().total());
+  return r;
+}
+
+// P ranks as threads, each with its own model replica; gradients summed over ranks.
+Result pipelined(const ModelConfig& c, const Batches& b, int64_t P, int64_t V,
+                 pipe::Scheme scheme) {
+  auto group = dist::make_local_group(static_cast<int>(P));
+  std::vector<Result> per(P);
+  std::vector<std::string> errors(P);
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < P; r++) {
+    threads.emplace_back([&, r] {
+      try {
+        omp_set_num_threads(1);  // the ranks share the cores
+        dist::Communicator& comm = *group[r];
+        comm.set_timeout(120);
+        Model m(c);
+        m.init_weights(7);
+        m.zero_grad();
+        pipe::Pipeline pl(m, comm, pipe::make_plan(m, P, V, static_cast<int64_t>(b.in.size())),
+                          scheme);
+        double loss = pl.step(b.in_p, b.tg_p, b.B, b.T);
+        comm.allreduce_sum(m.grads(), m.layout().total());
+        comm.allreduce_sum(&loss, 1);
+        per[r].loss = loss;
+        per[r].grads.assign(m.grads(), m.grads() + m.layout().total());
+        per[r].traffic.push_back(pl.traffic());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int64_t r = 0; r < P; r++) EXPECT_EQ(errors[r], "") << "rank " << r;
+  Result out = per[0];
+  out.traffic.clear();
+  for (int64_t r = 0; r < P; r++) {
+    EXPECT_EQ(per[r].loss, per[0].loss) << "rank " << r;
+    EXPECT_EQ(per[r].grads, per[0].grads) << "rank " << r;
+    out.traffic.push_back(per[r].traffic.empty() ? pipe::Traffic{} : per[r].traffic[0]);
+  }
+  return out;
+}
+
+// Largest |a - b| relative to the largest |b|.
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < a.size(); i++) {
+    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return diff / scale;
+}
+
+void expect_matches_reference(const ModelConfig& c, int64_t P, int64_t V, int64_t M,
+                              pipe::Scheme scheme) {
+  SCOPED_TRACE(c.residual.mode + " S=" + std::to_string(c.residual.block_size) +
+               " P=" + std::to_string(P) + " V=" + std::to_string(V) + " M=" + std::to_string(M) +
+               " " + pipe::scheme_name(scheme));
+  const Batches b(M, c.vocab_size, 99);
+  const Result want = reference(c, b);
+  const Result got = pipelined(c, b, P, V, scheme);
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  EXPECT_NEAR(got.loss, want.loss, 1e-6 * std::abs(want.loss));
+  EXPECT_LT(max_rel(got.grads, want.grads), 2e-6);
+  double norm = 0;
+  for (float g : want.grads) norm += double(g) * g;
+  EXPECT_GT(norm, 0.0);  // the comparison is not between zeros
+}
+
+}  // namespace
+
+TEST(Pipeline, BlockAttnResGradientsMatchOneProcess) {
+  for (auto scheme : {pipe::Scheme::cached, pipe::Scheme::naive}) {
+    expect_matches_reference(tiny("block", 4), 2, 1, 3, scheme);
+    expect_matches_reference(tiny("block", 4), 2, 2, 4, scheme);
+  }
+  expect_matches_reference(tiny("block", 6), 3, 2, 5, pipe::Scheme::cached);
+  expect_matches_reference(tiny("block", 4, 4), 2, 1, 2, pipe::Scheme::cached);  // S = 4
+}
+
+TEST(Pipeline, FullAttnResGradientsMatchOneProcess) {
+  // Full AttnRes backward runs by source in one process and by mixer in stages.
+  for (auto scheme : {pipe::Scheme::cached, pipe::Scheme::naive}) {
+    expect_matches_reference(tiny("full", 4), 2, 2, 3, scheme);
+  }
+  expect_matches_reference(tiny("full", 3), 3, 1, 2, pipe::Scheme::cached);
+}
+
+TEST(Pipeline, AblationsRunAsStages) {
+  ModelConfig c = tiny("block", 4);
+  c.residual.query = "dynamic";
+  expect_matches_reference(c, 2, 2, 2, pipe::Scheme::cached);
+  c = tiny("block", 4);
+  c.residual.two_phase = false;
+  c.residual.heads = 2;
+  c.tied = false;
+  expect_matches_reference(c, 2, 2, 2, pipe::Scheme::cached);
+  c = tiny("full", 4);
+  c.residual.window = 2;
+  c.residual.gate = "sigmoid";
+  expect_matches_reference(c, 2, 1, 2, pipe::Scheme::naive);
+}
+
+// SPEC 5's counts for stages of b blocks each, derived by hand:
+//   naive  transition k -> k+1 sends the embedding and the (k+1) b blocks so far;
+//   cached the first P-1 transitions reach ranks that never held the micro-batch (same as naive);
+//          every later one sends only the (P-1) b blocks formed since the receiver's last stage.
+TEST(Pipeline, BytesSentMatchSpecFormula) {
+  struct Case {
+    const char* mode;
+    int64_t n_layer, block_size, P, V;
+  };
+  for (const Case& cs :
+       {Case{"block", 8, 2, 2, 2}, Case{"block", 8, 2, 2, 4}, Case{"block", 8, 2, 4, 2},
+        Case{"full", 6, 1, 3, 2}, Case{"block", 8, 4, 2, 1}}) {
+    const ModelConfig c = tiny(cs.mode, cs.n_layer, cs.block_size);
+    const int64_t P = cs.P, V = cs.V, PV = P * V, M = 3;
+    const int64_t S = c.residual.effective_block_size();
+    const int64_t b = c.n_sublayers() / S / PV;  // blocks per stage
+    ASSERT_EQ(b * S * PV, c.n_sublayers());
+    const Batches bt(M, c.vocab_size, 5);
+    const int64_t block_bytes = bt.B * bt.T * c.d_model * 4;
+    const int64_t naive = (PV - 1) + b * PV * (PV - 1) / 2;
+    const int64_t cached = (P - 1) + b * P * (P - 1) / 2 + (PV - P) * (P - 1) * b;
+    std::map<pipe::Scheme, std::vector<pipe::Traffic>> t;
+    for (auto scheme : {pipe::Scheme::cached, pipe::Scheme::naive}) {
+      t[scheme] = pipelined(c, bt, P, V, scheme).traffic;
+    }
+    auto total = [&](pipe::Scheme s, bool backward) {
+      int64_t n = 0;
+      for (const auto& x : t[s]) n += backward ? x.backward_bytes : x.forward_bytes;
+      return n;
+    };
+    auto peak = [&](pipe::Scheme s) {
+      int64_t n = 0;
+      for (const auto& x : t[s]) n = std::max(n, x.peak_transition_bytes);
+      return n;
+    };
+    SCOPED_TRACE(std::string(cs.mode) + " P=" + std::to_string(P) + " V=" + std::to_string(V));
+    EXPECT_EQ(total(pipe::Scheme::naive, false), naive * M * block_bytes);
+    EXPECT_EQ(total(pipe::Scheme::cached, false), cached * M * block_bytes);
+    EXPECT_EQ(total(pipe::Scheme::naive, true), naive * M * block_bytes);  // backward mirrors
+    EXPECT_EQ(total(pipe::Scheme::cached, true), cached * M * block_bytes);
+    EXPECT_EQ(peak(pipe::Scheme::naive), (1 + (PV - 1) * b) * block_bytes);  // O(P V)
+    EXPECT_EQ(peak(pipe::Scheme::cached), (1 + (P - 1) * b) * block_bytes);  // O(P)
+    if (V > 1) {
+      EXPECT_LT(cached, naive);
+    } else {
+      EXPECT_EQ(cached, naive);  // nothing to cache without a second visit
+    }
+  }
+}
+
+// Replays every rank's order with blocking receives: each op must find its inputs done by the
+// time its rank reaches it, or the real run would deadlock.
+TEST(Pipeline, ScheduleIsCompleteDeadlockFreeAndBounded) {
+  for (int64_t P : {2, 3, 4}) {
+    for (int64_t V : {1, 2, 3}) {
+      for (int64_t M : {int64_t{1}, int64_t{2}, P, 2 * P + 1}) {
+        pipe::Plan p;
+        p.P = P;
+        p.V = V;
+        p.M = M;
+        SCOPED_TRACE("P=" + std::to_string(P) + " V=" + std::to_string(V) +
+                     " M=" + std::to_string(M));
+        const pipe::Schedule s = pipe::make_schedule(p);
+        const int64_t PV = P * V;
+        std::vector<int> fdone(M * PV, 0), bdone(M * PV, 0);
+        std::vector<size_t> next(P, 0);
+        int64_t left = 2 * M * PV;
+        for (int64_t r = 0; r < P; r++) {
+          ASSERT_EQ(static_cast<int64_t>(s.ops[r].size()), 2 * M * V);
+          for (const auto& o : s.ops[r]) ASSERT_EQ(o.stage % P, r);
+        }
+        while (left > 0) {
+          bool progress = false;
+          for (int64_t r = 0; r < P; r++) {
+            if (next[r] == s.ops[r].size()) continue;
+            const pipe::Op& o = s.ops[r][next[r]];
+            const int64_t i = o.mb * PV + o.stage;
+            const bool ready = o.backward ? fdone[i] && (o.stage == PV - 1 || bdone[i + 1])
+                                          : (o.stage == 0 || fdone[i - 1]);
+            if (!ready) continue;
+            ASSERT_EQ(o.backward ? bdone[i] : fdone[i], 0) << "op twice";
+            (o.backward ? bdone : fdone)[i] = 1;
+            next[r]++;
+            left--;
+            progress = true;
+          }
+          ASSERT_TRUE(progress) << "the schedule deadlocks";
+        }
+        if (V == 1 && M >= P) {
+          for (int64_t r = 0; r < P; r++) EXPECT_LE(s.max_in_flight[r], P - r);  // 1F1B memory
+          // The 1F1B bubble: (P-1) idle slots of (M + P - 1).
+          EXPECT_NEAR(s.bubble, double(P - 1) / double(M + P - 1), 1e-12);
+        }
+      }
+    }
+  }
+  // Interleaving shrinks the bubble.
+  pipe::Plan p1, p2;
+  p1.P = p2.P = 4;
+  p1.M = p2.M = 8;
+  p1.V = 1;
+  p2.V = 2;
+  EXPECT_LT(pipe::make_schedule(p2).bubble, pipe::make_schedule(p1).bubble);
+}
+
+TEST(Pipeline, PlansAreBalancedAndRejectWhatCannotBeSplit) {
+  Model m(tiny("block", 6));  // 12 sublayers, units of 2
+  const pipe::Plan p = pipe::make_plan(m, 2, 2, 4);
+  EXPECT_EQ(p.bounds, (std::vector<int64_t>{0, 4, 8, 10, 12}));
+  EXPECT_EQ(p.sources, (std::vector<int64_t>{1, 3, 5, 6, 7}));
+  EXPECT_EQ(p.rank_of(2), 0);
+  try {
+    pipe::make_plan(m, 4, 2, 4);
+    ADD_FAILURE() << "8 stages of 6 units accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use fewer ranks or virtual stages"), std::string::npos)
+        << e.what();
+  }
+  Model pre(tiny("prenorm", 4));
+  try {
+    pipe::make_plan(pre, 2, 1, 2);
+    ADD_FAILURE() << "prenorm accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--residual block or full"), std::string::npos)
+        << e.what();
+  }
+  Model odd(tiny("block", 6, 3));  // S = 3: stages of whole layers and blocks = 6 sublayers
+  EXPECT_EQ(pipe::make_plan(odd, 2, 1, 1).bounds, (std::vector<int64_t>{0, 6, 12}));
+  EXPECT_THROW(pipe::parse_scheme("smart"), Error);
+}
