@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/dist.hpp"
@@ -174,7 +176,8 @@ TEST(Dist, SingleProcessCommunicator) {
 TEST(Dist, TrainHelpDocumentsMultiProcessRuns) {
   const CliRun r = attnres::testing::run_cli("train --help");
   EXPECT_EQ(r.code, 0);
-  for (const char* s : {"mpirun -np N", "--zero1", "--dist-timeout", "divisible by N", "USR1"}) {
+  for (const char* s : {"mpirun -np N", "--zero1", "--dist-timeout", "divisible by N", "USR1",
+                        "--pipeline N", "--virtual-stages", "--pipeline-comm"}) {
     EXPECT_TRUE(contains(r.out, s)) << s << "\n" << r.out;
   }
 }
@@ -207,7 +210,8 @@ TEST(Dist, TwoRanksMatchOneRank) {
   const CliRun one = shell("exec " + cli() + train_args(data, dir / "one", 10) + " --log-every 1");
   ASSERT_EQ(one.code, 0) << one.out;
   EXPECT_TRUE(contains(one.out, "; 1 rank")) << one.out;
-  const CliRun two = shell(mpirun(2) + cli() + train_args(data, dir / "two", 10) + " --log-every 1");
+  const CliRun two =
+      shell(mpirun(2) + cli() + train_args(data, dir / "two", 10) + " --log-every 1");
   ASSERT_EQ(two.code, 0) << two.out;
   EXPECT_TRUE(contains(two.out, "2 ranks (mpi), 4 sequences per rank")) << two.out;
   // Rank 0 alone reports: one summary, one metrics line per step.
@@ -387,10 +391,11 @@ pid_t find_rank(pid_t parent, int rank) {
   return -1;
 }
 
-// A long 2-rank run that checkpoints every 3 steps.
-std::string long_run(const std::string& data, const fs::path& out) {
+// A long 2-rank run that checkpoints every 3 steps; data parallel, or one pipeline.
+std::string long_run(const std::string& data, const fs::path& out, bool pipeline = false) {
   return mpirun(2) + cli() + train_args(data, out, 1000000, 8, 0) +
-         " --save-every 3 --log-every 50";
+         " --save-every 3 --log-every 50" +
+         (pipeline ? " --residual block --block-size 2 --pipeline 2 --virtual-stages 1" : "");
 }
 
 // The newest complete checkpoint of `out` loads (weights and optimizer); returns its step.
@@ -409,22 +414,22 @@ int64_t load_latest(const fs::path& out) {
   return opt.steps_taken();
 }
 
-class DistKill : public ::testing::TestWithParam<int> {};
+class DistKill : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(DistKill, KilledRankEndsTheJobAndLeavesACheckpoint) {
   SKIP_WITHOUT_MPIRUN();
-  const int victim = GetParam();
+  const auto [victim, pipeline] = GetParam();
   TempDir td;
   const fs::path dir = td.path;
   const fs::path out = dir / "run";
-  Job job(long_run(write_corpus(dir), out), dir / "log.txt");
+  Job job(long_run(write_corpus(dir), out, pipeline), dir / "log.txt");
   ASSERT_TRUE(job.wait_for_checkpoint(out, 6, 60)) << "no checkpoint within 60 s:\n" << job.log();
   const pid_t pid = find_rank(job.pid(), victim);
   ASSERT_GT(pid, 0) << "rank " << victim << "'s process not found among mpirun's children";
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
   const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(job.wait(30)) << "the job still ran 30 s after rank " << victim
-                            << " was killed:\n" << job.log();
+  ASSERT_TRUE(job.wait(30)) << "the job still ran 30 s after rank " << victim << " was killed:\n"
+                            << job.log();
   const int st = job.status();
   EXPECT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << job.log();
   std::printf("job ended %.1f s after rank %d was killed (mpirun status %d)\n",
@@ -450,6 +455,114 @@ TEST(Dist, SigusrToMpirunStopsEveryRankWithACheckpoint) {
   EXPECT_EQ(load_latest(out), stopped);  // the stop wrote a checkpoint at that very step
 }
 
-INSTANTIATE_TEST_SUITE_P(Rank, DistKill, ::testing::Values(0, 1));
+// Ranks 0 and 1, data parallel and pipeline (where the survivor waits in a stage transfer).
+INSTANTIATE_TEST_SUITE_P(RankAndMode, DistKill,
+                         ::testing::Combine(::testing::Values(0, 1), ::testing::Bool()));
+
+// --------------------------------------------------------------------------- pipeline (SPEC 5)
+
+// Block AttnRes, 8 sublayers in blocks of 2: up to 4 stages; 4 micro-batches per step.
+std::string pipe_args(const std::string& data, const fs::path& out, int steps) {
+  return "train --data " + data + " --out " + out.string() + " --steps " + std::to_string(steps) +
+         " --n-layer 4 --d-model 32 --n-head 2 --n-kv-head 1 --seq-len 32 --batch-size 4"
+         " --grad-accum 4 --lr 3e-3 --warmup 2 --eval-every 4 --eval-batches 3 --sample-tokens 0"
+         " --residual block --block-size 2 --log-every 1";
+}
+
+// "sent 2.00 MiB per step ... (cached); the naive scheme would send 4.50 MiB" -> {2.00, 4.50}
+std::pair<double, double> pipeline_bytes(const std::string& out) {
+  const size_t at = out.find("pipeline: sent ");
+  if (at == std::string::npos) return {-1, -1};
+  const double sent = std::atof(out.c_str() + at + 15);
+  const size_t w = out.find("would send ", at);
+  return {sent, w == std::string::npos ? -1 : std::atof(out.c_str() + w + 11)};
+}
+
+TEST(Dist, PipelineMatchesOneRankAndCachedSendsLess) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const CliRun one = shell("exec " + cli() + pipe_args(data, dir / "one", 8));
+  ASSERT_EQ(one.code, 0) << one.out;
+  const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 8u);
+  EXPECT_NE(a.loss.front(), a.loss.back());  // it trained
+  struct Case {
+    const char* name;
+    std::string flags;
+  };
+  std::map<std::string, std::pair<double, double>> bytes;
+  for (const Case& c :
+       {Case{"v1", " --pipeline 2"}, Case{"v2", " --pipeline 2 --virtual-stages 2"},
+        Case{"v2naive", " --pipeline 2 --virtual-stages 2 --pipeline-comm naive"}}) {
+    SCOPED_TRACE(c.name);
+    const CliRun r = shell(mpirun(2) + cli() + pipe_args(data, dir / c.name, 8) + c.flags);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(contains(r.out, "2 ranks (mpi), pipeline parallel")) << r.out;
+    EXPECT_TRUE(contains(r.out, "4 micro-batch(es) per step")) << r.out;
+    EXPECT_EQ(r.out.find("done:"), r.out.rfind("done:")) << r.out;
+    bytes[c.name] = pipeline_bytes(r.out);
+    const Metrics b = read_metrics(dir / c.name / "metrics.jsonl");
+    expect_close(b.loss, a.loss, 1e-5, "training loss at step");
+    expect_close(b.val_loss, a.val_loss, 1e-5, "validation loss");
+    EXPECT_LT(
+        weights_rel_diff(dir / "one" / "model.safetensors", dir / c.name / "model.safetensors"),
+        1e-5);
+  }
+  // 2 x 2 stages of one block each, naive: 2 + 3 + 4 = 9 sources per micro-batch and direction;
+  // cached: 2 + 1 + 1 = 4. One stage per rank: nothing to cache, both send the same.
+  EXPECT_GT(bytes["v2"].first, 0);
+  EXPECT_NEAR(bytes["v2naive"].first / bytes["v2"].first, 9.0 / 4.0, 0.01);
+  EXPECT_EQ(bytes["v2"].second, bytes["v2naive"].first);  // the prediction printed beside it
+  EXPECT_EQ(bytes["v1"].first, bytes["v1"].second);
+}
+
+TEST(Dist, PipelineCheckpointResumesOnOneRank) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const std::string save = " --save-every 4 --keep-checkpoints 3";
+  const CliRun one = shell("exec " + cli() + pipe_args(data, dir / "one", 8) + save);
+  ASSERT_EQ(one.code, 0) << one.out;
+  const CliRun pp = shell(mpirun(2) + cli() + pipe_args(data, dir / "pp", 8) + save +
+                          " --pipeline 2 --virtual-stages 2");
+  ASSERT_EQ(pp.code, 0) << pp.out;
+  std::ofstream(dir / "pp" / "latest") << "step_00000004\n";
+  fs::remove(dir / "pp" / "model.safetensors");
+  const CliRun resumed =
+      shell("exec " + cli() + "train --resume --sample-tokens 0 --out " + (dir / "pp").string());
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_TRUE(contains(resumed.out, "at step 4")) << resumed.out;
+  const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
+  const Metrics b = read_metrics(dir / "pp" / "metrics.jsonl");  // 8 (pipeline) + 4 (resumed)
+  ASSERT_EQ(b.loss.size(), 12u);
+  expect_close(std::vector<double>(b.loss.begin() + 8, b.loss.end()),
+               std::vector<double>(a.loss.begin() + 4, a.loss.end()), 1e-5,
+               "resumed loss at step 5+");
+  EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / "pp" / "model.safetensors"),
+            1e-5);
+}
+
+TEST(Dist, PipelineMisuseIsAClearError) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const CliRun ranks = shell(mpirun(2) + cli() + pipe_args(data, dir / "a", 2) + " --pipeline 3");
+  EXPECT_EQ(ranks.code, 1) << ranks.out;
+  EXPECT_TRUE(contains(ranks.out, "use mpirun -np 3")) << ranks.out;
+  const CliRun mode = shell(mpirun(2) + cli() + train_args(data, dir / "b", 2) + " --pipeline 2");
+  EXPECT_EQ(mode.code, 1) << mode.out;
+  EXPECT_TRUE(contains(mode.out, "use --residual block or full")) << mode.out;
+  const CliRun split =
+      shell(mpirun(2) + cli() + pipe_args(data, dir / "c", 2) + " --pipeline 2 --virtual-stages 4");
+  EXPECT_EQ(split.code, 1) << split.out;
+  EXPECT_TRUE(contains(split.out, "use fewer ranks or virtual stages")) << split.out;
+  const CliRun single = shell("exec " + cli() + pipe_args(data, dir / "d", 2) + " --pipeline 2");
+  EXPECT_EQ(single.code, 1) << single.out;
+  EXPECT_TRUE(contains(single.out, "use mpirun -np 2")) << single.out;
+}
 
 }  // namespace

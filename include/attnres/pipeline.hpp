@@ -57,6 +57,10 @@ Plan make_plan(const Model& model, int64_t P, int64_t V, int64_t M);
 // whose gradients the backward transition returns).
 std::pair<int64_t, int64_t> transition_sources(const Plan& plan, int64_t k, Scheme scheme);
 
+// Bytes one step sends between stages under `scheme`, forward and backward, all ranks: each
+// transition's sources for each of plan.M micro-batches of `rows` tokens of width d (float32).
+int64_t planned_bytes_per_step(const Plan& plan, Scheme scheme, int64_t rows, int64_t d);
+
 // One unit of work on a rank: the forward or backward of micro-batch `mb` through stage `stage`.
 struct Op {
   bool backward = false;

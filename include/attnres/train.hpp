@@ -54,6 +54,13 @@ struct TrainConfig {
   // a full copy on each. A runtime choice like the rank count: not saved, and checkpoints are the
   // same either way.
   bool zero1 = false;
+  // Pipeline parallelism (SPEC 5; attnres/pipeline.hpp), also runtime choices: the `pipeline`
+  // ranks (all of them) each run `virtual_stages` stages of the model; each step's grad_accum
+  // micro-batches of batch_size sequences flow through them in a 1F1B order, the block
+  // representations sent between stages by `pipeline_comm` (cached | naive). 1 = data parallel.
+  int64_t pipeline = 1;
+  int64_t virtual_stages = 1;
+  std::string pipeline_comm = "cached";
 
   void validate() const;  // throws Error naming the field
   std::string to_json() const;
@@ -82,6 +89,10 @@ struct TrainResult {
   uint64_t init_hash = 0;   // hash of the initial weights every residual mode shares
   uint64_t batch_hash = 0;  // hash of the first training batch (the batch order's fingerprint)
   double flops_per_token = 0;
+  // Pipeline runs: bytes of block representations and their gradients sent between stages per
+  // step (all ranks), measured, and what the other scheme would have sent for the same plan.
+  int64_t pipeline_bytes_per_step = 0, pipeline_other_scheme_bytes_per_step = 0;
+  double pipeline_bubble = 0;  // idle fraction of the schedule (backward = 2 forwards)
 };
 
 // What the library tells the caller while training (the CLI draws the progress bar).
@@ -108,6 +119,11 @@ TrainResult train(const TrainConfig& cfg, const TrainEvents& events);
 // `events`; a stop request on any rank stops all. Error (on every rank) if batch_size is not
 // divisible by the rank count, or the ranks' options or initial weights differ.
 TrainResult train(const TrainConfig& cfg, const TrainEvents& events, dist::Communicator& comm);
+
+// Pipeline-parallel training is the same call with cfg.pipeline = comm.size(): every rank holds
+// the whole model but computes only its stages; the ranks' gradients are summed, so losses and
+// weights match a one-process run with the same batch_size and grad_accum (to float summation
+// order), and checkpoints are the same as ever (resume on any number of ranks, in either mode).
 
 // Model FLOPs per trained token (forward + backward = 6N + attention), for throughput reports.
 double train_flops_per_token(const ModelConfig& c, int64_t seq_len);

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <thread>
 
@@ -85,10 +85,9 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
   std::printf(
       "done: %lld steps in %s | final val loss %.4f (ppl %.2f) | %s tok/s, %.1f GFLOP/s model "
       "FLOPs | %lld params | peak memory %.0f MiB\nmodel: %s\n",
-      static_cast<long long>(r.steps_done), format_duration(r.seconds).c_str(),
-      r.final_val_loss, std::exp(r.final_val_loss), format_count(r.tokens_per_s).c_str(),
-      r.model_gflops, static_cast<long long>(r.num_params), ru.ru_maxrss / 1024.0,
-      r.model_path.c_str());
+      static_cast<long long>(r.steps_done), format_duration(r.seconds).c_str(), r.final_val_loss,
+      std::exp(r.final_val_loss), format_count(r.tokens_per_s).c_str(), r.model_gflops,
+      static_cast<long long>(r.num_params), ru.ru_maxrss / 1024.0, r.model_path.c_str());
   if (a.sample_tokens > 0) {
     Metadata meta;
     auto model = load_model(r.model_path, &meta);
@@ -151,9 +150,25 @@ void add_train(CLI::App& app) {
   s->add_flag("--zero1", a->cfg.zero1,
               "Multi-process runs: shard the AdamW moments over the ranks (ZeRO-1): each of N "
               "ranks keeps 1/N of them; results are bit-identical");
+  s->add_option("--pipeline", a->cfg.pipeline,
+                "Multi-process runs: the N ranks form one pipeline (pass N = the rank count): each "
+                "runs consecutive sublayers; block or full AttnRes only")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  s->add_option("--virtual-stages", a->cfg.virtual_stages,
+                "Pipeline: stages per rank, interleaved (stage k on rank k mod N); shrinks the "
+                "bubble and is where cached block communication saves bytes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  s->add_option("--pipeline-comm", a->cfg.pipeline_comm,
+                "Pipeline: how block representations travel between stages: cached (each rank "
+                "keeps what it received; only new blocks are sent, SPEC 5) or naive (all blocks "
+                "every time)")
+      ->check(CLI::IsMember({"cached", "naive"}))
+      ->capture_default_str();
   s->add_option("--dist-timeout", d->timeout_s,
-                 "Multi-process runs: seconds a rank may wait for the others in one collective "
-                 "before the job is aborted (0 = wait forever)")
+                "Multi-process runs: seconds a rank may wait for the others in one collective "
+                "before the job is aborted (0 = wait forever)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   s->footer(
@@ -165,7 +180,13 @@ void add_train(CLI::App& app) {
       "checkpoints; a run resumes (--resume) on any number of ranks. The ranks on one host share\n"
       "its cores (override with --threads or OMP_NUM_THREADS). `kill -USR1 <mpirun pid>` stops\n"
       "every rank with a checkpoint (Ctrl-C makes mpirun kill the job). As root, mpirun needs\n"
-      "--allow-run-as-root. See README, \"Multi-process training (MPI)\".");
+      "--allow-run-as-root.\n"
+      "Pipeline-parallel training (Block or Full AttnRes) on N processes:\n"
+      "  mpirun -np N attnres train --residual block ... --pipeline N [--virtual-stages V]\n"
+      "      --grad-accum M [--pipeline-comm cached|naive]\n"
+      "The sublayers are cut into N*V stages; each step pushes M micro-batches of --batch-size\n"
+      "sequences through them (1F1B); losses and weights match a 1-process run with the same\n"
+      "--batch-size and --grad-accum. See README, \"Multi-process training (MPI)\".");
   s->callback([a, d] { run_train(*a, *d); });
 }
 

@@ -81,6 +81,15 @@ std::pair<int64_t, int64_t> transition_sources(const Plan& p, int64_t k, Scheme 
   return {prev >= 0 ? p.sources[prev + 1] : 0, hi};
 }
 
+int64_t planned_bytes_per_step(const Plan& p, Scheme scheme, int64_t rows, int64_t d) {
+  int64_t sources = 0;
+  for (int64_t k = 0; k + 1 < p.stages(); k++) {
+    const auto [lo, hi] = transition_sources(p, k, scheme);
+    sources += hi - lo;
+  }
+  return 2 * p.M * sources * rows * d * static_cast<int64_t>(sizeof(float));
+}
+
 Schedule make_schedule(const Plan& p) {
   const int64_t P = p.P, V = p.V, M = p.M, PV = p.stages();
   constexpr int64_t kF = 1, kB = 2, kNever = std::numeric_limits<int64_t>::max();

@@ -27,6 +27,12 @@ void TrainConfig::validate() const {
   need(save_every >= 0 && keep_checkpoints >= 1, "--save-every >= 0, --keep-checkpoints >= 1");
   need(log_every >= 1, "--log-every must be >= 1");
   need(!out_dir.empty(), "--out must name a run directory");
+  need(pipeline >= 1, "--pipeline must be >= 1");
+  need(virtual_stages >= 1, "--virtual-stages must be >= 1");
+  need(virtual_stages == 1 || pipeline > 1,
+       "--virtual-stages needs a pipeline of several ranks (--pipeline P with P >= 2)");
+  need(pipeline_comm == "cached" || pipeline_comm == "naive",
+       "--pipeline-comm must be 'cached' or 'naive', got '" + pipeline_comm + "'");
   schedule.validate();
 }
 

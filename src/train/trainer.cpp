@@ -19,6 +19,7 @@
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/model.hpp"
+#include "attnres/pipeline.hpp"
 #include "attnres/train.hpp"
 
 namespace fs = std::filesystem;
@@ -45,18 +46,28 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Mean loss over up to max_batches validation batches of consecutive windows; each rank evaluates
-// its slice of every batch.
+// Mean loss over up to max_batches validation batches of consecutive windows. Data parallel: each
+// rank evaluates its slice of every batch. Pipeline (every rank holds all the weights): each rank
+// evaluates whole batches, every ranks-th one.
 double evaluate(Model& model, const TokenSpan& val, int64_t B, int64_t T, int64_t max_batches,
-                dist::Communicator& comm) {
+                dist::Communicator& comm, bool whole_batches) {
   const int64_t windows = val.num_windows(T);
   check(windows >= 1, "validation split has " + std::to_string(val.size()) +
                           " tokens, fewer than seq_len + 1; use a larger corpus, a larger "
                           "--val-fraction or a smaller --seq-len");
   const int64_t batches = std::min(max_batches, (windows + B - 1) / B);
-  const int64_t ranks = comm.size(), rows = B / ranks, row0 = comm.rank() * rows;
+  const int64_t ranks = comm.size();
   Batch batch;
   double total = 0.0;
+  if (whole_batches) {
+    for (int64_t i = comm.rank(); i < batches; i += ranks) {
+      val.window_batch(i * B, B, T, batch);
+      total += model.forward(batch.inputs.data(), batch.targets.data(), B, T);
+    }
+    if (ranks > 1) comm.allreduce_sum(&total, 1);
+    return total / static_cast<double>(batches);
+  }
+  const int64_t rows = B / ranks, row0 = comm.rank() * rows;
   for (int64_t i = 0; i < batches; i++) {
     val.window_batch(i * B + row0, rows, T, batch);
     total += model.forward(batch.inputs.data(), batch.targets.data(), rows, T);
@@ -111,6 +122,12 @@ PreparedData prepare_data_once(const DataOptions& dopt, dist::Communicator& comm
   comm.set_timeout(timeout);
   if (!err.empty()) throw Error(err);
   return prepare_data(dopt);
+}
+
+std::string format_mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
 }
 
 std::string step_dir_name(int64_t step) {
@@ -238,15 +255,29 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     }
     cfg.out_dir = out;
     cfg.resume = true;
+    // Runtime choices, not part of the saved run.
+    cfg.zero1 = cfg_in.zero1;
+    cfg.pipeline = cfg_in.pipeline;
+    cfg.virtual_stages = cfg_in.virtual_stages;
+    cfg.pipeline_comm = cfg_in.pipeline_comm;
   }
   cfg.schedule.total_steps = cfg.steps;
   cfg.validate();
-  check(cfg.batch_size % ranks == 0,
+  const bool piped = cfg.pipeline > 1;
+  check(!piped || cfg.pipeline == ranks,
+        "--pipeline " + std::to_string(cfg.pipeline) + " makes one pipeline of all the ranks, but " +
+            std::to_string(ranks) + " rank(s) were launched: use mpirun -np " +
+            std::to_string(cfg.pipeline) + " (pipeline and data parallelism together are not "
+            "supported yet)");
+  check(piped || cfg.batch_size % ranks == 0,
         "--batch-size " + std::to_string(cfg.batch_size) + " is not divisible by the " +
             std::to_string(ranks) + " ranks: every rank takes batch-size / ranks sequences of each "
             "micro-batch; use a multiple of " + std::to_string(ranks) + " (e.g. " +
             std::to_string((cfg.batch_size / ranks + 1) * ranks) + ") or another rank count");
-  comm.require_same(fnv1a64(cfg.to_json() + (zero1 ? "+zero1" : "")), "training options",
+  comm.require_same(fnv1a64(cfg.to_json() + (zero1 ? "+zero1" : "") + "+pipeline" +
+                            std::to_string(cfg.pipeline) + "x" +
+                            std::to_string(cfg.virtual_stages) + cfg.pipeline_comm),
+                    "training options",
                     "start every rank with the same command line");
   fs::create_directories(cfg.out_dir);
 
@@ -321,6 +352,22 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
                     "every rank must run the same attnres build and read the same run directory "
                     "(on several hosts, --out must be on a shared file system)");
 
+  std::unique_ptr<pipe::Pipeline> pipeline;
+  if (piped) {
+    pipeline = std::make_unique<pipe::Pipeline>(
+        model, comm, pipe::make_plan(model, cfg.pipeline, cfg.virtual_stages, cfg.grad_accum),
+        pipe::parse_scheme(cfg.pipeline_comm));
+    const pipe::Plan& pl = pipeline->plan();
+    const int64_t rows = cfg.batch_size * cfg.seq_len;
+    char bub[32];
+    std::snprintf(bub, sizeof bub, "%.0f%%", 100.0 * pipeline->schedule().bubble);
+    msg("pipeline: " + std::to_string(pl.P) + " ranks x " + std::to_string(pl.V) +
+        " virtual stage(s), sublayers " + pl.describe() + "; " + std::to_string(pl.M) +
+        " micro-batch(es) per step (--grad-accum), 1F1B schedule (bubble " + bub + "); " +
+        cfg.pipeline_comm + " block communication: " +
+        format_mib(pipe::planned_bytes_per_step(pl, pipeline->scheme(), rows, cfg.model.d_model)) +
+        " per step");
+  }
   const double flops_tok = train_flops_per_token(cfg.model, cfg.seq_len);
   const int64_t tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum;
   msg("model: " + std::to_string(model.num_params()) + " parameters, residual " +
@@ -330,8 +377,9 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       " MFLOP/token; " +
       (ranks == 1 ? std::string("1 rank")
                   : std::to_string(ranks) + " ranks (" + comm.backend() + "), " +
-                        std::to_string(cfg.batch_size / ranks) +
-                        " sequences per rank per micro-batch" +
+                        (piped ? std::string("pipeline parallel")
+                               : std::to_string(cfg.batch_size / ranks) +
+                                     " sequences per rank per micro-batch") +
                         (zero1 ? ", AdamW state sharded (ZeRO-1)" : "")));
 
   std::ofstream metrics;
@@ -385,7 +433,11 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   int64_t timed_steps = 0;
   double recent_loss = 0.0;
   int64_t recent_n = 0;
-  const int64_t rows = cfg.batch_size / ranks, row0 = comm.rank() * rows;
+  // Data parallel: this rank's slice of each micro-batch. Pipeline: every rank reads whole ones.
+  const int64_t rows = piped ? cfg.batch_size : cfg.batch_size / ranks;
+  const int64_t row0 = piped ? 0 : comm.rank() * rows;
+  std::vector<Batch> micro_batches(piped ? cfg.grad_accum : 0);
+  std::vector<const int32_t*> mb_inputs, mb_targets;
   int64_t step = start;
   for (; step < cfg.steps; step++) {
     bool stop = ev.stop && ev.stop->load();
@@ -398,19 +450,33 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     const auto ts = Clock::now();
     model.zero_grad();
     double loss = 0.0;
-    for (int64_t micro = 0; micro < cfg.grad_accum; micro++) {
-      data.train.sample_rows(cfg.seed, step, micro, row0, rows, cfg.seq_len, batch);
-      loss += model.forward(batch.inputs.data(), batch.targets.data(), rows, cfg.seq_len);
-      model.backward();
+    if (pipeline) {  // this rank's stages of every micro-batch, in the 1F1B order
+      mb_inputs.clear();
+      mb_targets.clear();
+      for (int64_t micro = 0; micro < cfg.grad_accum; micro++) {
+        Batch& mb = micro_batches[static_cast<size_t>(micro)];
+        data.train.sample_rows(cfg.seed, step, micro, row0, rows, cfg.seq_len, mb);
+        mb_inputs.push_back(mb.inputs.data());
+        mb_targets.push_back(mb.targets.data());
+      }
+      loss = pipeline->step(mb_inputs, mb_targets, rows, cfg.seq_len);
+    } else {
+      for (int64_t micro = 0; micro < cfg.grad_accum; micro++) {
+        data.train.sample_rows(cfg.seed, step, micro, row0, rows, cfg.seq_len, batch);
+        loss += model.forward(batch.inputs.data(), batch.targets.data(), rows, cfg.seq_len);
+        model.backward();
+      }
     }
     if (ranks > 1) {
       // Sum of every rank's (sum over micro-batches of) mean-loss gradients, in buckets. A
       // non-finite value on any rank makes the sum non-finite on all, so all skip together below.
+      // Pipeline: each rank's gradients are those of its stages' parameters (zero elsewhere);
+      // the loss comes from the last stage's rank alone.
       comm.allreduce_sum(model.grads(), nparams);
       comm.allreduce_sum(&loss, 1);
     }
     // Equal slices and micro-batches: the global mean is the mean of the ranks' micro means.
-    const int64_t parts = cfg.grad_accum * ranks;
+    const int64_t parts = cfg.grad_accum * (piped ? 1 : ranks);
     loss /= static_cast<double>(parts);
     if (ev.loss_hook) loss = ev.loss_hook(step + 1, loss);
     if (parts > 1) {
@@ -467,7 +533,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       EvalInfo ei;
       ei.step = step + 1;
       ei.val_loss =
-          evaluate(model, data.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches, comm);
+          evaluate(model, data.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches, comm, piped);
       ei.train_loss = recent_loss / static_cast<double>(std::max<int64_t>(1, recent_n));
       recent_loss = 0.0;
       recent_n = 0;
@@ -499,6 +565,23 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   res.seconds = seconds_since(t0);
   res.tokens_per_s = timed_steps > 0 ? tokens_per_step * timed_steps / timed_s : 0.0;
   res.model_gflops = res.tokens_per_s * flops_tok / 1e9;
+  if (pipeline) {
+    const pipe::Traffic& t = pipeline->traffic();
+    double sent = static_cast<double>(t.forward_bytes + t.backward_bytes);
+    comm.allreduce_sum(&sent, 1);
+    const int64_t steps_run = std::max<int64_t>(1, step - start);
+    res.pipeline_bytes_per_step = static_cast<int64_t>(sent) / steps_run;
+    const pipe::Scheme other = pipeline->scheme() == pipe::Scheme::cached ? pipe::Scheme::naive
+                                                                          : pipe::Scheme::cached;
+    res.pipeline_other_scheme_bytes_per_step = pipe::planned_bytes_per_step(
+        pipeline->plan(), other, rows * cfg.seq_len, cfg.model.d_model);
+    res.pipeline_bubble = pipeline->schedule().bubble;
+    if (step > start) {
+      msg("pipeline: sent " + format_mib(res.pipeline_bytes_per_step) + " per step between "
+          "stages (" + cfg.pipeline_comm + "); the " + pipe::scheme_name(other) +
+          " scheme would send " + format_mib(res.pipeline_other_scheme_bytes_per_step));
+    }
+  }
   if (!res.interrupted) {
     res.model_path = (fs::path(cfg.out_dir) / "model.safetensors").string();
     if (root) {
