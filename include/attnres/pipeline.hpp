@@ -73,11 +73,14 @@ struct Schedule {
   double bubble = 0;                   // idle fraction of the ranks (backward = 2 forwards)
 };
 
-// 1F1B (interleaved over the virtual stages when V > 1): each rank runs a warm-up of forwards,
-// then prefers a backward whenever one is ready, keeping at most P - r forwards in flight on rank r
-// (Megatron's 2(P-r-1) + (V-1)P + 1 when interleaved). Built by simulating the ranks with a
-// backward costing two forwards, so each rank's order is consistent with one global timeline: with
-// non-blocking sends the real run cannot deadlock.
+// 1F1B in Megatron-LM's order (interleaved over the virtual stages when V > 1): rank r runs a
+// warm-up of P - r - 1 forwards (2 (P - r - 1) + (V - 1) P interleaved), then alternates one
+// forward and one backward, then drains the backwards; at most P - r forwards are in flight
+// without interleaving. The bubble is (P - 1) / (V M + P - 1) when P divides M. The ranks' orders
+// are checked on a simulated clock (a backward costing two forwards): each op's inputs are done
+// before its rank reaches it, so with non-blocking sends the real run cannot deadlock. Where the
+// fixed order would deadlock (micro-batch counts that split unevenly into groups of P), a greedy
+// list schedule on the same clock takes its place.
 Schedule make_schedule(const Plan& plan);
 
 // What a rank sent: block representations forward, their gradients backward.

@@ -90,83 +90,133 @@ int64_t planned_bytes_per_step(const Plan& p, Scheme scheme, int64_t rows, int64
   return 2 * p.M * sources * rows * d * static_cast<int64_t>(sizeof(float));
 }
 
-Schedule make_schedule(const Plan& p) {
-  const int64_t P = p.P, V = p.V, M = p.M, PV = p.stages();
-  constexpr int64_t kF = 1, kB = 2, kNever = std::numeric_limits<int64_t>::max();
-  // Completion times (kNever: not run yet).
-  std::vector<int64_t> fdone(M * PV, kNever), bdone(M * PV, kNever);
-  auto at = [&](int64_t mb, int64_t k) { return mb * PV + k; };
-  std::vector<int64_t> limit(P), in_flight(P, 0), busy(P, 0);
-  for (int64_t r = 0; r < P; r++) {
-    limit[r] = V == 1 ? P - r : 2 * (P - r - 1) + (V - 1) * P + 1;
+namespace {
+
+constexpr int64_t kF = 1, kB = 2;  // simulated durations: a backward costs two forwards
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+// Megatron-LM's per-rank order. Virtual micro-batch j enumerates micro-batches in groups of P and,
+// within a group, the rank's stages (ascending for forwards, descending for backwards). A rank
+// runs `warmup` forwards, then alternates one forward and one backward, then the remaining
+// backwards: warm-up P - r - 1 without interleaving, 2 (P - r - 1) + (V - 1) P with it.
+std::vector<Op> megatron_order(const Plan& p, int64_t r) {
+  const int64_t P = p.P, V = p.V, M = p.M, groups = (M + P - 1) / P;
+  std::vector<Op> f, b;
+  for (int64_t j = 0; j < groups * P * V; j++) {
+    const int64_t g = j / (P * V), in = j % (P * V), mb = g * P + in % P;
+    if (mb >= M) continue;  // the last group may be partial
+    const int64_t chunk = in / P;
+    f.push_back({false, mb, chunk * P + r});
+    b.push_back({true, mb, (V - 1 - chunk) * P + r});
   }
-  Schedule s;
-  s.ops.assign(P, {});
+  const int64_t n = M * V;
+  const int64_t warmup = std::min(n, V == 1 ? P - r - 1 : 2 * (P - r - 1) + (V - 1) * P);
+  std::vector<Op> order(f.begin(), f.begin() + warmup);
+  for (int64_t i = 0; i < n - warmup; i++) {
+    order.push_back(f[warmup + i]);
+    order.push_back(b[i]);
+  }
+  for (int64_t i = n - warmup; i < n; i++) order.push_back(b[i]);
+  return order;
+}
+
+// Runs the ranks' fixed orders on a simulated clock: each op starts when its rank is free and its
+// inputs are done. Fills s.bubble and s.max_in_flight; false if the orders deadlock.
+bool simulate(const Plan& p, Schedule& s) {
+  const int64_t P = p.P, PV = p.stages();
+  std::vector<int64_t> fdone(p.M * PV, kNever), bdone(p.M * PV, kNever), busy(P, 0), in(P, 0);
+  std::vector<size_t> next(P, 0);
   s.max_in_flight.assign(P, 0);
+  size_t left = 0;
+  for (const auto& o : s.ops) left += o.size();
+  int64_t t = 0;
+  while (left > 0) {
+    for (int64_t r = 0; r < P; r++) {
+      if (busy[r] > t || next[r] == s.ops[r].size()) continue;
+      const Op& o = s.ops[r][next[r]];
+      const int64_t i = o.mb * PV + o.stage;
+      const bool ready = o.backward ? fdone[i] <= t && (o.stage == PV - 1 || bdone[i + 1] <= t)
+                                    : o.stage == 0 || fdone[i - 1] <= t;
+      if (!ready) continue;
+      busy[r] = t + (o.backward ? kB : kF);
+      (o.backward ? bdone : fdone)[i] = busy[r];
+      in[r] += o.backward ? -1 : 1;
+      s.max_in_flight[r] = std::max(s.max_in_flight[r], in[r]);
+      next[r]++;
+      left--;
+    }
+    int64_t soon = kNever;
+    for (int64_t r = 0; r < P; r++) {
+      if (busy[r] > t) soon = std::min(soon, busy[r]);
+    }
+    if (soon == kNever && left > 0) return false;  // nobody busy, nobody can start
+    if (soon != kNever) t = soon;
+  }
+  int64_t end = 0;
+  for (int64_t r = 0; r < P; r++) end = std::max(end, busy[r]);
+  s.bubble = 1.0 - static_cast<double>(p.M * p.V * (kF + kB)) / static_cast<double>(end);
+  return true;
+}
+
+// Fallback order for layouts where the fixed one would deadlock: greedy list scheduling on the
+// simulated clock (a ready backward first, else a forward while fewer than `limit` are in
+// flight); consistent with one global timeline by construction.
+std::vector<std::vector<Op>> greedy_orders(const Plan& p) {
+  const int64_t P = p.P, V = p.V, M = p.M, PV = p.stages();
+  std::vector<int64_t> fdone(M * PV, kNever), bdone(M * PV, kNever), busy(P, 0), in(P, 0);
+  std::vector<int64_t> limit(P);
+  for (int64_t r = 0; r < P; r++) limit[r] = V == 1 ? P - r : 2 * (P - r - 1) + (V - 1) * P + 1;
+  std::vector<std::vector<Op>> ops(P);
   int64_t remaining = 2 * M * PV, t = 0;
-  // Priority (Megatron's order): micro-batches in groups of P; forwards by stage ascending,
-  // backwards by stage descending; then by micro-batch.
-  auto better = [&](const Op& a, const Op& b) {
-    const int64_t ga = a.mb / P, gb = b.mb / P;
-    if (ga != gb) return ga < gb;
-    if (a.stage != b.stage) return a.backward ? a.stage > b.stage : a.stage < b.stage;
-    return a.mb < b.mb;
-  };
   while (remaining > 0) {
     bool started = false;
     for (int64_t r = 0; r < P; r++) {
       if (busy[r] > t) continue;
-      Op best_b, best_f;
+      Op bo, fo;
       bool have_b = false, have_f = false;
       for (int64_t k = r; k < PV; k += P) {
         for (int64_t mb = 0; mb < M; mb++) {
-          const int64_t i = at(mb, k);
+          const int64_t i = mb * PV + k;
           if (fdone[i] == kNever) {
-            if (k == 0 || fdone[at(mb, k - 1)] <= t) {
-              const Op o{false, mb, k};
-              if (!have_f || better(o, best_f)) best_f = o, have_f = true;
-            }
-          } else if (bdone[i] == kNever && fdone[i] <= t &&
-                     (k == PV - 1 || bdone[at(mb, k + 1)] <= t)) {
-            const Op o{true, mb, k};
-            if (!have_b || better(o, best_b)) best_b = o, have_b = true;
+            if (!have_f && (k == 0 || fdone[i - 1] <= t)) fo = {false, mb, k}, have_f = true;
+          } else if (bdone[i] == kNever && fdone[i] <= t && (k == PV - 1 || bdone[i + 1] <= t)) {
+            if (!have_b) bo = {true, mb, k}, have_b = true;
           }
         }
       }
-      if (have_b) {
-        bdone[at(best_b.mb, best_b.stage)] = t + kB;
-        busy[r] = t + kB;
-        in_flight[r]--;
-        s.ops[r].push_back(best_b);
-      } else if (have_f && in_flight[r] < limit[r]) {
-        fdone[at(best_f.mb, best_f.stage)] = t + kF;
-        busy[r] = t + kF;
-        in_flight[r]++;
-        s.max_in_flight[r] = std::max(s.max_in_flight[r], in_flight[r]);
-        s.ops[r].push_back(best_f);
-      } else {
-        continue;
-      }
+      if (!have_b && !(have_f && in[r] < limit[r])) continue;
+      const Op o = have_b ? bo : fo;
+      busy[r] = t + (o.backward ? kB : kF);
+      (o.backward ? bdone : fdone)[o.mb * PV + o.stage] = busy[r];
+      in[r] += o.backward ? -1 : 1;
+      ops[r].push_back(o);
       remaining--;
       started = true;
     }
-    // Advance to the next moment something finishes (or deadlock: allow more in flight).
-    int64_t next = kNever;
+    int64_t soon = kNever;
     for (int64_t r = 0; r < P; r++) {
-      if (busy[r] > t) next = std::min(next, busy[r]);
+      if (busy[r] > t) soon = std::min(soon, busy[r]);
     }
-    if (next == kNever) {
+    if (soon == kNever) {
       if (!started && remaining > 0) {
-        for (auto& l : limit) l++;
+        for (auto& l : limit) l++;  // everyone waits on a full window: allow one more
       }
-      continue;  // same t: ranks whose work just finished may start now
+      continue;
     }
-    t = next;
+    t = soon;
   }
-  int64_t end = 0;
-  for (int64_t r = 0; r < P; r++) end = std::max(end, busy[r]);
-  const double work = static_cast<double>(M * V * (kF + kB));
-  s.bubble = end > 0 ? 1.0 - work / static_cast<double>(end) : 0.0;
+  return ops;
+}
+
+}  // namespace
+
+Schedule make_schedule(const Plan& p) {
+  Schedule s;
+  for (int64_t r = 0; r < p.P; r++) s.ops.push_back(megatron_order(p, r));
+  if (simulate(p, s)) return s;
+  s.ops = greedy_orders(p);
+  const bool ok = simulate(p, s);
+  check(ok, "internal: no deadlock-free pipeline schedule found");
   return s;
 }
 
