@@ -93,12 +93,22 @@ Result pipelined(const ModelConfig& c, const Batches& b, int64_t P, int64_t V,
         m.zero_grad();
         pipe::Pipeline pl(m, comm, pipe::make_plan(m, P, V, static_cast<int64_t>(b.in.size())),
                           scheme);
-        double loss = pl.step(b.in_p, b.tg_p, b.B, b.T);
-        comm.allreduce_sum(m.grads(), m.layout().total());
-        comm.allreduce_sum(&loss, 1);
-        per[r].loss = loss;
-        per[r].grads.assign(m.grads(), m.grads() + m.layout().total());
-        per[r].traffic.push_back(pl.traffic());
+        // Two steps on the same weights: the second reuses the stage passes, stores and send
+        // buffers of the first (and of its own earlier micro-batches) and must repeat it exactly.
+        for (int rep = 0; rep < 2; rep++) {
+          m.zero_grad();
+          double loss = pl.step(b.in_p, b.tg_p, b.B, b.T);
+          comm.allreduce_sum(m.grads(), m.layout().total());
+          comm.allreduce_sum(&loss, 1);
+          std::vector<float> g(m.grads(), m.grads() + m.layout().total());
+          if (rep == 1) {
+            EXPECT_EQ(loss, per[r].loss) << "rank " << r;
+            EXPECT_EQ(g, per[r].grads) << "rank " << r;
+          }
+          per[r].loss = loss;
+          per[r].grads = std::move(g);
+          if (rep == 0) per[r].traffic.push_back(pl.traffic());
+        }
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }

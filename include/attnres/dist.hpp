@@ -44,8 +44,13 @@ class Communicator {
   // one rank with one tag arrive in the order they were sent.
   virtual void send(const float* data, int64_t n, int peer, int tag) = 0;
   virtual void recv(float* data, int64_t n, int peer, int tag) = 0;
-  // Non-blocking send: returns at once; `data` must stay valid and unchanged until wait_sends().
-  virtual void isend(const float* data, int64_t n, int peer, int tag) = 0;
+  // Non-blocking send: returns a ticket at once; `data` must stay valid and unchanged until the
+  // send has completed (test_send true, wait_send or wait_sends returned).
+  virtual int64_t isend(const float* data, int64_t n, int peer, int tag) = 0;
+  // True once the ticket's send has completed (its buffer may be reused); never blocks.
+  virtual bool test_send(int64_t ticket) = 0;
+  // Waits until the ticket's send has completed.
+  virtual void wait_send(int64_t ticket) = 0;
   // Waits until every isend() of this rank has completed.
   virtual void wait_sends() = 0;
   // Ends every rank of the job with exit status `code` (never returns).
@@ -87,7 +92,12 @@ class SingleCommunicator final : public Communicator {
   // Throw Error: a single process has no peer.
   void send(const float*, int64_t, int, int) override;
   void recv(float*, int64_t, int, int) override;
-  void isend(const float* data, int64_t n, int peer, int tag) override { send(data, n, peer, tag); }
+  int64_t isend(const float* data, int64_t n, int peer, int tag) override {
+    send(data, n, peer, tag);
+    return 0;
+  }
+  bool test_send(int64_t) override { return true; }
+  void wait_send(int64_t) override {}
   void wait_sends() override {}
   [[noreturn]] void abort(int code) override;
 };

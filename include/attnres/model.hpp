@@ -59,6 +59,10 @@ class Model {
   // Accumulates d(mean loss)/d(params) of the last forward (which must have had targets).
   void backward();
 
+  // Frees the activations forward() keeps (allocated again by the next forward), e.g. after an
+  // evaluation in a pipeline run, whose training uses stage passes instead.
+  void release_activations();
+
   // Bytes of activation memory currently allocated (for reports).
   int64_t activation_bytes() const;
 

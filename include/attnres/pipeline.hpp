@@ -105,6 +105,10 @@ class Pipeline {
   double step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
               int64_t B, int64_t T);
 
+  // Frees the buffers kept between steps (stage activations, sources, send buffers), e.g. before
+  // an evaluation; the next step allocates them again.
+  void release_memory();
+
   const Plan& plan() const { return plan_; }
   const Schedule& schedule() const { return sched_; }
   Scheme scheme() const { return scheme_; }

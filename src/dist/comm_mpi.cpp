@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -83,8 +84,8 @@ class MpiCommunicator final : public Communicator {
     Op op(*this, "broadcast");
     char* p = static_cast<char*>(data);
     for (int64_t off = 0; off < bytes; off += INT_MAX) {
-      MPI_Bcast(p + off, static_cast<int>(std::min<int64_t>(INT_MAX, bytes - off)), MPI_BYTE,
-                root, MPI_COMM_WORLD);
+      MPI_Bcast(p + off, static_cast<int>(std::min<int64_t>(INT_MAX, bytes - off)), MPI_BYTE, root,
+                MPI_COMM_WORLD);
     }
   }
 
@@ -111,19 +112,41 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  void isend(const float* data, int64_t n, int peer, int tag) override {
+  int64_t isend(const float* data, int64_t n, int peer, int tag) override {
     check_peer(peer);
+    const int64_t ticket = next_ticket_++;
+    std::vector<MPI_Request>& reqs = pending_[ticket];
     for (int64_t off = 0; off < n; off += chunk()) {
-      pending_.emplace_back();
+      reqs.emplace_back();
       MPI_Isend(data + off, static_cast<int>(std::min(chunk(), n - off)), MPI_FLOAT, peer, tag,
-                MPI_COMM_WORLD, &pending_.back());
+                MPI_COMM_WORLD, &reqs.back());
     }
+    return ticket;
+  }
+
+  bool test_send(int64_t ticket) override {
+    auto it = pending_.find(ticket);
+    if (it == pending_.end()) return true;
+    int done = 0;
+    MPI_Testall(static_cast<int>(it->second.size()), it->second.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) pending_.erase(it);
+    return done != 0;
+  }
+
+  void wait_send(int64_t ticket) override {
+    auto it = pending_.find(ticket);
+    if (it == pending_.end()) return;
+    Op op(*this, "wait for a send");
+    MPI_Waitall(static_cast<int>(it->second.size()), it->second.data(), MPI_STATUSES_IGNORE);
+    pending_.erase(it);
   }
 
   void wait_sends() override {
     if (pending_.empty()) return;
     Op op(*this, "wait for sends");
-    MPI_Waitall(static_cast<int>(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE);
+    for (auto& [ticket, reqs] : pending_) {
+      MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+    }
     pending_.clear();
   }
 
@@ -149,9 +172,9 @@ class MpiCommunicator final : public Communicator {
   int64_t chunk() const { return std::min<int64_t>(bucket_elems_, INT_MAX); }
 
   void check_peer(int peer) const {
-    check(peer >= 0 && peer < size_ && peer != rank_,
-          "invalid peer rank " + std::to_string(peer) + " for rank " + std::to_string(rank_) +
-              " of " + std::to_string(size_));
+    check(peer >= 0 && peer < size_ && peer != rank_, "invalid peer rank " + std::to_string(peer) +
+                                                          " for rank " + std::to_string(rank_) +
+                                                          " of " + std::to_string(size_));
   }
 
   // Bucketed in-place sum: one MPI_Allreduce per bucket of bucket_elems() values.
@@ -188,7 +211,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   int rank_ = 0, size_ = 1, thread_level_ = MPI_THREAD_SINGLE;
-  std::vector<MPI_Request> pending_;  // isend()s not yet waited for
+  std::map<int64_t, std::vector<MPI_Request>> pending_;  // isend() tickets not yet completed
+  int64_t next_ticket_ = 1;
   std::atomic<int64_t> op_start_ns_{0};
   std::atomic<double> op_timeout_{0.0};
   std::atomic<const char*> op_name_{""};

@@ -223,12 +223,31 @@ Schedule make_schedule(const Plan& p) {
 // ------------------------------------------------------------------------------------ executor
 
 struct Pipeline::Impl {
-  std::vector<SourceStore> stores;                                   // (M) this step's sources
+  // The sources of the micro-batches this rank holds, from a micro-batch's first forward here to
+  // its last backward here (so about as many as are in flight), with the tickets of the sends
+  // that read them.
+  struct Store {
+    SourceStore sources;
+    std::vector<int64_t> sends;
+  };
+  std::vector<std::unique_ptr<Store>> free_stores;
+  std::vector<std::unique_ptr<Store>> store_of;                      // (M)
   std::vector<std::vector<std::unique_ptr<Model::StagePass>>> idle;  // (PV) reusable passes
   std::vector<std::unique_ptr<Model::StagePass>> live;               // (M*PV) awaiting backward
-  std::vector<FloatBuf> packs;  // gradients handed back, alive until wait_sends()
-  size_t packs_used = 0;
+  // Gradients handed back: a buffer is reused once its send has completed.
+  struct Pack {
+    FloatBuf buf;
+    int64_t ticket = -1;
+  };
+  std::vector<Pack> packs;
   FloatBuf scratch;
+
+  Pack& free_pack(dist::Communicator& comm) {
+    for (Pack& p : packs) {
+      if (p.ticket < 0 || comm.test_send(p.ticket)) return p;
+    }
+    return packs.emplace_back();
+  }
 };
 
 Pipeline::Pipeline(Model& model, dist::Communicator& comm, Plan plan, Scheme scheme)
@@ -238,17 +257,26 @@ Pipeline::Pipeline(Model& model, dist::Communicator& comm, Plan plan, Scheme sch
       scheme_(scheme),
       impl_(std::make_unique<Impl>()) {
   check(comm.size() == plan_.P, "pipeline of " + std::to_string(plan_.P) + " ranks run by " +
-                                    std::to_string(comm.size()) +
-                                    " processes; launch with "
-                                    "mpirun -np " +
-                                    std::to_string(plan_.P));
+                                    std::to_string(comm.size()) + " processes; launch with " +
+                                    "mpirun -np " + std::to_string(plan_.P));
   sched_ = make_schedule(plan_);
-  impl_->stores.resize(plan_.M);
+  impl_->store_of.resize(plan_.M);
   impl_->idle.resize(plan_.stages());
   impl_->live.resize(plan_.M * plan_.stages());
 }
 
-Pipeline::~Pipeline() = default;
+Pipeline::~Pipeline() {
+  comm_.wait_sends();  // no send may read freed memory
+}
+
+void Pipeline::release_memory() {
+  comm_.wait_sends();
+  Impl& im = *impl_;
+  im.free_stores.clear();
+  for (auto& v : im.idle) v.clear();
+  im.packs.clear();
+  im.scratch = FloatBuf();
+}
 
 double Pipeline::step(const std::vector<const int32_t*>& inputs,
                       const std::vector<const int32_t*>& targets, int64_t B, int64_t T) {
@@ -259,23 +287,36 @@ double Pipeline::step(const std::vector<const int32_t*>& inputs,
             static_cast<int64_t>(targets.size()) == plan_.M,
         "internal: pipeline step needs one batch per micro-batch");
   Impl& im = *impl_;
-  for (auto& s : im.stores) s.clear();
-  im.packs_used = 0;
-  im.scratch.resize(static_cast<size_t>(nd));
-  double loss = 0.0;
   const int me = comm_.rank();
+  auto recv_into_scratch = [&](int64_t count, int from, int tag) {
+    if (static_cast<int64_t>(im.scratch.size()) < count) im.scratch.resize(count);
+    comm_.recv(im.scratch.data(), count, from, tag);
+    return im.scratch.data();
+  };
+  double loss = 0.0;
   for (const Op& op : sched_.ops[static_cast<size_t>(me)]) {
     const int64_t k = op.stage, mb = op.mb;
-    SourceStore& st = im.stores[static_cast<size_t>(mb)];
+    std::unique_ptr<Impl::Store>& held = im.store_of[static_cast<size_t>(mb)];
+    if (!held) {  // the micro-batch's first forward on this rank
+      if (im.free_stores.empty()) {
+        held = std::make_unique<Impl::Store>();
+      } else {
+        held = std::move(im.free_stores.back());
+        im.free_stores.pop_back();
+      }
+    }
+    SourceStore& st = held->sources;
     std::unique_ptr<Model::StagePass>& slot = im.live[static_cast<size_t>(mb * PV + k)];
     if (!op.backward) {
       if (k > 0) {  // the sources of transition k-1 -> k
         const auto [lo, hi] = transition_sources(plan_, k - 1, scheme_);
         const int from = plan_.rank_of(k - 1), tag = tag_of(plan_, false, k - 1, mb);
         for (int64_t id = lo; id < hi; id++) {
-          // The naive scheme re-sends sources this rank already holds: receive and drop.
-          float* dst = st.has(id) ? im.scratch.data() : st.ensure(id, n, d, H).v.data();
-          comm_.recv(dst, nd, from, tag);
+          if (st.has(id)) {
+            recv_into_scratch(nd, from, tag);  // the naive scheme re-sends what we hold: drop
+          } else {
+            comm_.recv(st.ensure(id, n, d, H).v.data(), nd, from, tag);
+          }
         }
       }
       auto& idle = im.idle[static_cast<size_t>(k)];
@@ -291,46 +332,51 @@ double Pipeline::step(const std::vector<const int32_t*>& inputs,
         const auto [lo, hi] = transition_sources(plan_, k, scheme_);
         const int to = plan_.rank_of(k + 1), tag = tag_of(plan_, false, k, mb);
         for (int64_t id = lo; id < hi; id++) {
-          comm_.isend(st.e[static_cast<size_t>(id)].v.data(), nd, to, tag);
+          held->sends.push_back(comm_.isend(st.e[static_cast<size_t>(id)].v.data(), nd, to, tag));
           traffic_.messages++;
         }
         const int64_t bytes = (hi - lo) * nd * static_cast<int64_t>(sizeof(float));
         traffic_.forward_bytes += bytes;
         traffic_.peak_transition_bytes = std::max(traffic_.peak_transition_bytes, bytes);
       }
-    } else {
-      if (k + 1 < PV) {  // gradients of the sources sent on transition k -> k+1
-        const auto [lo, hi] = transition_sources(plan_, k, scheme_);
-        const int from = plan_.rank_of(k + 1), tag = tag_of(plan_, true, k, mb);
-        for (int64_t id = lo; id < hi; id++) {
-          comm_.recv(im.scratch.data(), nd, from, tag);
-          float* g = st.e[static_cast<size_t>(id)].g.data();
-          const float* x = im.scratch.data();
+      continue;
+    }
+    if (k + 1 < PV) {  // gradients of the sources sent on transition k -> k+1, one message
+      const auto [lo, hi] = transition_sources(plan_, k, scheme_);
+      const float* x =
+          recv_into_scratch((hi - lo) * nd, plan_.rank_of(k + 1), tag_of(plan_, true, k, mb));
+      for (int64_t id = lo; id < hi; id++, x += nd) {
+        float* g = st.e[static_cast<size_t>(id)].g.data();
 #pragma omp parallel for simd schedule(static) if (nd > 65536)
-          for (int64_t i = 0; i < nd; i++) g[i] += x[i];
-        }
+        for (int64_t i = 0; i < nd; i++) g[i] += x[i];
       }
-      check(slot != nullptr, "internal: pipeline backward before its forward");
-      model_.stage_backward(*slot);
-      im.idle[static_cast<size_t>(k)].push_back(std::move(slot));
-      if (k > 0) {  // hand the gradients of what transition k-1 -> k brought back, once
-        const auto [lo, hi] = transition_sources(plan_, k - 1, scheme_);
-        const int to = plan_.rank_of(k - 1), tag = tag_of(plan_, true, k - 1, mb);
-        if (im.packs_used == im.packs.size()) im.packs.emplace_back();
-        FloatBuf& pack = im.packs[im.packs_used++];
-        pack.resize(static_cast<size_t>((hi - lo) * nd));
-        for (int64_t id = lo; id < hi; id++) {
-          FloatBuf& g = st.e[static_cast<size_t>(id)].g;
-          float* seg = pack.data() + (id - lo) * nd;
-          std::memcpy(seg, g.data(), sizeof(float) * static_cast<size_t>(nd));
-          std::memset(g.data(), 0, sizeof(float) * static_cast<size_t>(nd));
-          comm_.isend(seg, nd, to, tag);
-          traffic_.messages++;
-        }
-        const int64_t bytes = (hi - lo) * nd * static_cast<int64_t>(sizeof(float));
-        traffic_.backward_bytes += bytes;
-        traffic_.peak_transition_bytes = std::max(traffic_.peak_transition_bytes, bytes);
+    }
+    check(slot != nullptr, "internal: pipeline backward before its forward");
+    model_.stage_backward(*slot);
+    im.idle[static_cast<size_t>(k)].push_back(std::move(slot));
+    if (k > 0) {  // hand back the gradients of what transition k-1 -> k brought, once
+      const auto [lo, hi] = transition_sources(plan_, k - 1, scheme_);
+      Impl::Pack& pack = im.free_pack(comm_);
+      pack.buf.resize(static_cast<size_t>((hi - lo) * nd));
+      for (int64_t id = lo; id < hi; id++) {
+        FloatBuf& g = st.e[static_cast<size_t>(id)].g;
+        std::memcpy(pack.buf.data() + (id - lo) * nd, g.data(), sizeof(float) * g.size());
+        std::memset(g.data(), 0, sizeof(float) * g.size());  // handed off: never counted twice
       }
+      pack.ticket = comm_.isend(pack.buf.data(), (hi - lo) * nd, plan_.rank_of(k - 1),
+                                tag_of(plan_, true, k - 1, mb));
+      traffic_.messages++;
+      const int64_t bytes = (hi - lo) * nd * static_cast<int64_t>(sizeof(float));
+      traffic_.backward_bytes += bytes;
+      traffic_.peak_transition_bytes = std::max(traffic_.peak_transition_bytes, bytes);
+    }
+    if (k == me) {  // the micro-batch's last operation on this rank (its first stage here)
+      // Its forward sends were received before the backward that just ran could start, so these
+      // waits return at once; they make the store safe to reuse.
+      for (int64_t t : held->sends) comm_.wait_send(t);
+      held->sends.clear();
+      st.clear();
+      im.free_stores.push_back(std::move(held));
     }
   }
   comm_.wait_sends();

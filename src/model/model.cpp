@@ -65,6 +65,13 @@ Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
 
 Model::~Model() = default;
 
+void Model::release_activations() {
+  main_->acts = std::make_unique<Acts>();
+  main_->acts->nl = cfg_.n_layer;
+  main_->router = make_router(cfg_);
+  main_->router->bind(layout_, params_.data(), grads_.data());
+}
+
 int64_t Model::stage_unit() const {
   if (!main_->router->supports_stages()) return 0;
   const int64_t S = main_->router->source_block_size();

@@ -530,6 +530,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
                 {"tokens", (step + 1) * tokens_per_step}});
     }
     if (eval_now) {
+      if (pipeline) pipeline->release_memory();  // evaluation runs the whole model on each rank
       EvalInfo ei;
       ei.step = step + 1;
       ei.val_loss =
@@ -552,6 +553,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
         log_json(dj);
         if (ev.on_eval) ev.on_eval(ei);
       }
+      if (pipeline) model.release_activations();  // training runs stage passes
     }
     if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0 && !last) {
       save_checkpoint(step + 1);
