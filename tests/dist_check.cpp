@@ -4,8 +4,13 @@
 //   dist_check hang SECONDS  rank 0 enters a barrier with a SECONDS watchdog timeout while the
 //                            other ranks sleep: the watchdog must abort the job
 //   dist_check bench N       times the all-reduce of N floats (a model's gradient), for the docs
+//   dist_check pipeline V SCHEME  one pipeline step (SPEC 5) of a tiny Block AttnRes model over
+//                            the ranks with V virtual stages: the summed gradients and the loss
+//                            must equal the one-process gradient accumulation each rank computes
+//                            itself (2e-6 relative); prints "rank R: pipeline ok, B bytes sent"
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +20,8 @@
 
 #include "attnres/dist.hpp"
 #include "attnres/error.hpp"
+#include "attnres/model.hpp"
+#include "attnres/pipeline.hpp"
 
 using attnres::dist::Communicator;
 
@@ -46,16 +53,16 @@ void collectives(Communicator& c) {
     const double want_f = ranks_sum * static_cast<double>(i + 1) * 0.5;
     const double want_d = ranks_sum * 1e-3 * static_cast<double>(i) - (R - 1) * R / 2.0;
     if (f[i] != static_cast<float>(want_f) || std::abs(d[i] - want_d) > 1e-9) {
-      expect(false, c, "allreduce element " + std::to_string(i) + ": float " +
-                           std::to_string(f[i]) + " (want " + std::to_string(want_f) +
-                           "), double " + std::to_string(d[i]) + " (want " +
-                           std::to_string(want_d) + ")");
+      expect(false, c,
+             "allreduce element " + std::to_string(i) + ": float " + std::to_string(f[i]) +
+                 " (want " + std::to_string(want_f) + "), double " + std::to_string(d[i]) +
+                 " (want " + std::to_string(want_d) + ")");
       break;
     }
   }
   // Broadcast from the last rank, including a payload larger than one bucket.
-  const std::string msg = c.broadcast_string(me == R - 1 ? std::string(100, 'x') + "from last" : "",
-                                             R - 1);
+  const std::string msg =
+      c.broadcast_string(me == R - 1 ? std::string(100, 'x') + "from last" : "", R - 1);
   expect(msg == std::string(100, 'x') + "from last", c, "broadcast_string got '" + msg + "'");
   expect(c.any(me == 1), c, "any(true on rank 1) was false");
   expect(!c.any(false), c, "any(false everywhere) was true");
@@ -65,8 +72,8 @@ void collectives(Communicator& c) {
     expect(false, c, "require_same accepted differing values");
   } catch (const attnres::Error& e) {
     const std::string w = e.what();
-    expect(w.find("rank(s) 1 differ") != std::string::npos && w.find("make them equal") !=
-                                                                   std::string::npos,
+    expect(w.find("rank(s) 1 differ") != std::string::npos &&
+               w.find("make them equal") != std::string::npos,
            c, "require_same message: " + w);
   }
   // Point-to-point: rank 0 sends 10 values to rank 1, which adds 1 and sends them back.
@@ -102,6 +109,58 @@ void collectives(Communicator& c) {
   if (failures == 0) std::printf("rank %d of %d: ok (%s)\n", me, R, c.backend().c_str());
 }
 
+void pipeline(Communicator& c, int64_t V, const std::string& scheme) {
+  attnres::ModelConfig cfg;
+  cfg.n_layer = 4;
+  cfg.n_head = 2;
+  cfg.d_model = 16;
+  cfg.ffn_hidden = 32;
+  cfg.vocab_size = 31;
+  cfg.max_seq_len = 8;
+  cfg.residual.mode = "block";
+  cfg.residual.block_size = 2;
+  const int64_t M = 4, B = 2, T = 8, N = B * T;
+  std::vector<std::vector<int32_t>> in(M, std::vector<int32_t>(N)), tg = in;
+  std::vector<const int32_t*> ip, tp;
+  for (int64_t m = 0; m < M; m++) {
+    for (int64_t i = 0; i < N; i++) {
+      in[m][i] = static_cast<int32_t>((7 * m + 3 * i + 1) % cfg.vocab_size);
+      tg[m][i] = static_cast<int32_t>((5 * m + 11 * i + 2) % cfg.vocab_size);
+    }
+    ip.push_back(in[m].data());
+    tp.push_back(tg[m].data());
+  }
+  attnres::Model ref(cfg), piped(cfg);
+  ref.init_weights(3);
+  piped.init_weights(3);
+  ref.zero_grad();
+  piped.zero_grad();
+  double want = 0;
+  for (int64_t m = 0; m < M; m++) {
+    want += ref.forward(ip[m], tp[m], B, T);
+    ref.backward();
+  }
+  namespace pipe = attnres::pipe;
+  pipe::Pipeline pl(piped, c, pipe::make_plan(piped, c.size(), V, M), pipe::parse_scheme(scheme));
+  double loss = pl.step(ip, tp, B, T);
+  const int64_t n = piped.layout().total();
+  c.allreduce_sum(piped.grads(), n);
+  c.allreduce_sum(&loss, 1);
+  double diff = 0, scale = 1e-30;
+  for (int64_t i = 0; i < n; i++) {
+    diff = std::max(diff, std::abs(double(piped.grads()[i]) - ref.grads()[i]));
+    scale = std::max(scale, std::abs(double(ref.grads()[i])));
+  }
+  expect(diff <= 2e-6 * scale, c, "pipeline gradients differ by " + std::to_string(diff / scale));
+  expect(std::abs(loss - want) <= 1e-6 * std::abs(want), c,
+         "pipeline loss " + std::to_string(loss) + " != " + std::to_string(want));
+  const pipe::Traffic& t = pl.traffic();
+  if (failures == 0) {
+    std::printf("rank %d: pipeline ok, %lld bytes sent\n", c.rank(),
+                static_cast<long long>(t.forward_bytes + t.backward_bytes));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -134,8 +193,11 @@ int main(int argc, char** argv) {
                     static_cast<long long>(n), static_cast<double>(n) * 4 / 1048576, c->size(),
                     ms / reps);
       }
+    } else if (mode == "pipeline" && argc > 3) {
+      pipeline(*c, std::atoll(argv[2]), argv[3]);
     } else {
-      std::fprintf(stderr, "usage: dist_check collectives | hang SECONDS | bench N\n");
+      std::fprintf(stderr,
+                   "usage: dist_check collectives | hang SECONDS | bench N | pipeline V SCHEME\n");
       return 2;
     }
   } catch (const std::exception& e) {

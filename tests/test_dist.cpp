@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -476,6 +477,28 @@ std::pair<double, double> pipeline_bytes(const std::string& out) {
   const double sent = std::atof(out.c_str() + at + 15);
   const size_t w = out.find("would send ", at);
   return {sent, w == std::string::npos ? -1 : std::atof(out.c_str() + w + 11)};
+}
+
+// The pipeline executor over real MPI (isend/recv/test between processes): gradients equal one
+// process for V = 1, 2 in both schemes; 4 stages of one block: cached sends 4 of naive's 9.
+TEST(Dist, PipelineGradientsOverMpiMatchOneProcess) {
+  SKIP_WITHOUT_MPIRUN();
+  std::map<std::string, long long> sent;
+  for (const char* v : {"1", "2"}) {
+    for (const char* scheme : {"cached", "naive"}) {
+      const CliRun r = shell(mpirun(2) + ATTNRES_DIST_CHECK_PATH + " pipeline " + v + " " + scheme);
+      EXPECT_EQ(r.code, 0) << r.out;
+      long long total = 0;
+      for (const char* rank : {"rank 0: pipeline ok, ", "rank 1: pipeline ok, "}) {
+        const size_t at = r.out.find(rank);
+        ASSERT_NE(at, std::string::npos) << r.out;
+        total += std::atoll(r.out.c_str() + at + std::strlen(rank));
+      }
+      sent[std::string(v) + scheme] = total;
+    }
+  }
+  EXPECT_EQ(sent["1cached"], sent["1naive"]);
+  EXPECT_EQ(sent["2naive"] * 4, sent["2cached"] * 9);
 }
 
 TEST(Dist, PipelineMatchesOneRankAndCachedSendsLess) {
