@@ -1,0 +1,314 @@
+// The CUDA backend's elementwise and row-wise kernels, written once as functors that run on both
+// sides: on the GPU each thread calls one functor index (src/cuda/device_ops.cu, launch_rows), and
+// on the host tests/test_cuda_rows.cpp calls every index in a loop (run_rows_host) and compares
+// the results with the CPU ops (src/ops). So the kernels' arithmetic and indexing are tested on
+// every machine, and only the launch itself needs a GPU.
+//
+// This first version maps one thread to one row (or one (row, head) slice, or one column): simple
+// and deterministic (no atomics; column reductions loop over rows in order), not yet coalesced.
+// Same shapes and conventions as src/ops/ops.hpp; every backward ACCUMULATES (+=).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define ATTNRES_HD __host__ __device__
+#else
+#define ATTNRES_HD
+#endif
+
+namespace attnres::cuda::rows {
+
+ATTNRES_HD inline float sigmoidf(float a) { return 1.0f / (1.0f + ::expf(-a)); }
+
+// Calls f(i) for i in [0, n): the host stand-in for a kernel launch.
+template <class F>
+void run_rows_host(const F& f, int64_t n) {
+  for (int64_t i = 0; i < n; i++) f(i);
+}
+
+// ---- embedding ----
+// index n: out (N,C) row n = wte[ids[n]]
+struct EmbeddingForward {
+  float* out;
+  const int32_t* ids;
+  const float* wte;
+  int64_t C;
+  ATTNRES_HD void operator()(int64_t n) const {
+    const float* w = wte + static_cast<int64_t>(ids[n]) * C;
+    for (int64_t c = 0; c < C; c++) out[n * C + c] = w[c];
+  }
+};
+// index c (a channel): dwte[ids[n], c] += dout[n, c] for n in order (deterministic, no atomics).
+struct EmbeddingBackward {
+  float* dwte;
+  const float* dout;
+  const int32_t* ids;
+  int64_t N, C;
+  ATTNRES_HD void operator()(int64_t c) const {
+    for (int64_t n = 0; n < N; n++) dwte[static_cast<int64_t>(ids[n]) * C + c] += dout[n * C + c];
+  }
+};
+
+// ---- rmsnorm ----  y = x * r * g, r = 1 / sqrt(mean(x^2) + eps)
+struct RmsNormForward {
+  float* out;
+  float* rstd;  // (N) may be null
+  const float* inp;
+  const float* g;
+  int64_t C;
+  float eps;
+  ATTNRES_HD void operator()(int64_t n) const {
+    const float* x = inp + n * C;
+    float ss = 0.0f;
+    for (int64_t c = 0; c < C; c++) ss += x[c] * x[c];
+    const float r = 1.0f / ::sqrtf(ss / static_cast<float>(C) + eps);
+    if (rstd) rstd[n] = r;
+    for (int64_t c = 0; c < C; c++) out[n * C + c] = x[c] * r * g[c];
+  }
+};
+// index n: dx = r (g dy) - r^3 x / C * sum_j g_j dy_j x_j
+struct RmsNormBackwardInput {
+  float* dinp;
+  const float* dout;
+  const float* inp;
+  const float* g;
+  const float* rstd;
+  int64_t C;
+  ATTNRES_HD void operator()(int64_t n) const {
+    const float* x = inp + n * C;
+    const float* dy = dout + n * C;
+    const float r = rstd[n];
+    float dot = 0.0f;
+    for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
+    const float k = r * r * r * dot / static_cast<float>(C);
+    for (int64_t c = 0; c < C; c++) dinp[n * C + c] += r * g[c] * dy[c] - k * x[c];
+  }
+};
+// index c: dg[c] += sum_n dy[n,c] x[n,c] r[n]
+struct RmsNormBackwardGain {
+  float* dg;
+  const float* dout;
+  const float* inp;
+  const float* rstd;
+  int64_t N, C;
+  ATTNRES_HD void operator()(int64_t c) const {
+    float s = 0.0f;
+    for (int64_t n = 0; n < N; n++) s += dout[n * C + c] * inp[n * C + c] * rstd[n];
+    dg[c] += s;
+  }
+};
+
+// ---- swiglu ----  out = silu(h1) * h3; h13 (N,2F), index = n*F + f
+struct SwigluForward {
+  float* out;
+  const float* h13;
+  int64_t F;
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t n = i / F, f = i % F;
+    const float a = h13[n * 2 * F + f], b = h13[n * 2 * F + F + f];
+    out[i] = a * sigmoidf(a) * b;
+  }
+};
+struct SwigluBackward {
+  float* dh13;
+  const float* dout;
+  const float* h13;
+  int64_t F;
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t n = i / F, f = i % F;
+    const float a = h13[n * 2 * F + f], b = h13[n * 2 * F + F + f];
+    const float s = sigmoidf(a), dy = dout[i];
+    dh13[n * 2 * F + f] += dy * b * s * (1.0f + a * (1.0f - s));
+    dh13[n * 2 * F + F + f] += dy * a * s;
+  }
+};
+
+// ---- rope ----  rotate-half; index = (row n, head h, pair i); sign +1 forward, -1 backward
+struct Rope {
+  float* x;
+  const float* cos_t;
+  const float* sin_t;
+  int64_t T, n_heads, hd, ld, pos0;
+  float sign;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t half = hd / 2;
+    const int64_t i = idx % half, h = (idx / half) % n_heads, n = idx / (half * n_heads);
+    const int64_t p = pos0 + n % T;
+    const float c = cos_t[p * half + i], s = sign * sin_t[p * half + i];
+    float* v = x + n * ld + h * hd;
+    const float x1 = v[i], x2 = v[i + half];
+    v[i] = x1 * c - x2 * s;
+    v[i + half] = x2 * c + x1 * s;
+  }
+};
+
+// ---- cross-entropy ----  index n (a row of V logits)
+struct CrossEntropyForward {
+  float* losses;  // (N) may be null
+  float* lse;     // (N)
+  const float* logits;
+  const int32_t* targets;
+  int64_t V;
+  ATTNRES_HD void operator()(int64_t n) const {
+    const float* l = logits + n * V;
+    float mx = l[0];
+    for (int64_t j = 1; j < V; j++) mx = l[j] > mx ? l[j] : mx;
+    float z = 0.0f;
+    for (int64_t j = 0; j < V; j++) z += ::expf(l[j] - mx);
+    const float s = mx + ::logf(z);
+    lse[n] = s;
+    if (losses) losses[n] = s - l[targets[n]];
+  }
+};
+// dlogits = (softmax - onehot) * dloss; may alias logits (each element read before written).
+struct CrossEntropyBackward {
+  float* dlogits;
+  const float* logits;
+  const float* lse;
+  const int32_t* targets;
+  int64_t V;
+  float dloss;
+  ATTNRES_HD void operator()(int64_t n) const {
+    const float s = lse[n];
+    const int64_t t = targets[n];
+    for (int64_t j = 0; j < V; j++) {
+      const float p = ::expf(logits[n * V + j] - s);
+      dlogits[n * V + j] = (p - (j == t ? 1.0f : 0.0f)) * dloss;
+    }
+  }
+};
+
+// ---- depth attention (SPEC 2-4) ----  index = n * H + h (one head slice of one token)
+struct Source {
+  const float* v;     // (N,d)
+  const float* rstd;  // (N,H)
+  float* dv;          // (N,d) or null
+};
+struct Mix {
+  int64_t d = 0, H = 1;
+  bool softmax = true, key_norm = true;
+  ATTNRES_HD int64_t dh() const { return d / H; }
+};
+
+// rstd (N,H) of v (N,d) per head slice.
+struct DepthRstd {
+  float* rstd;
+  const float* v;
+  int64_t d, H;
+  float eps;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t dh = d / H, n = idx / H, h = idx % H;
+    const float* x = v + n * d + h * dh;
+    float ss = 0.0f;
+    for (int64_t c = 0; c < dh; c++) ss += x[c] * x[c];
+    rstd[idx] = 1.0f / ::sqrtf(ss / static_cast<float>(dh) + eps);
+  }
+};
+
+ATTNRES_HD inline float depth_score(const Source& s, const float* q, const Mix& m, int64_t n,
+                                    int64_t h) {
+  const int64_t dh = m.dh();
+  const float* v = s.v + n * m.d + h * dh;
+  float dot = 0.0f;
+  for (int64_t c = 0; c < dh; c++) dot += q[c] * v[c];
+  return m.key_norm ? dot * s.rstd[n * m.H + h] : dot;
+}
+
+// One pass over the sources with an online softmax: when a score exceeds the running maximum,
+// the running sum and the partial mix are rescaled; x (N,d), lse (N,H) (softmax; may be null).
+// q: the (d) query of every token when q_ld == 0, else row n at q + n * q_ld.
+struct DepthMixForward {
+  float* x;
+  float* lse;
+  const Source* src;
+  int64_t S;
+  const float* q;
+  int64_t q_ld;
+  Mix m;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh();
+    const float* qh = q + n * q_ld + h * dh;
+    float* out = x + n * m.d + h * dh;
+    for (int64_t c = 0; c < dh; c++) out[c] = 0.0f;
+    float mx = -INFINITY, z = 0.0f;
+    for (int64_t i = 0; i < S; i++) {
+      const float s = depth_score(src[i], qh, m, n, h);
+      const float* v = src[i].v + n * m.d + h * dh;
+      float w;
+      if (m.softmax) {
+        if (s > mx) {
+          const float scale = ::expf(mx - s);  // 0 for the first source
+          for (int64_t c = 0; c < dh; c++) out[c] *= scale;
+          z *= scale;
+          mx = s;
+        }
+        w = ::expf(s - mx);
+        z += w;
+      } else {
+        w = sigmoidf(s);
+      }
+      for (int64_t c = 0; c < dh; c++) out[c] += w * v[c];
+    }
+    if (m.softmax) {
+      for (int64_t c = 0; c < dh; c++) out[c] /= z;
+      if (lse) lse[idx] = mx + ::logf(z);
+    }
+  }
+};
+
+// Backward of DepthMixForward for one head slice: a_i from the saved lse (softmax) or sigmoid,
+// g_i = dx . v_i, ds_i = a_i (g_i - dx . x) (softmax) or a_i (1 - a_i) g_i (sigmoid);
+// dv_i += a_i dx + ds_i ds_i/dv_i (with the key norm: r q - s r^2 v / dh), and the query gradient
+// ds_i * r v_i (or ds_i v_i) goes to dq: row n of a (N,d) buffer, which the caller reduces over
+// tokens for a shared query (DepthQueryReduce) or which is the dynamic query's gradient itself.
+struct DepthMixBackward {
+  float* dq;  // (N,d) +=
+  const float* dx;
+  const float* x;
+  const float* lse;
+  const Source* src;
+  int64_t S;
+  const float* q;
+  int64_t q_ld;
+  Mix m;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
+    const float* qh = q + n * q_ld + h * dh;
+    const float* g = dx + off;
+    float D = 0.0f;
+    if (m.softmax) {
+      for (int64_t c = 0; c < dh; c++) D += g[c] * x[off + c];
+    }
+    for (int64_t i = 0; i < S; i++) {
+      const float s = depth_score(src[i], qh, m, n, h);
+      const float a = m.softmax ? ::expf(s - lse[idx]) : sigmoidf(s);
+      const float* v = src[i].v + off;
+      float gv = 0.0f;
+      for (int64_t c = 0; c < dh; c++) gv += g[c] * v[c];
+      const float ds = m.softmax ? a * (gv - D) : a * (1.0f - a) * gv;
+      const float r = m.key_norm ? src[i].rstd[idx] : 1.0f;
+      const float k = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
+      if (src[i].dv) {
+        float* dv = src[i].dv + off;
+        for (int64_t c = 0; c < dh; c++) dv[c] += a * g[c] + ds * (r * qh[c] - k * v[c]);
+      }
+      for (int64_t c = 0; c < dh; c++) dq[off + c] += ds * r * v[c];
+    }
+  }
+};
+
+// index c: dqg[c] += sum_n dq[n, c] (a shared query's gradient, in row order).
+struct DepthQueryReduce {
+  float* dqg;
+  const float* dq;
+  int64_t N, d;
+  ATTNRES_HD void operator()(int64_t c) const {
+    float s = 0.0f;
+    for (int64_t n = 0; n < N; n++) s += dq[n * d + c];
+    dqg[c] += s;
+  }
+};
+
+}  // namespace attnres::cuda::rows

@@ -1,0 +1,183 @@
+// The CUDA backend's row kernels (src/cuda/row_kernels.hpp) run on the host, every index in turn,
+// against the CPU ops: their arithmetic and indexing are verified on every machine, GPU or not.
+// (tests/test_cuda.cpp runs the same functors as real kernels where a GPU is present.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cuda/row_kernels.hpp"
+#include "ops/ops.hpp"
+#include "test_util.hpp"
+
+using namespace attnres;
+namespace rows = attnres::cuda::rows;
+using attnres::testing::randn;
+using attnres::testing::rel_diff;
+
+namespace {
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  return rel_diff(a.data(), b.data(), static_cast<int64_t>(a.size()));
+}
+
+std::vector<int32_t> ids(int64_t n, int64_t V, uint64_t seed) {
+  std::vector<int32_t> r(n);
+  for (int64_t i = 0; i < n; i++) r[i] = static_cast<int32_t>((i * 7919 + seed * 104729) % V);
+  return r;
+}
+
+}  // namespace
+
+TEST(CudaRows, EmbeddingMatchesCpu) {
+  const int64_t N = 37, C = 24, V = 11;
+  const auto wte = randn(V * C, 1), dout = randn(N * C, 2);
+  const auto id = ids(N, V, 3);
+  std::vector<float> a(N * C), b(N * C);
+  ops::embedding_forward(a.data(), id.data(), wte.data(), N, C);
+  rows::run_rows_host(rows::EmbeddingForward{b.data(), id.data(), wte.data(), C}, N);
+  EXPECT_EQ(a, b);
+  std::vector<float> da = randn(V * C, 4), db = da;  // accumulates
+  ops::embedding_backward(da.data(), dout.data(), id.data(), N, C);
+  rows::run_rows_host(rows::EmbeddingBackward{db.data(), dout.data(), id.data(), N, C}, C);
+  EXPECT_LT(rel(da, db), 1e-6);
+}
+
+TEST(CudaRows, RmsNormMatchesCpu) {
+  const int64_t N = 29, C = 48;
+  const auto x = randn(N * C, 5, 3.0), g = randn(C, 6), dy = randn(N * C, 7);
+  std::vector<float> ya(N * C), yb(N * C), ra(N), rb(N);
+  ops::rmsnorm_forward(ya.data(), ra.data(), x.data(), g.data(), N, C, 1e-5f);
+  rows::run_rows_host(rows::RmsNormForward{yb.data(), rb.data(), x.data(), g.data(), C, 1e-5f}, N);
+  EXPECT_LT(rel(ya, yb), 1e-6);
+  EXPECT_LT(rel(ra, rb), 1e-6);
+  std::vector<float> dxa = randn(N * C, 8), dxb = dxa, dga = randn(C, 9), dgb = dga;
+  ops::rmsnorm_backward(dxa.data(), dga.data(), dy.data(), x.data(), g.data(), ra.data(), N, C);
+  rows::run_rows_host(
+      rows::RmsNormBackwardInput{dxb.data(), dy.data(), x.data(), g.data(), ra.data(), C}, N);
+  rows::run_rows_host(rows::RmsNormBackwardGain{dgb.data(), dy.data(), x.data(), ra.data(), N, C},
+                      C);
+  EXPECT_LT(rel(dxa, dxb), 1e-5);
+  EXPECT_LT(rel(dga, dgb), 1e-5);
+}
+
+TEST(CudaRows, SwigluMatchesCpu) {
+  const int64_t N = 13, F = 40;
+  const auto h13 = randn(N * 2 * F, 10, 2.0), dy = randn(N * F, 11);
+  std::vector<float> a(N * F), b(N * F);
+  ops::swiglu_forward(a.data(), h13.data(), N, F);
+  rows::run_rows_host(rows::SwigluForward{b.data(), h13.data(), F}, N * F);
+  EXPECT_LT(rel(a, b), 1e-6);
+  std::vector<float> da = randn(N * 2 * F, 12), db = da;
+  ops::swiglu_backward(da.data(), dy.data(), h13.data(), N, F);
+  rows::run_rows_host(rows::SwigluBackward{db.data(), dy.data(), h13.data(), F}, N * F);
+  EXPECT_LT(rel(da, db), 1e-6);
+}
+
+TEST(CudaRows, RopeMatchesCpu) {
+  const int64_t B = 2, T = 9, H = 3, hd = 8, ld = 5 * hd, pos0 = 4;
+  std::vector<float> cs((pos0 + T) * hd / 2), sn(cs.size());
+  ops::rope_table(cs.data(), sn.data(), pos0 + T, hd, 10000.0);
+  for (float sign : {1.0f, -1.0f}) {
+    std::vector<float> a = randn(B * T * ld, 13), b = a;
+    if (sign > 0) {
+      ops::rope_forward(a.data(), cs.data(), sn.data(), B, T, H, hd, ld, pos0);
+    } else {
+      ops::rope_backward(a.data(), cs.data(), sn.data(), B, T, H, hd, ld, pos0);
+    }
+    rows::run_rows_host(rows::Rope{b.data(), cs.data(), sn.data(), T, H, hd, ld, pos0, sign},
+                        B * T * H * hd / 2);
+    EXPECT_LT(rel(a, b), 1e-6) << sign;
+  }
+}
+
+TEST(CudaRows, CrossEntropyMatchesCpu) {
+  const int64_t N = 17, V = 33;
+  const auto logits = randn(N * V, 14, 4.0);
+  const auto t = ids(N, V, 15);
+  std::vector<float> la(N), lb(N), sa(N), sb(N);
+  ops::cross_entropy_forward(la.data(), sa.data(), logits.data(), t.data(), N, V);
+  rows::run_rows_host(rows::CrossEntropyForward{lb.data(), sb.data(), logits.data(), t.data(), V},
+                      N);
+  EXPECT_LT(rel(la, lb), 1e-5);
+  EXPECT_LT(rel(sa, sb), 1e-6);
+  std::vector<float> da(N * V), db = logits;  // in place, as the model does
+  ops::cross_entropy_backward(da.data(), logits.data(), sa.data(), t.data(), N, V, 0.25f);
+  rows::run_rows_host(
+      rows::CrossEntropyBackward{db.data(), db.data(), sa.data(), t.data(), V, 0.25f}, N);
+  EXPECT_LT(rel(da, db), 1e-5);
+}
+
+// The fused depth mix (AttnRes) and its backward against src/ops, over the variants the model
+// uses: softmax or sigmoid gate, key norm or none, one or two heads, shared or per-token query.
+TEST(CudaRows, DepthMixMatchesCpu) {
+  const int64_t N = 19, d = 16, S = 5;
+  for (bool softmax : {true, false}) {
+    for (bool key_norm : {true, false}) {
+      for (int64_t H : {1, 2}) {
+        for (bool dynamic : {false, true}) {
+          SCOPED_TRACE(std::string(softmax ? "softmax" : "sigmoid") +
+                       (key_norm ? " rms" : " none") + " H=" + std::to_string(H) +
+                       (dynamic ? " dynamic" : " static"));
+          ops::DepthMix om;
+          om.d = d;
+          om.H = H;
+          om.softmax = softmax;
+          om.key_norm = key_norm;
+          rows::Mix rm;
+          rm.d = d;
+          rm.H = H;
+          rm.softmax = softmax;
+          rm.key_norm = key_norm;
+          const int64_t q_ld = dynamic ? d : 0;
+          const auto q = randn(dynamic ? N * d : d, 20, 0.7);
+          std::vector<std::vector<float>> v, r(S, std::vector<float>(N * H));
+          for (int64_t i = 0; i < S; i++) {
+            v.push_back(randn(N * d, 30 + i, 1.0 + i));  // sources of different scales
+            ops::depth_rstd(r[i].data(), v[i].data(), N, d, H, 1e-5f);
+          }
+          std::vector<std::vector<float>> dva(S), dvb(S);
+          std::vector<ops::DepthSource> os;
+          std::vector<rows::Source> rs;
+          for (int64_t i = 0; i < S; i++) {
+            dva[i] = randn(N * d, 40 + i);  // accumulates
+            dvb[i] = dva[i];
+            os.push_back({v[i].data(), r[i].data(), dva[i].data()});
+            rs.push_back({v[i].data(), r[i].data(), i == 2 ? nullptr : dvb[i].data()});
+          }
+          os[2].dv = nullptr;  // a source whose gradient is dropped
+          std::vector<float> xa(N * d), xb(N * d), la(N * H), lb(N * H);
+          ops::depth_mix_forward(xa.data(), la.data(), os.data(), S, q.data(), q_ld, om, N);
+          rows::run_rows_host(
+              rows::DepthMixForward{xb.data(), lb.data(), rs.data(), S, q.data(), q_ld, rm}, N * H);
+          EXPECT_LT(rel(xa, xb), 1e-5);
+          if (softmax) {
+            EXPECT_LT(rel(la, lb), 1e-5);
+          }
+
+          const auto dx = randn(N * d, 50);
+          std::vector<float> dqa = dynamic ? randn(N * d, 51) : randn(d, 51), dqb = dqa;
+          ops::depth_mix_backward(dqa.data(), dx.data(), xa.data(), la.data(), os.data(), S,
+                                  q.data(), q_ld, om, N);
+          std::vector<float> dq_rows(N * d, 0.0f);
+          rows::run_rows_host(
+              rows::DepthMixBackward{dynamic ? dqb.data() : dq_rows.data(), dx.data(), xa.data(),
+                                     la.data(), rs.data(), S, q.data(), q_ld, rm},
+              N * H);
+          if (!dynamic) {
+            rows::run_rows_host(rows::DepthQueryReduce{dqb.data(), dq_rows.data(), N, d}, d);
+          }
+          EXPECT_LT(rel(dqa, dqb), 1e-4);
+          for (int64_t i = 0; i < S; i++) EXPECT_LT(rel(dva[i], dvb[i]), 1e-5) << "source " << i;
+        }
+      }
+    }
+  }
+  // The rstd kernel itself.
+  const auto v = randn(N * d, 60, 5.0);
+  std::vector<float> ra(N * 2), rb(N * 2);
+  ops::depth_rstd(ra.data(), v.data(), N, d, 2, 1e-5f);
+  rows::run_rows_host(rows::DepthRstd{rb.data(), v.data(), d, 2, 1e-5f}, N * 2);
+  EXPECT_LT(rel(ra, rb), 1e-6);
+}

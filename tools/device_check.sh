@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU check for a lent device machine (one short run; well under 8 minutes): the CUDA tests
+# (every device kernel against the CPU ops) and the GPU benchmark, then a short table last.
+# Uses the binaries tools/device_prepare.sh put in .devcarry/ (carry it); without them it builds
+# with scripts/cuda_build.sh, which needs the project's build dependencies on that machine.
+# Copies its logs to $OUT when set (the device tool's output folder).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+t0=$SECONDS
+if [[ -x .devcarry/test_cuda ]]; then
+  BIN=.devcarry
+  export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+else
+  bash scripts/cuda_build.sh || { echo "device_check: the CUDA build failed"; exit 1; }
+  BIN=build-cuda/tests
+fi
+LOG=${OUT:-/tmp}/device_check
+mkdir -p "$LOG"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
+  > "$LOG/gpu.txt" 2>&1 || echo "nvidia-smi failed" > "$LOG/gpu.txt"
+"$BIN/test_cuda" > "$LOG/test_cuda.txt" 2>&1
+tests_rc=$?
+timeout 240 "$BIN/cuda_bench" > "$LOG/cuda_bench.txt" 2>&1
+bench_rc=$?
+cat "$LOG/test_cuda.txt" | grep -E "^\[  (FAILED|SKIPPED) |Expected|actual|Which is" | head -40
+echo
+echo "=== device_check ($((SECONDS - t0)) s) ==="
+echo "gpu: $(cat "$LOG/gpu.txt")"
+skipped=$(grep -cE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$LOG/test_cuda.txt")
+echo "tests: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$LOG/test_cuda.txt" | tr '\n' ' ')" \
+     "(exit $tests_rc); skipped: $skipped"
+echo "bench (exit $bench_rc):"
+cat "$LOG/cuda_bench.txt"
+# On the GPU machine a skipped GPU test means the GPU was not usable: that is a failed check.
+if (( skipped > 0 )); then echo "device_check: FAILED: GPU tests skipped (no usable GPU)"; exit 1; fi
+exit $(( tests_rc != 0 || bench_rc != 0 ))
