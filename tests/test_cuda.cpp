@@ -4,6 +4,7 @@
 // checked on the host by tests/test_cuda_rows.cpp everywhere.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -198,6 +199,41 @@ TEST(Cuda, DepthMixMatchesCpu) {
       }
     }
   }
+}
+
+TEST(Cuda, AttentionAndAdamWMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t Hkv : {int64_t{2}, int64_t{8}}) {
+    const ops::AttnShape s{3, 64, 8, Hkv, 32};
+    const int64_t N = s.B * s.T, att_n = s.B * s.H * s.T * s.T;
+    const auto qkv = randn(N * s.ld(), 60), dout = randn(N * s.H * s.hd, 61);
+    std::vector<float> out(N * s.H * s.hd), att(att_n), dqkv = randn(N * s.ld(), 62),
+                                                        scratch(att_n);
+    DeviceVec<float> gqkv(qkv), gout(out.size()), gatt(att_n), gdout(dout), gdqkv(dqkv),
+        gscratch(att_n);
+    const cuda::dev::AttnShape gs{s.B, s.T, s.H, s.Hkv, s.hd};
+    ops::attention_forward(out.data(), att.data(), qkv.data(), s);
+    cuda::dev::attention_forward(gout.data(), gatt.data(), gqkv.data(), gs);
+    EXPECT_LT(rel(gout.download(), out), 1e-5);
+    EXPECT_LT(rel(gatt.download(), att), 1e-5);
+    ops::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), s);
+    cuda::dev::attention_backward(gdqkv.data(), gscratch.data(), gdout.data(), gqkv.data(),
+                                  gatt.data(), gs);
+    EXPECT_LT(rel(gdqkv.download(), dqkv), 1e-5);
+  }
+  const int64_t n = 10000;
+  std::vector<float> p = randn(n, 63), g = randn(n, 64), m = randn(n, 65), v(n, 0.01f);
+  DeviceVec<float> gp(p), gg(g), gm(m), gv(v);
+  const cuda::dev::AdamStep k{0.9f, 0.95f, 1e-3f, 1.2f, 1e-8f, 0.5f};
+  for (int64_t i = 0; i < n; i++) {  // the documented update, element by element
+    const float gi = g[i] * k.grad_scale;
+    m[i] = k.b1 * m[i] + (1 - k.b1) * gi;
+    v[i] = k.b2 * v[i] + (1 - k.b2) * gi * gi;
+    p[i] = p[i] * 0.999f - k.step_size * m[i] / (std::sqrt(v[i]) * k.inv_bc2_sqrt + k.eps);
+  }
+  cuda::dev::adamw_update(gp.data(), gg.data(), gm.data(), gv.data(), n, 0.999f, k);
+  EXPECT_LT(rel(gp.download(), p), 1e-6);
+  EXPECT_LT(rel(gm.download(), m), 1e-6);
 }
 
 #endif  // ATTNRES_WITH_CUDA

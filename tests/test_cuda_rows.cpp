@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "attnres/optim.hpp"
+#include "attnres/params.hpp"
 #include "cuda/row_kernels.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
@@ -180,4 +182,67 @@ TEST(CudaRows, DepthMixMatchesCpu) {
   ops::depth_rstd(ra.data(), v.data(), N, d, 2, 1e-5f);
   rows::run_rows_host(rows::DepthRstd{rb.data(), v.data(), d, 2, 1e-5f}, N * 2);
   EXPECT_LT(rel(ra, rb), 1e-6);
+}
+
+// Causal attention with GQA (2 query heads per kv head) and MHA, forward and backward.
+TEST(CudaRows, AttentionMatchesCpu) {
+  for (int64_t Hkv : {int64_t{2}, int64_t{4}}) {
+    const rows::AttnDims s{2, 11, 4, Hkv, 8};
+    const ops::AttnShape os{s.B, s.T, s.H, s.Hkv, s.hd};
+    SCOPED_TRACE("Hkv=" + std::to_string(Hkv));
+    const int64_t N = s.B * s.T, att_n = s.B * s.H * s.T * s.T;
+    const auto qkv = randn(N * s.ld(), 70, 1.5), dout = randn(N * s.H * s.hd, 71);
+    std::vector<float> oa(N * s.H * s.hd), ob(oa.size()), aa(att_n), ab(att_n, 7.0f);
+    ops::attention_forward(oa.data(), aa.data(), qkv.data(), os);
+    rows::run_rows_host(rows::AttentionForward{ob.data(), ab.data(), qkv.data(), s},
+                        s.B * s.H * s.T);
+    EXPECT_LT(rel(oa, ob), 1e-5);
+    EXPECT_LT(rel(aa, ab), 1e-5);
+    std::vector<float> da = randn(N * s.ld(), 72), db = da, scratch(att_n), cpu_scratch(att_n);
+    ops::attention_backward(da.data(), cpu_scratch.data(), dout.data(), qkv.data(), aa.data(), os);
+    rows::run_rows_host(rows::AttentionBackwardQuery{db.data(), scratch.data(), dout.data(),
+                                                     qkv.data(), aa.data(), s},
+                        s.B * s.H * s.T);
+    rows::run_rows_host(rows::AttentionBackwardKeyValue{db.data(), scratch.data(), dout.data(),
+                                                        qkv.data(), aa.data(), s},
+                        s.B * s.Hkv * s.T);
+    EXPECT_LT(rel(da, db), 1e-5);
+  }
+}
+
+// AdamW's element update against the optimizer class (decayed and undecayed tensors, clipping
+// scale, three steps so the bias corrections change).
+TEST(CudaRows, AdamWMatchesOptimizer) {
+  ParamLayout layout;
+  layout.add("w", {7, 5}, true);
+  layout.add("g", {5}, false);
+  AdamWConfig cfg;
+  cfg.lr = 3e-3;
+  cfg.weight_decay = 0.1;
+  AdamW opt(layout, cfg);
+  const int64_t n = layout.total();
+  std::vector<float> pa = randn(n, 80), pb = pa, m(n, 0.0f), v(n, 0.0f);
+  for (int step = 1; step <= 3; step++) {
+    const auto g = randn(n, 90 + step);
+    const double lr = cfg.lr * step / 3.0;
+    const float scale = 0.7f;
+    opt.step(pa.data(), g.data(), lr, scale);
+    const double bc1 = 1.0 - std::pow(cfg.beta1, step);
+    const double bc2 = std::sqrt(1.0 - std::pow(cfg.beta2, step));
+    for (const ParamEntry& e : layout.entries()) {
+      rows::AdamW k{pb.data() + e.offset,
+                    g.data() + e.offset,
+                    m.data() + e.offset,
+                    v.data() + e.offset,
+                    static_cast<float>(cfg.beta1),
+                    static_cast<float>(cfg.beta2),
+                    static_cast<float>(lr / bc1),
+                    static_cast<float>(1.0 / bc2),
+                    static_cast<float>(cfg.eps),
+                    scale,
+                    e.decay ? static_cast<float>(1.0 - lr * cfg.weight_decay) : 1.0f};
+      rows::run_rows_host(k, e.numel);
+    }
+    EXPECT_LT(rel(pa, pb), 1e-6) << "step " << step;
+  }
 }

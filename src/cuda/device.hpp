@@ -71,6 +71,21 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, int64_t N, int64_t V, float dloss);
 void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H, float eps);
+struct AttnShape {
+  int64_t B, T, H, Hkv, hd;
+};
+// out (B,T,H*hd), att (B,H,T,T) from qkv (B,T,(H+2Hkv)hd), as ops::attention_forward.
+void attention_forward(float* out, float* att, const float* qkv, const AttnShape& s);
+// dqkv +=; scratch (B,H,T,T).
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, const AttnShape& s);
+// AdamW on n elements (one tensor): decay = 1 - lr wd for decayed tensors, else 1;
+// step_size = lr / (1 - b1^t); inv_bc2_sqrt = 1 / sqrt(1 - b2^t) (attnres/optim.hpp).
+struct AdamStep {
+  float b1, b2, step_size, inv_bc2_sqrt, eps, grad_scale;
+};
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
+                  const AdamStep& k);
 // src: a HOST array of S sources holding device pointers.
 void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, const float* qg,
                        int64_t q_ld, const DepthMix& m, int64_t N);

@@ -251,5 +251,24 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
   synchronize();  // dq is freed on return
 }
 
+void attention_forward(float* out, float* att, const float* qkv, const AttnShape& s) {
+  const rows::AttnDims d{s.B, s.T, s.H, s.Hkv, s.hd};
+  launch(rows::AttentionForward{out, att, qkv, d}, s.B * s.H * s.T);
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, const AttnShape& s) {
+  const rows::AttnDims d{s.B, s.T, s.H, s.Hkv, s.hd};
+  launch(rows::AttentionBackwardQuery{dqkv, scratch, dout, qkv, att, d}, s.B * s.H * s.T);
+  launch(rows::AttentionBackwardKeyValue{dqkv, scratch, dout, qkv, att, d}, s.B * s.Hkv * s.T);
+}
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
+                  const AdamStep& k) {
+  launch(rows::AdamW{p, g, m, v, k.b1, k.b2, k.step_size, k.inv_bc2_sqrt, k.eps, k.grad_scale,
+                     decay},
+         n);
+}
+
 }  // namespace dev
 }  // namespace attnres::cuda

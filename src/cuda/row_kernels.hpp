@@ -311,4 +311,122 @@ struct DepthQueryReduce {
   }
 };
 
+// ---- causal self-attention ----  qkv (B,T,ld): q (H,hd) | k (Hkv,hd) | v (Hkv,hd) per row;
+// att (B,H,T,T) probabilities (upper triangle zero), as ops::attention_forward.
+struct AttnDims {
+  int64_t B, T, H, Hkv, hd;
+  ATTNRES_HD int64_t ld() const { return (H + 2 * Hkv) * hd; }
+};
+// index = (b*H + h)*T + t: one query row; its probabilities are formed in place in att.
+struct AttentionForward {
+  float* out;  // (B,T,H*hd)
+  float* att;
+  const float* qkv;
+  AttnDims s;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t t = idx % s.T, h = (idx / s.T) % s.H, b = idx / (s.T * s.H);
+    const int64_t ld = s.ld(), grp = s.H / s.Hkv, hd = s.hd;
+    const float scale = 1.0f / ::sqrtf(static_cast<float>(hd));
+    const float* q = qkv + (b * s.T + t) * ld + h * hd;
+    const int64_t ko = (s.H + h / grp) * hd, vo = (s.H + s.Hkv + h / grp) * hd;
+    float* A = att + idx * s.T;
+    float mx = -INFINITY;
+    for (int64_t u = 0; u <= t; u++) {
+      const float* k = qkv + (b * s.T + u) * ld + ko;
+      float dot = 0.0f;
+      for (int64_t i = 0; i < hd; i++) dot += q[i] * k[i];
+      A[u] = dot * scale;
+      mx = A[u] > mx ? A[u] : mx;
+    }
+    float z = 0.0f;
+    for (int64_t u = 0; u <= t; u++) z += (A[u] = ::expf(A[u] - mx));
+    for (int64_t u = 0; u < s.T; u++) A[u] = u <= t ? A[u] / z : 0.0f;
+    float* o = out + (b * s.T + t) * s.H * hd + h * hd;
+    for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
+    for (int64_t u = 0; u <= t; u++) {
+      const float* v = qkv + (b * s.T + u) * ld + vo;
+      for (int64_t i = 0; i < hd; i++) o[i] += A[u] * v[i];
+    }
+  }
+};
+// Backward, part 1, index = (b*H + h)*T + t: dS (B,H,T,T) = A (dO.v - sum A dO.v) / sqrt(hd) in
+// `scratch`, and dq_t += sum_u dS[t,u] k_u.
+struct AttentionBackwardQuery {
+  float* dqkv;
+  float* scratch;
+  const float* dout;
+  const float* qkv;
+  const float* att;
+  AttnDims s;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t t = idx % s.T, h = (idx / s.T) % s.H, b = idx / (s.T * s.H);
+    const int64_t ld = s.ld(), grp = s.H / s.Hkv, hd = s.hd;
+    const float scale = 1.0f / ::sqrtf(static_cast<float>(hd));
+    const int64_t ko = (s.H + h / grp) * hd, vo = (s.H + s.Hkv + h / grp) * hd;
+    const float* A = att + idx * s.T;
+    float* dS = scratch + idx * s.T;
+    const float* dO = dout + (b * s.T + t) * s.H * hd + h * hd;
+    float dot = 0.0f;
+    for (int64_t u = 0; u <= t; u++) {
+      const float* v = qkv + (b * s.T + u) * ld + vo;
+      float d = 0.0f;
+      for (int64_t i = 0; i < hd; i++) d += dO[i] * v[i];
+      dS[u] = d;
+      dot += A[u] * d;
+    }
+    float* dq = dqkv + (b * s.T + t) * ld + h * hd;
+    for (int64_t u = 0; u <= t; u++) {
+      dS[u] = A[u] * (dS[u] - dot) * scale;
+      const float* k = qkv + (b * s.T + u) * ld + ko;
+      for (int64_t i = 0; i < hd; i++) dq[i] += dS[u] * k[i];
+    }
+  }
+};
+// Backward, part 2, index = (b*Hkv + g)*T + u: one key/value row of kv head g, summed over the
+// group's query heads and the queries t >= u that saw it (no atomics).
+struct AttentionBackwardKeyValue {
+  float* dqkv;
+  const float* scratch;  // dS from part 1
+  const float* dout;
+  const float* qkv;
+  const float* att;
+  AttnDims s;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t u = idx % s.T, g = (idx / s.T) % s.Hkv, b = idx / (s.T * s.Hkv);
+    const int64_t ld = s.ld(), grp = s.H / s.Hkv, hd = s.hd;
+    float* dk = dqkv + (b * s.T + u) * ld + (s.H + g) * hd;
+    float* dv = dqkv + (b * s.T + u) * ld + (s.H + s.Hkv + g) * hd;
+    for (int64_t h = g * grp; h < (g + 1) * grp; h++) {
+      for (int64_t t = u; t < s.T; t++) {
+        const int64_t row = ((b * s.H + h) * s.T + t) * s.T;
+        const float ds = scratch[row + u], a = att[row + u];
+        const float* q = qkv + (b * s.T + t) * ld + h * hd;
+        const float* dO = dout + (b * s.T + t) * s.H * hd + h * hd;
+        for (int64_t i = 0; i < hd; i++) {
+          dk[i] += ds * q[i];
+          dv[i] += a * dO[i];
+        }
+      }
+    }
+  }
+};
+
+// ---- AdamW ----  torch.optim.AdamW's update of one element (see attnres/optim.hpp):
+// step_size = lr / (1 - b1^t), inv_bc2_sqrt = 1 / sqrt(1 - b2^t), decay = 1 - lr wd (or 1).
+struct AdamW {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  float b1, b2, step_size, inv_bc2_sqrt, eps, grad_scale, decay;
+  ATTNRES_HD void operator()(int64_t i) const {
+    const float gi = grad_scale == 1.0f ? g[i] : g[i] * grad_scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - step_size * mi / (::sqrtf(vi) * inv_bc2_sqrt + eps);
+  }
+};
+
 }  // namespace attnres::cuda::rows
