@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -148,6 +149,32 @@ double weights_rel_diff(const fs::path& a, const fs::path& b) {
   return attnres::testing::rel_diff(ma->params(), mb->params(), ma->layout().total());
 }
 
+// Rewinds the run dir/name (`steps` steps, one metrics line per step) to its checkpoint at step
+// `at`, as if it had died there, resumes it in one process, and checks that it continues exactly
+// as the uninterrupted one-process run dir/one: losses from step at+1 on and final weights.
+CliRun resume_on_one_rank(const fs::path& dir, const std::string& name, int at, int steps) {
+  char ck[32];
+  std::snprintf(ck, sizeof ck, "step_%08d\n", at);
+  std::ofstream(dir / name / "latest") << ck;
+  fs::remove(dir / name / "model.safetensors");
+  const CliRun resumed =
+      shell("exec " + cli() + "train --resume --sample-tokens 0 --out " + (dir / name).string());
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_TRUE(contains(resumed.out, "at step " + std::to_string(at))) << resumed.out;
+  const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
+  const Metrics b = read_metrics(dir / name / "metrics.jsonl");  // the whole run, then the resumed
+  EXPECT_EQ(a.loss.size(), static_cast<size_t>(steps));
+  EXPECT_EQ(b.loss.size(), static_cast<size_t>(2 * steps - at));
+  if (a.loss.size() == static_cast<size_t>(steps) && b.loss.size() == size_t(2 * steps - at)) {
+    expect_close(std::vector<double>(b.loss.begin() + steps, b.loss.end()),
+                 std::vector<double>(a.loss.begin() + at, a.loss.end()), 1e-5,
+                 "resumed loss after step " + std::to_string(at));
+  }
+  EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / name / "model.safetensors"),
+            1e-5);
+  return resumed;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 TEST(Dist, SingleProcessCommunicator) {
@@ -265,22 +292,8 @@ TEST(Dist, CheckpointFromTwoRanksResumesOnOne) {
   EXPECT_LT(weights_rel_diff(c1 / "model.safetensors", c2 / "model.safetensors"), 1e-5);
 
   // Resume the 2-rank run from its step-10 checkpoint on 1 rank, as if it had died after step 10.
-  std::ofstream(dir / "two" / "latest") << "step_00000010\n";
-  fs::remove(dir / "two" / "model.safetensors");
-  const CliRun resumed = shell("exec " + cli() + "train --resume --out " + (dir / "two").string() +
-                               " --sample-tokens 0");
-  ASSERT_EQ(resumed.code, 0) << resumed.out;
-  EXPECT_TRUE(contains(resumed.out, "at step 10")) << resumed.out;
+  const CliRun resumed = resume_on_one_rank(dir, "two", 10, 20);
   EXPECT_TRUE(contains(resumed.out, "; 1 rank")) << resumed.out;
-  const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
-  const Metrics b = read_metrics(dir / "two" / "metrics.jsonl");  // 20 (2 ranks) + 10 (resumed)
-  ASSERT_EQ(a.loss.size(), 20u);
-  ASSERT_EQ(b.loss.size(), 30u);
-  expect_close(std::vector<double>(b.loss.begin() + 20, b.loss.end()),
-               std::vector<double>(a.loss.begin() + 10, a.loss.end()), 1e-5,
-               "resumed loss at step 11+");
-  EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / "two" / "model.safetensors"),
-            1e-5);
 }
 
 TEST(Dist, Zero1IsBitIdenticalToReplicatedAndResumes) {
@@ -552,20 +565,7 @@ TEST(Dist, PipelineCheckpointResumesOnOneRank) {
   const CliRun pp = shell(mpirun(2) + cli() + pipe_args(data, dir / "pp", 8) + save +
                           " --pipeline 2 --virtual-stages 2");
   ASSERT_EQ(pp.code, 0) << pp.out;
-  std::ofstream(dir / "pp" / "latest") << "step_00000004\n";
-  fs::remove(dir / "pp" / "model.safetensors");
-  const CliRun resumed =
-      shell("exec " + cli() + "train --resume --sample-tokens 0 --out " + (dir / "pp").string());
-  ASSERT_EQ(resumed.code, 0) << resumed.out;
-  EXPECT_TRUE(contains(resumed.out, "at step 4")) << resumed.out;
-  const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
-  const Metrics b = read_metrics(dir / "pp" / "metrics.jsonl");  // 8 (pipeline) + 4 (resumed)
-  ASSERT_EQ(b.loss.size(), 12u);
-  expect_close(std::vector<double>(b.loss.begin() + 8, b.loss.end()),
-               std::vector<double>(a.loss.begin() + 4, a.loss.end()), 1e-5,
-               "resumed loss at step 5+");
-  EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / "pp" / "model.safetensors"),
-            1e-5);
+  resume_on_one_rank(dir, "pp", 4, 8);
 }
 
 TEST(Dist, PipelineMisuseIsAClearError) {
