@@ -14,6 +14,7 @@
 
 #ifdef ATTNRES_WITH_CUDA
 #include "cuda/device.hpp"
+#include "cuda/row_kernels.hpp"
 #endif
 
 using namespace attnres;
@@ -70,6 +71,26 @@ TEST(Cuda, MatmulMatchesCpu) {
   cuda::dev::matmul_backward(gdx.data(), gdw.data(), gdy.data(), gx.data(), gw.data(), N, IC, OC);
   EXPECT_LT(rel(gdx.download(), dx), 1e-5);
   EXPECT_LT(rel(gdw.download(), dw), 1e-5);
+}
+
+// bf16 conversion bit-exact with the host functor; the bf16 GEMM within bf16 rounding of fp32.
+TEST(Cuda, Bf16ConversionAndGemm) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 96, IC = 128, OC = 64;
+  const auto x = randn(N * IC, 81), w = randn(OC * IC, 82);
+  DeviceVec<float> gx(x), gw(w), gy(N * OC), gback(N * IC);
+  DeviceVec<uint16_t> bx(N * IC), bw(OC * IC);
+  cuda::dev::to_bf16(bx.data(), gx.data(), N * IC);
+  cuda::dev::to_bf16(bw.data(), gw.data(), OC * IC);
+  std::vector<uint16_t> want(N * IC);
+  for (int64_t i = 0; i < N * IC; i++) want[i] = cuda::rows::float_to_bf16_bits(x[i]);
+  EXPECT_EQ(bx.download(), want);
+  cuda::dev::from_bf16(gback.data(), bx.data(), N * IC);
+  EXPECT_LT(rel(gback.download(), x), 4e-3);
+  std::vector<float> y(N * OC);
+  ops::matmul_forward(y.data(), x.data(), w.data(), N, IC, OC);
+  cuda::dev::matmul_forward_bf16(gy.data(), bx.data(), bw.data(), N, IC, OC);
+  EXPECT_LT(rel(gy.download(), y), 1e-2);
 }
 
 TEST(Cuda, RowKernelsMatchCpu) {

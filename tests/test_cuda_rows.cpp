@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "attnres/optim.hpp"
@@ -244,5 +245,33 @@ TEST(CudaRows, AdamWMatchesOptimizer) {
       rows::run_rows_host(k, e.numel);
     }
     EXPECT_LT(rel(pa, pb), 1e-6) << "step " << step;
+  }
+}
+
+// bf16 rounding: exact cases computed by hand (ties to even, carry into the exponent, overflow to
+// infinity, NaN stays NaN), and every float's round trip within half a bf16 ulp.
+TEST(CudaRows, Bf16RoundsToNearestEven) {
+  auto bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return rows::float_to_bf16_bits(f);
+  };
+  EXPECT_EQ(bits(0x3f800000u), 0x3f80);           // 1.0 exactly
+  EXPECT_EQ(bits(0x3f808000u), 0x3f80);           // halfway, even below: stays
+  EXPECT_EQ(bits(0x3f818000u), 0x3f82);           // halfway, odd below: rounds up to even
+  EXPECT_EQ(bits(0x3f808001u), 0x3f81);           // just above halfway: up
+  EXPECT_EQ(bits(0x3fff8000u), 0x4000);           // carry into the exponent (1.99.. -> 2.0)
+  EXPECT_EQ(bits(0x7f7fffffu), 0x7f80);           // FLT_MAX rounds to +inf
+  EXPECT_EQ(bits(0xff800000u), 0xff80);           // -inf stays
+  EXPECT_EQ(bits(0x7fc00001u) & 0x7fc0, 0x7fc0);  // NaN stays NaN
+  EXPECT_EQ(bits(0x7f800001u) & 0x7f80, 0x7f80);  // signalling NaN: still NaN, not inf
+  EXPECT_NE(bits(0x7f800001u), 0x7f80);
+  const auto x = randn(10000, 99, 100.0);
+  std::vector<uint16_t> b(x.size());
+  std::vector<float> y(x.size());
+  rows::run_rows_host(rows::ToBf16{b.data(), x.data()}, static_cast<int64_t>(x.size()));
+  rows::run_rows_host(rows::FromBf16{y.data(), b.data()}, static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); i++) {
+    ASSERT_LE(std::abs(y[i] - x[i]), std::abs(x[i]) * (1.0f / 256)) << x[i];  // 2^-8 relative
   }
 }

@@ -11,7 +11,10 @@
 
 namespace attnres::cuda {
 
-// n elements of T in device memory, freed on destruction (T = float or int32_t).
+// n elements of T in device memory, freed on destruction.
+template <class T>
+class DeviceVec;  // T = float, int32_t or uint16_t (bf16 bits)
+
 template <class T>
 class DeviceVec {
  public:
@@ -59,6 +62,13 @@ void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int
                     bool accumulate = false);
 void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                      int64_t N, int64_t IC, int64_t OC);
+// bf16 (as uint16_t bits, round to nearest even) <-> fp32, n elements.
+void to_bf16(uint16_t* out, const float* in, int64_t n);
+void from_bf16(float* out, const uint16_t* in, int64_t n);
+// Mixed precision: out (N,OC) fp32 = inp (N,IC) bf16 @ w^T (w (OC,IC) bf16), fp32 accumulation
+// on the tensor cores (cublasGemmEx).
+void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* w, int64_t N, int64_t IC,
+                         int64_t OC, bool accumulate = false);
 void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
                   int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0);
 void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t B, int64_t T,

@@ -149,6 +149,7 @@ std::vector<T> DeviceVec<T>::download() const {
 }
 template class DeviceVec<float>;
 template class DeviceVec<int32_t>;
+template class DeviceVec<uint16_t>;
 
 void synchronize() { ATTNRES_CUDA_CHECK(cudaDeviceSynchronize()); }
 
@@ -200,6 +201,20 @@ void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp
                                      static_cast<int>(IC), dout, static_cast<int>(OC), &one, dw,
                                      static_cast<int>(IC)));
   }
+}
+
+void to_bf16(uint16_t* out, const float* in, int64_t n) { launch(rows::ToBf16{out, in}, n); }
+void from_bf16(float* out, const uint16_t* in, int64_t n) { launch(rows::FromBf16{out, in}, n); }
+
+void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* w, int64_t N,
+                         int64_t IC, int64_t OC, bool accumulate) {
+  const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  // As matmul_forward: out^T (OC,N) = w (OC,IC) . inp^T (IC,N), bf16 inputs, fp32 out/compute.
+  ATTNRES_CUBLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(OC),
+                                    static_cast<int>(N), static_cast<int>(IC), &one, w, CUDA_R_16BF,
+                                    static_cast<int>(IC), inp, CUDA_R_16BF, static_cast<int>(IC),
+                                    &beta, out, CUDA_R_32F, static_cast<int>(OC),
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define ATTNRES_HD __host__ __device__
@@ -427,6 +428,36 @@ struct AdamW {
     v[i] = vi;
     p[i] = p[i] * decay - step_size * mi / (::sqrtf(vi) * inv_bc2_sqrt + eps);
   }
+};
+
+// ---- bf16 storage (mixed precision: bf16 activations and weights for the GEMMs, fp32 master
+// weights and accumulation) ----  bf16 = the top 16 bits of an fp32, rounded to nearest even;
+// NaN stays a (quiet) NaN. Bit-exact with __float2bfloat16_rn and torch's .to(torch.bfloat16).
+ATTNRES_HD inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN: keep sign, force quiet
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<uint16_t>(u >> 16);
+}
+ATTNRES_HD inline float bf16_bits_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+// index i: out[i] = bf16(in[i]) / float(in[i])
+struct ToBf16 {
+  uint16_t* out;
+  const float* in;
+  ATTNRES_HD void operator()(int64_t i) const { out[i] = float_to_bf16_bits(in[i]); }
+};
+struct FromBf16 {
+  float* out;
+  const uint16_t* in;
+  ATTNRES_HD void operator()(int64_t i) const { out[i] = bf16_bits_to_float(in[i]); }
 };
 
 }  // namespace attnres::cuda::rows
