@@ -104,7 +104,10 @@ class SingleCommunicator final : public Communicator {
 
 // `size` communicators whose ranks are threads of this process (rank r is element r): run each
 // rank's code on its own thread. Collectives sum in rank order, so results are deterministic.
-std::vector<std::unique_ptr<Communicator>> make_local_group(int size);
+// A send copies its data at once; with `rendezvous`, it instead completes only when received, and
+// the receiver reads the sender's buffer then and throws Error if it changed after the send (a
+// sender reusing a buffer too early), as MPI's large-message protocol would expose.
+std::vector<std::unique_ptr<Communicator>> make_local_group(int size, bool rendezvous = false);
 
 // True when this build has the MPI backend (CMake found MPI and ATTNRES_MPI is ON).
 bool mpi_compiled();

@@ -50,7 +50,8 @@ struct Plan {
 
 // Splits the model's sublayers into P*V stages of whole layers and blocks (model.stage_unit()),
 // as even as possible (earlier stages take the remainder; the last one also runs the LM head).
-// Error with the fix when the mode cannot be split, or there are fewer units than stages.
+// Error with the fix when the mode cannot be split, there are fewer units than stages, or (V > 1)
+// M is not a multiple of P.
 Plan make_plan(const Model& model, int64_t P, int64_t V, int64_t M);
 
 // Source ids [first, second) that the forward transition from stage k to stage k+1 sends (and
@@ -73,14 +74,13 @@ struct Schedule {
   double bubble = 0;                   // idle fraction of the ranks (backward = 2 forwards)
 };
 
-// 1F1B in Megatron-LM's order (interleaved over the virtual stages when V > 1): rank r runs a
-// warm-up of P - r - 1 forwards (2 (P - r - 1) + (V - 1) P interleaved), then alternates one
-// forward and one backward, then drains the backwards; at most P - r forwards are in flight
-// without interleaving. The bubble is (P - 1) / (V M + P - 1) when P divides M. The ranks' orders
-// are checked on a simulated clock (a backward costing two forwards): each op's inputs are done
-// before its rank reaches it, so with non-blocking sends the real run cannot deadlock. Where the
-// fixed order would deadlock (micro-batch counts that split unevenly into groups of P), a greedy
-// list schedule on the same clock takes its place.
+// 1F1B in Megatron-LM's order (interleaved over the virtual stages when V > 1, which needs M to
+// be a multiple of P): rank r runs a warm-up of P - r - 1 forwards (2 (P - r - 1) + (V - 1) P
+// interleaved), then alternates one forward and one backward, then drains the backwards; so at
+// most P - r forwards (warm-up + 1 interleaved) are in flight. The bubble is (P - 1) / (V M + P -
+// 1) when P divides M. The ranks' orders are checked on a simulated clock (a backward costing two
+// forwards): each op's inputs are done before its rank reaches it, so with non-blocking sends the
+// real run cannot deadlock.
 Schedule make_schedule(const Plan& plan);
 
 // What a rank sent: block representations forward, their gradients backward.

@@ -1,7 +1,9 @@
 // The in-process communicator (attnres/dist.hpp, make_local_group): ranks are threads sharing one
-// mailbox. Tests run multi-rank code (the pipeline schedule, data-parallel steps) on it without
-// mpirun, under the sanitizers too. Collectives are rendezvous on a generation barrier: every rank
-// posts its buffer, then each reads the others' in rank order (deterministic sums).
+// mailbox. A send copies its data at once, or in rendezvous mode hands over its buffer, which the
+// receiver reads (and checks unchanged) when it receives, as MPI does with large messages. Tests
+// run multi-rank code (the pipeline schedule, data-parallel steps) on it without mpirun, under the
+// sanitizers too. Collectives are rendezvous on a generation barrier: every rank posts its buffer,
+// then each reads the others' in rank order (deterministic sums).
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -21,14 +24,22 @@ namespace attnres::dist {
 namespace {
 
 struct Shared {
-  explicit Shared(int n) : size(n), slots(static_cast<size_t>(n), nullptr) {}
+  Shared(int n, bool rv) : size(n), rendezvous(rv), slots(static_cast<size_t>(n), nullptr) {}
   const int size;
+  const bool rendezvous;
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0;
   uint64_t generation = 0;
   std::vector<const void*> slots;  // each rank's buffer during a collective
-  std::map<std::tuple<int, int, int>, std::deque<std::vector<float>>> box;  // (from, to, tag)
+  // A message: copied at send time, or (rendezvous) the sender's buffer, read when received, with
+  // a copy taken at send time to prove the sender did not change it meanwhile.
+  struct Msg {
+    std::vector<float> data;     // the copy
+    const float* src = nullptr;  // rendezvous: the sender's buffer
+    std::shared_ptr<bool> done;  // rendezvous: set when received
+  };
+  std::map<std::tuple<int, int, int>, std::deque<Msg>> box;  // (from, to, tag)
 };
 
 class LocalCommunicator final : public Communicator {
@@ -65,22 +76,57 @@ class LocalCommunicator final : public Communicator {
   void barrier() override { sync("barrier"); }
 
   void send(const float* data, int64_t n, int peer, int tag) override {
-    (void)isend(data, n, peer, tag);
+    wait_send(isend(data, n, peer, tag));
   }
 
   int64_t isend(const float* data, int64_t n, int peer, int tag) override {
     check_peer(peer);
+    Shared::Msg m;
+    m.data.assign(data, data + n);
+    if (sh_->rendezvous) {
+      std::lock_guard<std::mutex> lk(sh_->mu);
+      for (const auto& [t, p] : pending_) {  // a buffer sent again before its first send completed
+        check(*p.done || data + n <= p.data || p.data + p.n <= data,
+              "local rank " + std::to_string(rank_) +
+                  " sends from a buffer whose earlier send "
+                  "(to rank " +
+                  std::to_string(p.peer) + ") is still in flight");
+      }
+      m.src = data;
+      m.done = std::make_shared<bool>(false);
+      pending_[next_ticket_] = {m.done, data, n, peer};
+    }
     {
       std::lock_guard<std::mutex> lk(sh_->mu);
-      sh_->box[{rank_, peer, tag}].emplace_back(data, data + n);  // copied: complete at once
+      sh_->box[{rank_, peer, tag}].push_back(std::move(m));
     }
     sh_->cv.notify_all();
-    return 0;
+    return next_ticket_++;
   }
 
-  bool test_send(int64_t) override { return true; }
-  void wait_send(int64_t) override {}
-  void wait_sends() override {}
+  bool test_send(int64_t ticket) override {
+    std::lock_guard<std::mutex> lk(sh_->mu);
+    auto it = pending_.find(ticket);
+    if (it == pending_.end() || *it->second.done) {
+      if (it != pending_.end()) pending_.erase(it);
+      return true;
+    }
+    return false;
+  }
+
+  void wait_send(int64_t ticket) override {
+    std::unique_lock<std::mutex> lk(sh_->mu);
+    auto it = pending_.find(ticket);
+    if (it == pending_.end()) return;
+    const std::shared_ptr<bool> done = it->second.done;
+    wait(
+        lk, [&] { return *done; }, "wait_send");
+    pending_.erase(ticket);
+  }
+
+  void wait_sends() override {
+    while (!pending_.empty()) wait_send(pending_.begin()->first);
+  }
 
   void recv(float* data, int64_t n, int peer, int tag) override {
     check_peer(peer);
@@ -88,12 +134,25 @@ class LocalCommunicator final : public Communicator {
     auto& q = sh_->box[{peer, rank_, tag}];
     wait(
         lk, [&] { return !q.empty(); }, "recv");
-    check(static_cast<int64_t>(q.front().size()) == n,
+    Shared::Msg m = std::move(q.front());
+    q.pop_front();
+    check(static_cast<int64_t>(m.data.size()) == n,
           "local rank " + std::to_string(rank_) + " expected " + std::to_string(n) +
               " floats from rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
-              ") but the message has " + std::to_string(q.front().size()));
-    std::memcpy(data, q.front().data(), sizeof(float) * n);
-    q.pop_front();
+              ") but the message has " + std::to_string(m.data.size()));
+    if (m.src) {  // rendezvous: read the sender's buffer now, as MPI would for a large message
+      const bool changed = std::memcmp(m.src, m.data.data(), sizeof(float) * n) != 0;
+      std::memcpy(data, m.src, sizeof(float) * n);
+      *m.done = true;
+      sh_->cv.notify_all();
+      check(!changed, "local rank " + std::to_string(peer) +
+                          " changed the buffer of a message "
+                          "to rank " +
+                          std::to_string(rank_) + " (tag " + std::to_string(tag) +
+                          ") while its send was in flight");
+      return;
+    }
+    std::memcpy(data, m.data.data(), sizeof(float) * n);
   }
 
   [[noreturn]] void abort(int code) override {
@@ -162,13 +221,21 @@ class LocalCommunicator final : public Communicator {
 
   std::shared_ptr<Shared> sh_;
   const int rank_;
+  struct Pending {
+    std::shared_ptr<bool> done;
+    const float* data;
+    int64_t n;
+    int peer;
+  };
+  std::map<int64_t, Pending> pending_;  // rendezvous: this rank's sends not yet waited for
+  int64_t next_ticket_ = 1;
 };
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_local_group(int size) {
+std::vector<std::unique_ptr<Communicator>> make_local_group(int size, bool rendezvous) {
   check(size >= 1, "a local group needs at least one rank");
-  auto sh = std::make_shared<Shared>(size);
+  auto sh = std::make_shared<Shared>(size, rendezvous);
   std::vector<std::unique_ptr<Communicator>> g;
   for (int r = 0; r < size; r++) g.push_back(std::make_unique<LocalCommunicator>(sh, r));
   return g;

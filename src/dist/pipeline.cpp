@@ -56,6 +56,13 @@ Plan make_plan(const Model& model, int64_t P, int64_t V, int64_t M) {
             std::to_string(units) + " pieces of " + std::to_string(u) +
             " sublayers (whole layers and whole blocks) to split; use fewer ranks or virtual "
             "stages, more layers, or a smaller --block-size");
+  check(V == 1 || P >= 2, "pipeline: virtual stages need at least 2 ranks");
+  check(V == 1 || M % P == 0,
+        "pipeline: with " + std::to_string(V) + " virtual stages per rank, the " +
+            std::to_string(M) + " micro-batches (--grad-accum) must be a multiple of the " +
+            std::to_string(P) + " ranks (the interleaved 1F1B schedule runs them in groups of " +
+            std::to_string(P) + "); use --grad-accum " + std::to_string((M + P - 1) / P * P) +
+            " or --virtual-stages 1");
   check(kTagBase + 2 * PV * M <= kTagMax,
         "pipeline: " + std::to_string(PV) + " stages x " + std::to_string(M) +
             " micro-batches exceed the message tags MPI guarantees; use fewer micro-batches "
@@ -158,65 +165,14 @@ bool simulate(const Plan& p, Schedule& s) {
   return true;
 }
 
-// Fallback order for layouts where the fixed one would deadlock: greedy list scheduling on the
-// simulated clock (a ready backward first, else a forward while fewer than `limit` are in
-// flight); consistent with one global timeline by construction.
-std::vector<std::vector<Op>> greedy_orders(const Plan& p) {
-  const int64_t P = p.P, V = p.V, M = p.M, PV = p.stages();
-  std::vector<int64_t> fdone(M * PV, kNever), bdone(M * PV, kNever), busy(P, 0), in(P, 0);
-  std::vector<int64_t> limit(P);
-  for (int64_t r = 0; r < P; r++) limit[r] = V == 1 ? P - r : 2 * (P - r - 1) + (V - 1) * P + 1;
-  std::vector<std::vector<Op>> ops(P);
-  int64_t remaining = 2 * M * PV, t = 0;
-  while (remaining > 0) {
-    bool started = false;
-    for (int64_t r = 0; r < P; r++) {
-      if (busy[r] > t) continue;
-      Op bo, fo;
-      bool have_b = false, have_f = false;
-      for (int64_t k = r; k < PV; k += P) {
-        for (int64_t mb = 0; mb < M; mb++) {
-          const int64_t i = mb * PV + k;
-          if (fdone[i] == kNever) {
-            if (!have_f && (k == 0 || fdone[i - 1] <= t)) fo = {false, mb, k}, have_f = true;
-          } else if (bdone[i] == kNever && fdone[i] <= t && (k == PV - 1 || bdone[i + 1] <= t)) {
-            if (!have_b) bo = {true, mb, k}, have_b = true;
-          }
-        }
-      }
-      if (!have_b && !(have_f && in[r] < limit[r])) continue;
-      const Op o = have_b ? bo : fo;
-      busy[r] = t + (o.backward ? kB : kF);
-      (o.backward ? bdone : fdone)[o.mb * PV + o.stage] = busy[r];
-      in[r] += o.backward ? -1 : 1;
-      ops[r].push_back(o);
-      remaining--;
-      started = true;
-    }
-    int64_t soon = kNever;
-    for (int64_t r = 0; r < P; r++) {
-      if (busy[r] > t) soon = std::min(soon, busy[r]);
-    }
-    if (soon == kNever) {
-      if (!started && remaining > 0) {
-        for (auto& l : limit) l++;  // everyone waits on a full window: allow one more
-      }
-      continue;
-    }
-    t = soon;
-  }
-  return ops;
-}
-
 }  // namespace
 
 Schedule make_schedule(const Plan& p) {
+  check(p.V == 1 || p.M % p.P == 0,
+        "internal: the interleaved schedule needs the micro-batches in whole groups of P");
   Schedule s;
   for (int64_t r = 0; r < p.P; r++) s.ops.push_back(megatron_order(p, r));
-  if (simulate(p, s)) return s;
-  s.ops = greedy_orders(p);
-  const bool ok = simulate(p, s);
-  check(ok, "internal: no deadlock-free pipeline schedule found");
+  check(simulate(p, s), "internal: the pipeline schedule deadlocks on the simulated clock");
   return s;
 }
 
@@ -341,6 +297,7 @@ double Pipeline::step(const std::vector<const int32_t*>& inputs,
       }
       continue;
     }
+    check(slot != nullptr, "internal: pipeline backward before its forward");
     if (k + 1 < PV) {  // gradients of the sources sent on transition k -> k+1, one message
       const auto [lo, hi] = transition_sources(plan_, k, scheme_);
       const float* x =
@@ -351,7 +308,6 @@ double Pipeline::step(const std::vector<const int32_t*>& inputs,
         for (int64_t i = 0; i < nd; i++) g[i] += x[i];
       }
     }
-    check(slot != nullptr, "internal: pipeline backward before its forward");
     model_.stage_backward(*slot);
     im.idle[static_cast<size_t>(k)].push_back(std::move(slot));
     if (k > 0) {  // hand back the gradients of what transition k-1 -> k brought, once

@@ -238,13 +238,13 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
   const ops::AttnShape as{B, T, cfg_.n_head, cfg_.n_kv_head, cfg_.head_dim()};
   const int64_t QKV = as.ld(), HD = as.H * as.hd;
   const float eps = static_cast<float>(cfg_.norm_eps);
-  for (int64_t n = 0; n < N; n++) {
-    check(!a.first || (tokens[n] >= 0 && tokens[n] < V), "token id " + std::to_string(tokens[n]) +
-                                                             " is outside the vocabulary [0, " +
-                                                             std::to_string(V) + ")");
-    if (targets) {
-      check(targets[n] >= 0 && targets[n] < V,
-            "target id " + std::to_string(targets[n]) + " is outside the vocabulary");
+  for (int64_t n = 0; n < N; n++) {  // (later stages may pass no tokens: only the first reads them)
+    if (a.first && (tokens[n] < 0 || tokens[n] >= V)) {
+      throw Error("token id " + std::to_string(tokens[n]) + " is outside the vocabulary [0, " +
+                  std::to_string(V) + ")");
+    }
+    if (targets && (targets[n] < 0 || targets[n] >= V)) {
+      throw Error("target id " + std::to_string(targets[n]) + " is outside the vocabulary");
     }
   }
   if (a.first) std::copy(tokens, tokens + N, a.tokens.begin());
