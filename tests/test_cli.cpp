@@ -8,10 +8,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "attnres/cuda.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -48,14 +48,28 @@ TEST(Cli, HelpEverywhere) {
   EXPECT_NE(run("").code, 0);  // a subcommand is required
 }
 
+TEST(Cli, VersionSaysWhatTheBuildSupports) {
+  const CliRun r = run("--version");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* s :
+       {"attnres 0.", "multi-process training (MPI): ", "CUDA: ", "CPU kernels: "}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  }
+  // Without a usable GPU the line gives the reason rather than a device.
+  std::string why;
+  if (attnres::cuda::device_count(&why) == 0) {
+    EXPECT_NE(r.out.find(why), std::string::npos) << r.out;
+  }
+}
+
 TEST(Cli, TrainEvalGenerateInfo) {
   TempDir td;
   const fs::path dir = td.path;
   const std::string data = corpus(dir);
   const std::string out = (dir / "run").string();
   CliRun t = run("train --data " + data + " --out " + out +
-              " --steps 30 --n-layer 1 --d-model 32 --n-head 2 --n-kv-head 1 --seq-len 32"
-              " --batch-size 4 --eval-every 15 --log-every 10 --sample-tokens 20 --prompt line");
+                 " --steps 30 --n-layer 1 --d-model 32 --n-head 2 --n-kv-head 1 --seq-len 32"
+                 " --batch-size 4 --eval-every 15 --log-every 10 --sample-tokens 20 --prompt line");
   ASSERT_EQ(t.code, 0) << t.out;
   // Not a terminal: plain progress lines, evaluation lines, the final summary and a sample.
   EXPECT_TRUE(contains(t.out, "step 10/30")) << t.out;
@@ -103,7 +117,8 @@ TEST(Cli, AttnResModesAndInspect) {
   CliRun bad = run("train --data " + data + " --out " + out + "2 --residual sideways");
   EXPECT_NE(bad.code, 0);
   EXPECT_TRUE(contains(bad.out, "sideways")) << bad.out;
-  CliRun badh = run("train --data " + data + " --out " + out + "3 --residual full --attnres-heads 5"
+  CliRun badh = run("train --data " + data + " --out " + out +
+                    "3 --residual full --attnres-heads 5"
                     " --d-model 32 --n-head 2");
   EXPECT_EQ(badh.code, 1);
   EXPECT_TRUE(contains(badh.out, "heads")) << badh.out;
@@ -114,7 +129,8 @@ TEST(Cli, BenchRunsEveryModeAndWritesJson) {
   const std::string js = td.file("bench.json");
   const std::string args =
       "bench --d-model 32 --n-layer 2 --n-head 2 --seq-len 32 --batch-size 2 --vocab 64 "
-      "--steps 1 --warmup 0 --decode-tokens 4 --repeats 2 --json " + js;
+      "--steps 1 --warmup 0 --decode-tokens 4 --repeats 2 --json " +
+      js;
   CliRun r = run(args);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "sgemm ceiling")) << r.out;
@@ -147,7 +163,7 @@ TEST(Cli, ConfigFileWithOverrides) {
                                      "n-head = 2\nseq-len = 16\nbatch-size = 2\n"
                                      "sample-tokens = 0\nlog-every = 1\nlr = 0.002\n";
   CliRun r = run("--config " + (dir / "cfg.toml").string() + " train --data " + data + " --out " +
-              (dir / "run").string() + " --steps 5");
+                 (dir / "run").string() + " --steps 5");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "step 5/5")) << r.out;  // the command line wins over the file
   std::ifstream f(dir / "run" / "train_config.json");

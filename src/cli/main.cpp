@@ -6,7 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
+#include <string>
 
+#include "attnres/cuda.hpp"
 #include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 #include "cli/commands.hpp"
@@ -34,7 +37,7 @@ namespace attnres::cli {
 namespace {
 std::string g_command_line;
 int g_threads = 0;
-}
+}  // namespace
 int requested_threads() { return g_threads; }
 void set_requested_threads(int n) { g_threads = n; }
 const std::string& command_line() { return g_command_line; }
@@ -60,6 +63,22 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "Threads for compute (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
   app.set_config("--config", "", "Read options from a TOML/INI file (command-line flags win)");
+  app.set_version_flag(
+      "--version", std::function<std::string()>([] {
+        std::string why;
+        const int gpus = attnres::cuda::device_count(&why);
+        return std::string("attnres ") + ATTNRES_VERSION + "\n  multi-process training (MPI): " +
+               (attnres::dist::mpi_compiled() ? "yes" : "no (built without MPI)") + "\n  CUDA: " +
+               (gpus > 0 ? std::to_string(gpus) + " GPU(s); " + attnres::cuda::describe_device()
+                         : why) +
+               "\n  CPU kernels: " +
+#ifdef ATTNRES_RUNTIME_DISPATCH
+               "portable build, the best of AVX-512/AVX2/baseline chosen at run time";
+#else
+               "built for the build machine's CPU (-march=native)";
+#endif
+      }),
+      "Print the version and what this build supports (MPI, CUDA), then exit");
   app.parse_complete_callback([&] {
     attnres::cli::set_requested_threads(threads);
     const int ranks = attnres::dist::launched_world_size();
