@@ -537,6 +537,8 @@ TEST(Dist, PipelineMatchesOneRankAndCachedSendsLess) {
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_TRUE(contains(r.out, "2 ranks (mpi), pipeline parallel")) << r.out;
     EXPECT_TRUE(contains(r.out, "4 micro-batch(es) per step")) << r.out;
+    EXPECT_TRUE(contains(r.out, "peak memory rank 0 ") && contains(r.out, " / rank 1 "))
+        << r.out;  // every rank's peak, in rank 0's summary
     EXPECT_EQ(r.out.find("done:"), r.out.rfind("done:")) << r.out;
     bytes[c.name] = pipeline_bytes(r.out);
     const Metrics b = read_metrics(dir / c.name / "metrics.jsonl");

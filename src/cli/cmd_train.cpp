@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
@@ -73,6 +74,12 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
   }
   const TrainResult r = train(cfg, ev, comm);
   remove_stop_handler();
+  // Peak memory of every rank (they differ: pipeline stages hold different activations).
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  std::vector<double> peak_mib(static_cast<size_t>(comm.size()), 0.0);
+  peak_mib[static_cast<size_t>(comm.rank())] = static_cast<double>(ru.ru_maxrss) / 1024.0;
+  comm.allreduce_sum(peak_mib.data(), comm.size());
   if (!root) return;  // rank 0 alone reports and samples
   bar.finish();
   if (r.interrupted) {
@@ -80,14 +87,22 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
                 static_cast<long long>(r.steps_done), cfg.out_dir.c_str());
     return;
   }
-  struct rusage ru {};
-  ::getrusage(RUSAGE_SELF, &ru);
+  std::string memory;  // "355" or "rank 0 413 / rank 1 380"
+  for (size_t k = 0; k < peak_mib.size(); k++) {
+    char buf[48];
+    if (peak_mib.size() == 1) {
+      std::snprintf(buf, sizeof buf, "%.0f", peak_mib[k]);
+    } else {
+      std::snprintf(buf, sizeof buf, "%srank %zu %.0f", k ? " / " : "", k, peak_mib[k]);
+    }
+    memory += buf;
+  }
   std::printf(
       "done: %lld steps in %s | final val loss %.4f (ppl %.2f) | %s tok/s, %.1f GFLOP/s model "
-      "FLOPs | %lld params | peak memory %.0f MiB\nmodel: %s\n",
+      "FLOPs | %lld params | peak memory %s MiB\nmodel: %s\n",
       static_cast<long long>(r.steps_done), format_duration(r.seconds).c_str(), r.final_val_loss,
       std::exp(r.final_val_loss), format_count(r.tokens_per_s).c_str(), r.model_gflops,
-      static_cast<long long>(r.num_params), ru.ru_maxrss / 1024.0, r.model_path.c_str());
+      static_cast<long long>(r.num_params), memory.c_str(), r.model_path.c_str());
   if (a.sample_tokens > 0) {
     Metadata meta;
     auto model = load_model(r.model_path, &meta);
