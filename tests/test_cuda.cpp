@@ -67,6 +67,9 @@ TEST(Cuda, MatmulMatchesCpu) {
   ops::matmul_forward(y.data(), x.data(), w.data(), N, IC, OC);
   cuda::dev::matmul_forward(gy.data(), gx.data(), gw.data(), N, IC, OC);
   EXPECT_LT(rel(gy.download(), y), 1e-5);
+  ops::matmul_forward(y.data(), x.data(), w.data(), N, IC, OC, /*accumulate=*/true);
+  cuda::dev::matmul_forward(gy.data(), gx.data(), gw.data(), N, IC, OC, /*accumulate=*/true);
+  EXPECT_LT(rel(gy.download(), y), 1e-5);
   ops::matmul_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), N, IC, OC);
   cuda::dev::matmul_backward(gdx.data(), gdw.data(), gdy.data(), gx.data(), gw.data(), N, IC, OC);
   EXPECT_LT(rel(gdx.download(), dx), 1e-5);
@@ -76,21 +79,24 @@ TEST(Cuda, MatmulMatchesCpu) {
 // bf16 conversion bit-exact with the host functor; the bf16 GEMM within bf16 rounding of fp32.
 TEST(Cuda, Bf16ConversionAndGemm) {
   SKIP_WITHOUT_GPU();
-  const int64_t N = 96, IC = 128, OC = 64;
-  const auto x = randn(N * IC, 81), w = randn(OC * IC, 82);
-  DeviceVec<float> gx(x), gw(w), gy(N * OC), gback(N * IC);
-  DeviceVec<uint16_t> bx(N * IC), bw(OC * IC);
-  cuda::dev::to_bf16(bx.data(), gx.data(), N * IC);
-  cuda::dev::to_bf16(bw.data(), gw.data(), OC * IC);
-  std::vector<uint16_t> want(N * IC);
-  for (int64_t i = 0; i < N * IC; i++) want[i] = cuda::rows::float_to_bf16_bits(x[i]);
-  EXPECT_EQ(bx.download(), want);
-  cuda::dev::from_bf16(gback.data(), bx.data(), N * IC);
-  EXPECT_LT(rel(gback.download(), x), 4e-3);
-  std::vector<float> y(N * OC);
-  ops::matmul_forward(y.data(), x.data(), w.data(), N, IC, OC);
-  cuda::dev::matmul_forward_bf16(gy.data(), bx.data(), bw.data(), N, IC, OC);
-  EXPECT_LT(rel(gy.download(), y), 1e-2);
+  for (const int64_t IC : {int64_t{128}, int64_t{100}}) {  // and one not a multiple of 8
+    SCOPED_TRACE("IC=" + std::to_string(IC));
+    const int64_t N = 96, OC = 64;
+    const auto x = randn(N * IC, 81), w = randn(OC * IC, 82);
+    DeviceVec<float> gx(x), gw(w), gy(N * OC), gback(N * IC);
+    DeviceVec<uint16_t> bx(N * IC), bw(OC * IC);
+    cuda::dev::to_bf16(bx.data(), gx.data(), N * IC);
+    cuda::dev::to_bf16(bw.data(), gw.data(), OC * IC);
+    std::vector<uint16_t> want(N * IC);
+    for (int64_t i = 0; i < N * IC; i++) want[i] = cuda::rows::float_to_bf16_bits(x[i]);
+    EXPECT_EQ(bx.download(), want);
+    cuda::dev::from_bf16(gback.data(), bx.data(), N * IC);
+    EXPECT_LT(rel(gback.download(), x), 4e-3);
+    std::vector<float> y(N * OC);
+    ops::matmul_forward(y.data(), x.data(), w.data(), N, IC, OC);
+    cuda::dev::matmul_forward_bf16(gy.data(), bx.data(), bw.data(), N, IC, OC);
+    EXPECT_LT(rel(gy.download(), y), 1e-2);
+  }
 }
 
 TEST(Cuda, RowKernelsMatchCpu) {
@@ -143,8 +149,8 @@ TEST(Cuda, RowKernelsMatchCpu) {
     ops::rope_table(cs.data(), sn.data(), T, hd, 10000.0);
     std::vector<float> x = randn(B * T * ld, 16);
     DeviceVec<float> gx(x), gc(cs), gs(sn);
-    ops::rope_forward(x.data(), cs.data(), sn.data(), B, T, H, hd, ld, 0);
-    cuda::dev::rope_forward(gx.data(), gc.data(), gs.data(), B, T, H, hd, ld, 0);
+    ops::rope_forward(x.data(), cs.data(), sn.data(), B, T - 3, H, hd, ld, 3);  // positions 3..
+    cuda::dev::rope_forward(gx.data(), gc.data(), gs.data(), B, T - 3, H, hd, ld, 3);
     EXPECT_LT(rel(gx.download(), x), 1e-6);
     ops::rope_backward(x.data(), cs.data(), sn.data(), B, T, H, hd, ld, 0);
     cuda::dev::rope_backward(gx.data(), gc.data(), gs.data(), B, T, H, hd, ld, 0);
@@ -255,6 +261,7 @@ TEST(Cuda, AttentionAndAdamWMatchCpu) {
   cuda::dev::adamw_update(gp.data(), gg.data(), gm.data(), gv.data(), n, 0.999f, k);
   EXPECT_LT(rel(gp.download(), p), 1e-6);
   EXPECT_LT(rel(gm.download(), m), 1e-6);
+  EXPECT_LT(rel(gv.download(), v), 1e-6);
 }
 
 #endif  // ATTNRES_WITH_CUDA

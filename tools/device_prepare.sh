@@ -7,7 +7,8 @@
 # [".devcarry"]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/cuda_build.sh
+# Portable CPU code (kernels chosen at run time): the GPU machine's CPU may lack this one's AVX-512.
+bash scripts/cuda_build.sh -DATTNRES_NATIVE=OFF
 rm -rf .devcarry && mkdir -p .devcarry/lib
 cp build-cuda/tests/test_cuda build-cuda/tests/cuda_bench .devcarry/
 for lib in $(ldd build-cuda/tests/test_cuda | awk '/=>/ {print $3}'); do
@@ -16,5 +17,7 @@ for lib in $(ldd build-cuda/tests/test_cuda | awk '/=>/ {print $3}'); do
       cp -L "$lib" .devcarry/lib/ ;;
   esac
 done
-grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # also right in a git worktree
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.devcarry/' "$exclude" 2>/dev/null || echo '/.devcarry/' >> "$exclude"
 du -sh .devcarry

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <string>
 
@@ -43,7 +44,8 @@ cublasHandle_t blas() {
 template <class F>
 __global__ void rows_kernel(F f, int64_t n) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     f(i);
   }
 }
@@ -63,7 +65,13 @@ const rows::Source* device_sources(const dev::DepthSource* src, int64_t S) {
   static thread_local rows::Source* buf = nullptr;
   static thread_local int64_t cap = 0;
   if (S > cap) {
-    if (buf) ATTNRES_CUDA_CHECK(cudaFree(buf));
+    if (buf) {
+      ATTNRES_CUDA_CHECK(cudaDeviceSynchronize());  // no kernel may still read the old array
+      rows::Source* old = buf;
+      buf = nullptr;  // never left pointing at freed memory, even if what follows throws
+      cap = 0;
+      ATTNRES_CUDA_CHECK(cudaFree(old));
+    }
     ATTNRES_CUDA_CHECK(cudaMalloc(&buf, sizeof(rows::Source) * S));
     cap = S;
   }
@@ -121,8 +129,15 @@ std::string describe_device(int dev) {
 
 template <class T>
 DeviceVec<T>::DeviceVec(int64_t n) : n_(n) {
-  if (n > 0) ATTNRES_CUDA_CHECK(cudaMalloc(&p_, sizeof(T) * static_cast<size_t>(n)));
-  if (n > 0) ATTNRES_CUDA_CHECK(cudaMemset(p_, 0, sizeof(T) * static_cast<size_t>(n)));
+  check(n >= 0, "internal: DeviceVec of negative size");
+  if (n == 0) return;
+  ATTNRES_CUDA_CHECK(cudaMalloc(&p_, sizeof(T) * static_cast<size_t>(n)));
+  const cudaError_t e = cudaMemset(p_, 0, sizeof(T) * static_cast<size_t>(n));
+  if (e != cudaSuccess) {  // the destructor does not run for a constructor that throws
+    cudaFree(p_);
+    p_ = nullptr;
+    check_cuda(e, "cudaMemset(p_, 0, bytes)");
+  }
 }
 template <class T>
 DeviceVec<T>::DeviceVec(const std::vector<T>& host) : DeviceVec(static_cast<int64_t>(host.size())) {
@@ -136,7 +151,8 @@ template <class T>
 void DeviceVec<T>::upload(const std::vector<T>& host) {
   check(static_cast<int64_t>(host.size()) == n_, "internal: DeviceVec upload of the wrong size");
   if (n_ > 0) {
-    ATTNRES_CUDA_CHECK(cudaMemcpy(p_, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice));
+    ATTNRES_CUDA_CHECK(
+        cudaMemcpy(p_, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice));
   }
 }
 template <class T>
@@ -174,47 +190,60 @@ void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* in
   launch(rows::RmsNormBackwardGain{dg, dout, inp, rstd, N, C}, C);
 }
 
+// cuBLAS takes int dimensions.
+int dim(int64_t x) {
+  check(x >= 0 && x <= INT_MAX, "matrix dimension " + std::to_string(x) +
+                                    " is outside cuBLAS's int range; use smaller batches");
+  return static_cast<int>(x);
+}
+
 // Row-major X (r, c) is column-major X^T; see the derivations beside each call.
-void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
-                    int64_t OC, bool accumulate) {
+void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC, int64_t OC,
+                    bool accumulate) {
+  const int n = dim(N), ic = dim(IC), oc = dim(OC);
+  if (N == 0 || OC == 0) return;
+  if (IC == 0) {  // an empty sum (cuBLAS rejects a leading dimension of 0)
+    if (!accumulate) ATTNRES_CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * N * OC));
+    return;
+  }
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   // out^T (OC,N) = w (OC,IC) . inp^T (IC,N): w is stored as w^T column-major -> op T.
-  ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(OC),
-                                   static_cast<int>(N), static_cast<int>(IC), &one, w,
-                                   static_cast<int>(IC), inp, static_cast<int>(IC), &beta, out,
-                                   static_cast<int>(OC)));
+  ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &one, w, ic, inp,
+                                   ic, &beta, out, oc));
 }
 void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                      int64_t N, int64_t IC, int64_t OC) {
+  const int n = dim(N), ic = dim(IC), oc = dim(OC);
+  if (N == 0 || IC == 0 || OC == 0) return;  // nothing to add
   const float one = 1.0f;
   if (dinp) {
     // dinp^T (IC,N) += w^T (IC,OC) . dout^T (OC,N)
-    ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(IC),
-                                     static_cast<int>(N), static_cast<int>(OC), &one, w,
-                                     static_cast<int>(IC), dout, static_cast<int>(OC), &one, dinp,
-                                     static_cast<int>(IC)));
+    ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &one, w, ic, dout,
+                                     oc, &one, dinp, ic));
   }
   if (dw) {
     // dw^T (IC,OC) += inp^T (IC,N) . dout (N,OC)
-    ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(IC),
-                                     static_cast<int>(OC), static_cast<int>(N), &one, inp,
-                                     static_cast<int>(IC), dout, static_cast<int>(OC), &one, dw,
-                                     static_cast<int>(IC)));
+    ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &one, inp, ic,
+                                     dout, oc, &one, dw, ic));
   }
 }
 
 void to_bf16(uint16_t* out, const float* in, int64_t n) { launch(rows::ToBf16{out, in}, n); }
 void from_bf16(float* out, const uint16_t* in, int64_t n) { launch(rows::FromBf16{out, in}, n); }
 
-void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* w, int64_t N,
-                         int64_t IC, int64_t OC, bool accumulate) {
+void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* w, int64_t N, int64_t IC,
+                         int64_t OC, bool accumulate) {
+  const int n = dim(N), ic = dim(IC), oc = dim(OC);
+  if (N == 0 || OC == 0) return;
+  if (IC == 0) {
+    if (!accumulate) ATTNRES_CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * N * OC));
+    return;
+  }
   const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   // As matmul_forward: out^T (OC,N) = w (OC,IC) . inp^T (IC,N), bf16 inputs, fp32 out/compute.
-  ATTNRES_CUBLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(OC),
-                                    static_cast<int>(N), static_cast<int>(IC), &one, w, CUDA_R_16BF,
-                                    static_cast<int>(IC), inp, CUDA_R_16BF, static_cast<int>(IC),
-                                    &beta, out, CUDA_R_32F, static_cast<int>(OC),
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  ATTNRES_CUBLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &one, w,
+                                    CUDA_R_16BF, ic, inp, CUDA_R_16BF, ic, &beta, out, CUDA_R_32F,
+                                    oc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
@@ -223,8 +252,7 @@ void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, i
 }
 void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
                    int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) {
-  launch(rows::Rope{dx, cos_t, sin_t, T, n_heads, hd, ld, pos0, -1.0f},
-         B * T * n_heads * (hd / 2));
+  launch(rows::Rope{dx, cos_t, sin_t, T, n_heads, hd, ld, pos0, -1.0f}, B * T * n_heads * (hd / 2));
 }
 
 void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) {
@@ -280,9 +308,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                   const AdamStep& k) {
-  launch(rows::AdamW{p, g, m, v, k.b1, k.b2, k.step_size, k.inv_bc2_sqrt, k.eps, k.grad_scale,
-                     decay},
-         n);
+  launch(
+      rows::AdamW{p, g, m, v, k.b1, k.b2, k.step_size, k.inv_bc2_sqrt, k.eps, k.grad_scale, decay},
+      n);
 }
 
 }  // namespace dev
