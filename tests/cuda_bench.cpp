@@ -1,29 +1,37 @@
-// GPU timings for tools/device_check.sh (built with -DATTNRES_CUDA=ON): cuBLAS fp32 GEMM
-// throughput and the AttnRes depth-mix kernels at a training shape, as one short table. Prints the
-// reason and exits 0 where no GPU is present.
+// GPU timings for tools/device_check.sh (built with -DATTNRES_CUDA=ON), as one short table: cuBLAS
+// fp32 GEMM throughput, the AttnRes depth-mix kernels at a training shape, and whole training
+// steps (forward, backward, AdamW) of a GPT-2-small-sized model with each residual mode, measured
+// side by side in one run. Prints the reason and exits 0 where no GPU is present.
+// Usage: cuda_bench [--quick]   (--quick: a smaller model, for a first look)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "attnres/backend.hpp"
 #include "attnres/cuda.hpp"
-#include "cuda/device.hpp"
+#include "attnres/model.hpp"
+#include "attnres/optim.hpp"
+#include "attnres/train.hpp"
+#include "core/backend.hpp"
+#include "core/rng.hpp"
 
 using namespace attnres;
 
 namespace {
 
 // Median of `reps` timed runs after one warm-up, in milliseconds.
-double time_ms(const std::function<void()>& f, int reps = 10) {
+double time_ms(Backend& be, const std::function<void()>& f, int reps = 10) {
   f();
-  cuda::synchronize();
+  be.synchronize();
   std::vector<double> t;
   for (int i = 0; i < reps; i++) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    cuda::synchronize();
+    be.synchronize();
     t.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -31,49 +39,100 @@ double time_ms(const std::function<void()>& f, int reps = 10) {
   return t[t.size() / 2];
 }
 
+DevBuf<float> buffer(Backend& be, int64_t n) {
+  DevBuf<float> b;
+  b.on(&be).resize(static_cast<size_t>(n));
+  return b;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   std::string why;
   if (cuda::device_count(&why) == 0) {
     std::printf("cuda_bench: %s\n", why.c_str());
     return 0;
   }
+  auto bep = make_backend("cuda");
+  Backend& be = *bep;
   std::printf("device: %s\n", cuda::describe_device().c_str());
-  std::printf("| kernel | shape | ms | rate |\n|---|---|---|---|\n");
+  std::printf("| what | shape | ms | rate |\n|---|---|---|---|\n");
   {
     const int64_t n = 4096;
-    cuda::DeviceVec<float> a(n * n), b(n * n), c(n * n);
-    const double ms =
-        time_ms([&] { cuda::dev::matmul_forward(c.data(), a.data(), b.data(), n, n, n); });
+    auto a = buffer(be, n * n), b = buffer(be, n * n), c = buffer(be, n * n);
+    const double ms = time_ms(be, [&] { be.matmul_forward(c.data(), a.data(), b.data(), n, n, n); });
     std::printf("| sgemm (cuBLAS, fp32) | %lld^3 | %.3f | %.1f TFLOP/s |\n",
                 static_cast<long long>(n), ms, 2.0 * n * n * n / ms / 1e9);
   }
   {
     const int64_t N = 8192, d = 1024, S = 9;  // 8 sequences of 1024 tokens, d 1024, 9 sources
-    std::vector<cuda::DeviceVec<float>> v, r, dv;
-    std::vector<cuda::dev::DepthSource> src;
+    std::vector<DevBuf<float>> v, r, dv;
+    std::vector<ops::DepthSource> src;
     for (int64_t i = 0; i < S; i++) {
-      v.emplace_back(N * d);
-      r.emplace_back(N);
-      dv.emplace_back(N * d);
+      v.push_back(buffer(be, N * d));
+      r.push_back(buffer(be, N));
+      dv.push_back(buffer(be, N * d));
     }
     for (int64_t i = 0; i < S; i++) src.push_back({v[i].data(), r[i].data(), dv[i].data()});
-    cuda::DeviceVec<float> q(d), dq(d), x(N * d), lse(N), dx(N * d);
-    cuda::dev::DepthMix m;
+    auto q = buffer(be, d), dq = buffer(be, d), x = buffer(be, N * d), lse = buffer(be, N),
+         dx = buffer(be, N * d);
+    ops::DepthMix m;
     m.d = d;
     const double bytes_f = 4.0 * (S + 1) * N * d, bytes_b = 4.0 * (3 * S + 2) * N * d;
-    const double f = time_ms([&] {
-      cuda::dev::depth_mix_forward(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
+    const double f = time_ms(be, [&] {
+      be.depth_mix_forward(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
     });
-    const double bw = time_ms([&] {
-      cuda::dev::depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), src.data(), S,
-                                    q.data(), 0, m, N);
+    const double bw = time_ms(be, [&] {
+      be.depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), src.data(), S, q.data(),
+                            0, m, N);
     });
     std::printf("| depth mix forward | N %lld, d %lld, %lld sources | %.3f | %.0f GB/s |\n",
                 static_cast<long long>(N), static_cast<long long>(d), static_cast<long long>(S), f,
                 bytes_f / f / 1e6);
     std::printf("| depth mix backward | same | %.3f | %.0f GB/s |\n", bw, bytes_b / bw / 1e6);
+  }
+  // Whole fp32 training steps: GPT-2 small shapes (124M parameters with its 50257-token
+  // vocabulary), B x T tokens per step.
+  ModelConfig cfg;
+  cfg.n_layer = quick ? 4 : 12;
+  cfg.d_model = 768;
+  cfg.n_head = 12;
+  cfg.ffn_hidden = 2048;
+  cfg.vocab_size = quick ? 8192 : 50257;
+  const int64_t B = 8, T = 512;
+  cfg.max_seq_len = T;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  Rng rng(1);
+  for (size_t i = 0; i < tok.size(); i++) {
+    tok[i] = static_cast<int32_t>(rng.next_u64() % cfg.vocab_size);
+    tgt[i] = static_cast<int32_t>(rng.next_u64() % cfg.vocab_size);
+  }
+  double base_ms = 0;
+  for (const char* mode : {"prenorm", "block", "full"}) {
+    cfg.residual.mode = mode;
+    cfg.residual.block_size = 4;
+    Model model(cfg, bep);
+    model.init_weights(1);
+    AdamW opt(model.layout(), AdamWConfig{}, &be);
+    double loss = 0;
+    const double ms = time_ms(
+        be,
+        [&] {
+          model.zero_grad();
+          loss = model.forward(tok.data(), tgt.data(), B, T);
+          model.backward();
+          opt.step(model.params(), model.grads(), 1e-4);
+        },
+        5);
+    if (base_ms == 0) base_ms = ms;
+    const double tflops = train_flops_per_token(model.config(), T) * B * T / ms / 1e9;
+    std::printf(
+        "| train step fp32, %s | %lld params, L %lld, d 768, %lldx%lld tokens | %.1f | %.0f "
+        "tok/s, %.1f TFLOP/s, %.3fx baseline, loss %.3f |\n",
+        mode, static_cast<long long>(model.num_params()), static_cast<long long>(cfg.n_layer),
+        static_cast<long long>(B), static_cast<long long>(T), ms, B * T / ms * 1e3, tflops,
+        ms / base_ms, loss);
   }
   return 0;
 }

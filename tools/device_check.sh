@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check for a lent device machine (one short run; well under 8 minutes): the CUDA tests
-# (every device kernel against the CPU ops) and the GPU benchmark, then a short table last.
+# (every backend op against the CPU ops, whole models and a training run against the CPU model)
+# and the GPU benchmark, then a short table last.
 # Uses the binaries tools/device_prepare.sh put in .devcarry/ (carry it); without them it builds
 # with scripts/cuda_build.sh, which needs the project's build dependencies on that machine.
 # Copies its logs to $OUT when set (the device tool's output folder).
@@ -18,8 +19,10 @@ LOG=${OUT:-/tmp}/device_check
 mkdir -p "$LOG"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
   > "$LOG/gpu.txt" 2>&1 || echo "nvidia-smi failed" > "$LOG/gpu.txt"
-"$BIN/test_cuda" > "$LOG/test_cuda.txt" 2>&1
-tests_rc=$?
+tests_rc=0
+for t in test_cuda test_backend test_backend_model; do
+  timeout 180 "$BIN/$t" >> "$LOG/test_cuda.txt" 2>&1 || tests_rc=1
+done
 timeout 240 "$BIN/cuda_bench" > "$LOG/cuda_bench.txt" 2>&1
 bench_rc=$?
 cat "$LOG/test_cuda.txt" | grep -E "^\[  (FAILED|SKIPPED) |Expected|actual|Which is" | head -40
@@ -28,7 +31,7 @@ echo "=== device_check ($((SECONDS - t0)) s) ==="
 echo "gpu: $(cat "$LOG/gpu.txt")"
 skipped=$(grep -cE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$LOG/test_cuda.txt")
 echo "tests: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$LOG/test_cuda.txt" | tr '\n' ' ')" \
-     "(exit $tests_rc); skipped: $skipped"
+     "(failed: $tests_rc); skipped: $skipped"
 echo "bench (exit $bench_rc):"
 cat "$LOG/cuda_bench.txt"
 # On the GPU machine a skipped GPU test means the GPU was not usable: that is a failed check.

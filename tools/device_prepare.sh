@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a GPU check on a device machine that cannot build attnres itself (no Debian -dev
 # packages there, nothing can be fetched): builds the CUDA backend here (scripts/cuda_build.sh)
-# and gathers the GPU test and benchmark binaries with the shared libraries they need that a CUDA
+# and gathers the GPU test and benchmark binaries (test_cuda, test_backend, test_backend_model,
+# cuda_bench) with the shared libraries they need that a CUDA
 # image may lack (oneDNN, its OpenCL loader, GNU OpenMP) into .devcarry/ (git-ignored, about
 # 40 MB). Then run tools/device_check.sh there with .devcarry carried (device tool: carry
 # [".devcarry"]).
@@ -10,7 +11,8 @@ cd "$(dirname "$0")/.."
 # Portable CPU code (kernels chosen at run time): the GPU machine's CPU may lack this one's AVX-512.
 bash scripts/cuda_build.sh -DATTNRES_NATIVE=OFF
 rm -rf .devcarry && mkdir -p .devcarry/lib
-cp build-cuda/tests/test_cuda build-cuda/tests/cuda_bench .devcarry/
+cp build-cuda/tests/test_cuda build-cuda/tests/test_backend build-cuda/tests/test_backend_model \
+  build-cuda/tests/cuda_bench .devcarry/
 for lib in $(ldd build-cuda/tests/test_cuda | awk '/=>/ {print $3}'); do
   case "$(basename "$lib")" in
     libdnnl.so*|libOpenCL.so*|libgomp.so*|libsentencepiece*.so*|libprotobuf*.so*)

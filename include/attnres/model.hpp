@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "attnres/buffer.hpp"
+#include "attnres/backend.hpp"
 #include "attnres/config.hpp"
 #include "attnres/params.hpp"
 
@@ -23,8 +23,10 @@ struct SourceStore;
 
 class Model {
  public:
-  // Validates cfg (throws Error) and allocates parameters and gradients, all zero.
-  explicit Model(ModelConfig cfg);
+  // Validates cfg (throws Error) and allocates parameters and gradients, all zero, on backend
+  // `be` (attnres/backend.hpp; null: the CPU). Error when the residual mode or an option does
+  // not run on that backend yet.
+  explicit Model(ModelConfig cfg, std::shared_ptr<Backend> be = nullptr);
   ~Model();
   // The parameter layout (names, shapes, offsets) a model of cfg has, without allocating it: lets
   // a loader check a file's tensors against a config before trusting the config's sizes.
@@ -34,13 +36,24 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
+  Backend& backend() const { return *be_; }
+  const std::shared_ptr<Backend>& backend_ptr() const { return be_; }
+  // True when params(), grads() and logits() are host memory (the CPU backend).
+  bool on_cpu() const;
+  // The flat parameters and gradients, in the backend's memory.
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
+  const float* grads() const { return grads_.data(); }
   int64_t num_params() const { return layout_.count(); }
   // Start of the named tensor in params(); throws std::out_of_range for an unknown name.
   float* param(const std::string& name);
   const float* param(const std::string& name) const;
+  // Host copies of the parameters / gradients (any backend), and the parameters set from host
+  // memory (layout().total() floats).
+  std::vector<float> params_to_host() const;
+  std::vector<float> grads_to_host() const;
+  void params_from_host(const float* host);
 
   // Deterministic initialisation from seed: linear weights N(0, 0.02), output projections (wo, w2)
   // scaled by 1/sqrt(2 n_layer), embeddings N(0, 0.02), norm gains 1; the residual mode's own
@@ -52,7 +65,8 @@ class Model {
   // cross-entropy; with targets == nullptr returns 0 and only computes logits.
   // Keeps the activations backward() needs.
   double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
-  // (B,T,V) logits of the last forward. backward() overwrites them with their gradient.
+  // (B,T,V) logits of the last forward, in the backend's memory. backward() overwrites them
+  // with their gradient.
   const float* logits() const;
   // Sets all gradients to zero.
   void zero_grad();
@@ -123,8 +137,9 @@ class Model {
   size_t n_core_entries_ = 0;  // layout entries before the router's own
   bool record_stats_ = false;
   SublayerStats stats_;
-  FloatBuf params_, grads_;                 // on huge pages where available (attnres/buffer.hpp)
-  std::vector<float> rope_cos_, rope_sin_;  // (max_seq_len, hd/2)
+  std::shared_ptr<Backend> be_;
+  DevBuf<float> params_, grads_;        // (CPU: on huge pages where available)
+  DevBuf<float> rope_cos_, rope_sin_;  // (max_seq_len, hd/2)
   std::unique_ptr<StagePass>
       main_;  // forward()/backward(): all sublayers, the router's own sources
 };

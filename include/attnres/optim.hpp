@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "attnres/buffer.hpp"
+#include "attnres/backend.hpp"
 #include "attnres/params.hpp"
 
 namespace attnres {
@@ -50,20 +50,24 @@ double clip_grad_norm(float* grads, int64_t n, double max_norm);
 //
 // A sharded AdamW (ZeRO stage 1) owns the moments of the flat parameter range [begin, end) only,
 // and its step() updates only those parameters, with exactly the arithmetic of the full one.
+// The moments live on backend `be` (null: the CPU), where step() runs: params and grads must be
+// that backend's memory (Model::params() of a model on it).
 class AdamW {
  public:
-  AdamW(const ParamLayout& layout, AdamWConfig cfg);
+  AdamW(const ParamLayout& layout, AdamWConfig cfg, Backend* be = nullptr);
   // The shard [begin, end) of the flat parameters (0 <= begin <= end <= layout.total()).
-  AdamW(const ParamLayout& layout, AdamWConfig cfg, int64_t begin, int64_t end);
+  AdamW(const ParamLayout& layout, AdamWConfig cfg, int64_t begin, int64_t end,
+        Backend* be = nullptr);
   // One update with learning rate lr on the gradients grads * grad_scale (the scale is applied
   // as one float multiply per element, exactly like scaling the gradients first); increments
   // step().
   void step(float* params, const float* grads, double lr, float grad_scale = 1.0f);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
-  // Moments of the owned range: m()[i] belongs to flat parameter begin() + i.
-  FloatBuf& m() { return m_; }
-  FloatBuf& v() { return v_; }
+  // Moments of the owned range, in the backend's memory: element i belongs to flat parameter
+  // begin() + i.
+  DevBuf<float>& m() { return m_; }
+  DevBuf<float>& v() { return v_; }
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
   bool sharded() const { return begin_ != 0 || end_ != layout_.total(); }
@@ -73,7 +77,8 @@ class AdamW {
   const ParamLayout& layout_;
   AdamWConfig cfg_;
   int64_t begin_ = 0, end_ = 0;
-  FloatBuf m_, v_;
+  Backend* be_ = nullptr;
+  DevBuf<float> m_, v_;
   int64_t t_ = 0;
 };
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "attnres/buffer.hpp"
+#include "attnres/backend.hpp"
 #include "attnres/config.hpp"
 #include "attnres/params.hpp"
 
@@ -36,20 +36,21 @@ namespace attnres {
 // sources it receives and the stages add the ones they form.
 struct SourceStore {
   struct Entry {
-    FloatBuf v, r, g;
+    DevBuf<float> v, r, g;  // in the backend's memory
     bool present = false;   // v holds this micro-batch's value
     bool has_rstd = false;  // r is computed from v
   };
   std::vector<Entry> e;
+  Backend* be = nullptr;  // where the entries live (null: the CPU)
 
   // Entry id sized for n rows of width d and H heads; a newly present entry gets a zero gradient.
   Entry& ensure(int64_t id, int64_t n, int64_t d, int64_t H) {
     if (static_cast<int64_t>(e.size()) <= id) e.resize(static_cast<size_t>(id + 1));
     Entry& x = e[static_cast<size_t>(id)];
     if (!x.present) {
-      x.v.resize(static_cast<size_t>(n * d));
-      x.r.resize(static_cast<size_t>(n * H));
-      x.g.assign(static_cast<size_t>(n * d), 0.0f);
+      x.v.on(be).resize(static_cast<size_t>(n * d));
+      x.r.on(be).resize(static_cast<size_t>(n * H));
+      x.g.on(be).assign_zero(static_cast<size_t>(n * d));
       x.present = true;
       x.has_rstd = false;
     }
@@ -133,8 +134,9 @@ class DepthRouter {
   virtual void begin_backward_stage() {}
 };
 
-// Builds the router for cfg.residual.mode (prenorm, full, block, static, denseformer). Throws
-// Error on an unknown mode.
-std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg);
+// Builds the router for cfg.residual.mode (prenorm, full, block, static, denseformer) whose
+// buffers and ops live on backend `be` (null: the CPU). Throws Error on an unknown mode, or one
+// that does not run on that backend yet.
+std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg, Backend* be = nullptr);
 
 }  // namespace attnres

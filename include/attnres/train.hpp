@@ -61,6 +61,9 @@ struct TrainConfig {
   int64_t pipeline = 1;
   int64_t virtual_stages = 1;
   std::string pipeline_comm = "cached";
+  // Where the model trains (attnres/backend.hpp): cpu, cuda or cuda-host. A runtime choice too;
+  // other than cpu: one process, no pipeline.
+  std::string device = "cpu";
 
   void validate() const;  // throws Error naming the field
   std::string to_json() const;

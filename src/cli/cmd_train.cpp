@@ -181,6 +181,12 @@ void add_train(CLI::App& app) {
                 "every time)")
       ->check(CLI::IsMember({"cached", "naive"}))
       ->capture_default_str();
+  s->add_option("--device", a->cfg.device,
+                "Where the model trains: cpu; cuda (an NVIDIA GPU, in a build with "
+                "-DATTNRES_CUDA=ON); cuda-host (the CUDA kernels emulated on the CPU: slow, for "
+                "tests). Not cpu: one process, no --pipeline or --zero1")
+      ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
+      ->capture_default_str();
   s->add_option("--dist-timeout", d->timeout_s,
                 "Multi-process runs: seconds a rank may wait for the others in one collective "
                 "before the job is aborted (0 = wait forever)")

@@ -1,10 +1,12 @@
 // attnres/cuda.hpp in a build without the CUDA backend (ATTNRES_CUDA=OFF, the default).
 #include "attnres/cuda.hpp"
+#include "attnres/error.hpp"
+#include "core/backend.hpp"
 
 namespace attnres::cuda {
 
 namespace {
-const char* kWhy =
+const char* const kWhy =
     "this attnres was built without CUDA: configure with -DATTNRES_CUDA=ON (needs nvcc and "
     "cuBLAS, e.g. scripts/cuda_build.sh)";
 }
@@ -19,3 +21,11 @@ int device_count(std::string* why) {
 std::string describe_device(int) { return kWhy; }
 
 }  // namespace attnres::cuda
+
+namespace attnres {
+
+std::shared_ptr<Backend> make_cuda_backend() {
+  throw Error(std::string("device cuda is unavailable: ") + cuda::kWhy);
+}
+
+}  // namespace attnres

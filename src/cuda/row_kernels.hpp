@@ -29,6 +29,43 @@ void run_rows_host(const F& f, int64_t n) {
   for (int64_t i = 0; i < n; i++) f(i);
 }
 
+// ---- elementwise ----  index i of n
+struct Add {  // dst = a + b (dst may be a or b)
+  float* dst;
+  const float* a;
+  const float* b;
+  ATTNRES_HD void operator()(int64_t i) const { dst[i] = a[i] + b[i]; }
+};
+struct Mul {  // dst = a * b
+  float* dst;
+  const float* a;
+  const float* b;
+  ATTNRES_HD void operator()(int64_t i) const { dst[i] = a[i] * b[i]; }
+};
+struct AddProduct {  // dst += a * b
+  float* dst;
+  const float* a;
+  const float* b;
+  ATTNRES_HD void operator()(int64_t i) const { dst[i] += a[i] * b[i]; }
+};
+struct Scale {  // x *= s
+  float* x;
+  float s;
+  ATTNRES_HD void operator()(int64_t i) const { x[i] *= s; }
+};
+// index c: out[c] = sum of x[i]^2 over chunk c of x (n), in double.
+struct SumSquares {
+  double* out;
+  const float* x;
+  int64_t n, chunk;
+  ATTNRES_HD void operator()(int64_t c) const {
+    double s = 0.0;
+    const int64_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+    for (int64_t i = c * chunk; i < end; i++) s += static_cast<double>(x[i]) * x[i];
+    out[c] = s;
+  }
+};
+
 // ---- embedding ----
 // index n: out (N,C) row n = wte[ids[n]]
 struct EmbeddingForward {

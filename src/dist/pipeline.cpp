@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "attnres/dist.hpp"
+#include "attnres/buffer.hpp"
 #include "attnres/error.hpp"
 
 namespace attnres::pipe {
@@ -315,7 +316,7 @@ double Pipeline::step(const std::vector<const int32_t*>& inputs,
       Impl::Pack& pack = im.free_pack(comm_);
       pack.buf.resize(static_cast<size_t>((hi - lo) * nd));
       for (int64_t id = lo; id < hi; id++) {
-        FloatBuf& g = st.e[static_cast<size_t>(id)].g;
+        DevBuf<float>& g = st.e[static_cast<size_t>(id)].g;
         std::memcpy(pack.buf.data() + (id - lo) * nd, g.data(), sizeof(float) * g.size());
         std::memset(g.data(), 0, sizeof(float) * g.size());  // handed off: never counted twice
       }

@@ -17,13 +17,17 @@ void save_model(const std::string& path, const Model& model, const Metadata& met
   for (const auto& [k, v] : meta) w.set_metadata(k, v);
   w.set_metadata("format", kModelFormat);
   w.set_metadata("config", model.config().to_json());
-  for (const ParamEntry& e : model.layout().entries()) {
-    w.add_f32(e.name, e.shape, model.params() + e.offset);
-  }
+  // A model on a device is written from a host copy.
+  const std::vector<float> host = model.on_cpu() ? std::vector<float>() : model.params_to_host();
+  const float* p = model.on_cpu() ? model.params() : host.data();
+  for (const ParamEntry& e : model.layout().entries()) w.add_f32(e.name, e.shape, p + e.offset);
   w.write(path);
 }
 
 void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra) {
+  // A model on a device is read into a host copy, uploaded once every tensor checked out.
+  std::vector<float> host(model.on_cpu() ? 0 : model.layout().total());
+  float* p = model.on_cpu() ? model.params() : host.data();
   std::set<std::string> expected;
   for (const ParamEntry& e : model.layout().entries()) {
     expected.insert(e.name);
@@ -32,7 +36,7 @@ void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra) {
                   "' that this model configuration needs; was it saved with a different "
                   "config (tied/untied head, residual mode, layer count)?");
     }
-    r.read_f32(e.name, e.shape, model.params() + e.offset);
+    r.read_f32(e.name, e.shape, p + e.offset);
   }
   if (!allow_extra) {
     for (const std::string& n : r.names()) {
@@ -43,6 +47,7 @@ void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra) {
       }
     }
   }
+  if (!model.on_cpu()) model.params_from_host(host.data());
 }
 
 std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta, int64_t max_seq_len) {
@@ -89,9 +94,14 @@ void save_optimizer(const std::string& path, const Model& model, AdamW& opt, con
   for (const auto& [k, v] : meta) w.set_metadata(k, v);
   w.set_metadata("format", kOptimFormat);
   w.set_metadata("adam_steps", std::to_string(opt.steps_taken()));
+  const bool host = model.on_cpu();  // else the moments are written from host copies
+  const std::vector<float> hm = host ? std::vector<float>() : opt.m().download();
+  const std::vector<float> hv = host ? std::vector<float>() : opt.v().download();
+  const float* m = host ? opt.m().data() : hm.data();
+  const float* v = host ? opt.v().data() : hv.data();
   for (const ParamEntry& e : model.layout().entries()) {
-    w.add_f32("m." + e.name, e.shape, opt.m().data() + e.offset);
-    w.add_f32("v." + e.name, e.shape, opt.v().data() + e.offset);
+    w.add_f32("m." + e.name, e.shape, m + e.offset);
+    w.add_f32("v." + e.name, e.shape, v + e.offset);
   }
   w.write(path);
 }
@@ -105,6 +115,8 @@ Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt)
     throw Error("'" + path + "' is not an attnres optimizer state (format '" +
                 std::string(kOptimFormat) + "' expected)");
   }
+  const bool host = model.on_cpu();  // else read into host copies, uploaded at the end
+  std::vector<float> hm(host ? 0 : opt.m().size()), hv(host ? 0 : opt.v().size());
   for (const ParamEntry& e : model.layout().entries()) {
     for (const char* k : {"m.", "v."}) {
       const std::string n = k + e.name;
@@ -112,9 +124,14 @@ Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt)
         throw Error("optimizer state '" + path + "' has no tensor '" + n +
                     "'; it belongs to a different model configuration");
       }
-      float* dst = (k[0] == 'm' ? opt.m() : opt.v()).data() + e.offset;
+      float* dst = (k[0] == 'm' ? (host ? opt.m().data() : hm.data())
+                                : (host ? opt.v().data() : hv.data())) + e.offset;
       r.read_f32(n, e.shape, dst);
     }
+  }
+  if (!host) {
+    opt.m().upload(hm.data(), hm.size());
+    opt.v().upload(hv.data(), hv.size());
   }
   try {
     opt.set_steps_taken(std::stoll(steps->second));

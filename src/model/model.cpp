@@ -1,5 +1,7 @@
-// The model's forward and backward passes: top to bottom like the math, ops from src/ops, the
-// residual path delegated to the DepthRouter (no `x + f(x)` here).
+// The model's forward and backward passes: top to bottom like the math, ops from the backend
+// (src/core/backend.hpp: src/ops on the CPU, src/cuda on a GPU), the residual path delegated to
+// the DepthRouter (no `x + f(x)` here). Tensors live in the backend's memory; only token ids
+// (validated here) and diagnostics pass through the host.
 #include "attnres/model.hpp"
 
 #include <algorithm>
@@ -8,9 +10,9 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "attnres/buffer.hpp"
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
+#include "core/backend.hpp"
 #include "core/profile.hpp"
 #include "core/rng.hpp"
 #include "model/layer_views.hpp"
@@ -25,50 +27,58 @@ struct Model::Acts {
   bool first = true, head = true;  // embeds the tokens / ends with the LM head and the loss
   int64_t B = 0, T = 0, cap_rows = 0, cap_att = 0;
   bool have_targets = false;
-  std::vector<int32_t> tokens, targets;  // (N)
-  FloatBuf emb;                          // (N,d)
-  FloatBuf xn_att, rstd_att;             // (nl,N,d), (nl,N)
-  FloatBuf qkv;                          // (nl,N,QKV) q|k|v after RoPE
-  FloatBuf att;                          // (nl,B,H,T,T) attention probabilities
-  FloatBuf atty;                         // (nl,N,H*hd) attention output before wo
-  FloatBuf xn_mlp, rstd_mlp;             // (nl,N,d), (nl,N)
-  FloatBuf h13;                          // (nl,N,2F) [w1 x | w3 x]
-  FloatBuf gate;                         // (nl,N,F) silu(h1) * h3
-  FloatBuf xf, rstd_f;                   // (N,d), (N) final norm
-  FloatBuf logits, lse;                  // (N,V), (N)
+  using Buf = DevBuf<float>;
+  DevBuf<int32_t> tokens, targets;  // (N)
+  Buf emb;                          // (N,d)
+  Buf xn_att, rstd_att;             // (nl,N,d), (nl,N)
+  Buf qkv;                          // (nl,N,QKV) q|k|v after RoPE
+  Buf att;                          // (nl,B,H,T,T) attention probabilities
+  Buf atty;                         // (nl,N,H*hd) attention output before wo
+  Buf xn_mlp, rstd_mlp;             // (nl,N,d), (nl,N)
+  Buf h13;                          // (nl,N,2F) [w1 x | w3 x]
+  Buf gate;                         // (nl,N,F) silu(h1) * h3
+  Buf xf, rstd_f;                   // (N,d), (N) final norm
+  Buf logits, lse;                  // (N,V), (N)
   // backward scratch, reused by every layer
-  FloatBuf d_a, d_b, d_c, d_att;
+  Buf d_a, d_b, d_c, d_att;
 };
 
 Model::StagePass::StagePass() = default;
 Model::StagePass::~StagePass() = default;
 
-Model::Model(ModelConfig cfg) : cfg_(std::move(cfg)) {
+Model::Model(ModelConfig cfg, std::shared_ptr<Backend> be)
+    : cfg_(std::move(cfg)), be_(be ? std::move(be) : cpu_backend()) {
   cfg_.resolve();
   cfg_.validate();
   main_ = std::make_unique<StagePass>();
-  main_->router = make_router(cfg_);
+  main_->router = make_router(cfg_, be_.get());
   build_layout();
-  params_.assign(layout_.total(), 0.0f);
-  grads_.assign(layout_.total(), 0.0f);
+  params_.on(be_.get()).assign_zero(layout_.total());
+  grads_.on(be_.get()).assign_zero(layout_.total());
   main_->router->bind(layout_, params_.data(), grads_.data());
   main_->first = 0;
   main_->last = cfg_.n_sublayers();
   main_->acts = std::make_unique<Acts>();
   main_->acts->nl = cfg_.n_layer;
   const int64_t half = cfg_.head_dim() / 2;
-  rope_cos_.resize(cfg_.max_seq_len * half);
-  rope_sin_.resize(cfg_.max_seq_len * half);
-  ops::rope_table(rope_cos_.data(), rope_sin_.data(), cfg_.max_seq_len, cfg_.head_dim(),
-                  cfg_.rope_theta);
+  std::vector<float> cos_t(cfg_.max_seq_len * half), sin_t(cfg_.max_seq_len * half);
+  ops::rope_table(cos_t.data(), sin_t.data(), cfg_.max_seq_len, cfg_.head_dim(), cfg_.rope_theta);
+  rope_cos_.on(be_.get()).upload(cos_t.data(), cos_t.size());
+  rope_sin_.on(be_.get()).upload(sin_t.data(), sin_t.size());
 }
+
+bool Model::on_cpu() const { return be_->is_cpu(); }
+
+std::vector<float> Model::params_to_host() const { return params_.download(); }
+std::vector<float> Model::grads_to_host() const { return grads_.download(); }
+void Model::params_from_host(const float* host) { be_->upload(params_.data(), host, sizeof(float) * params_.size()); }
 
 Model::~Model() = default;
 
 void Model::release_activations() {
   main_->acts = std::make_unique<Acts>();
   main_->acts->nl = cfg_.n_layer;
-  main_->router = make_router(cfg_);
+  main_->router = make_router(cfg_, be_.get());
   main_->router->bind(layout_, params_.data(), grads_.data());
 }
 
@@ -88,10 +98,11 @@ std::unique_ptr<Model::StagePass> Model::make_stage_pass(int64_t first, int64_t 
         "pipeline stage [" + std::to_string(first) + ", " + std::to_string(last) + ") of " +
             std::to_string(L) + " sublayers does not start and end on a multiple of " +
             std::to_string(u) + " sublayers (whole layers and whole blocks)");
+  check(on_cpu(), "pipeline stages run on the CPU only (for now), not on " + be_->name());
   auto p = std::make_unique<StagePass>();
   p->first = first;
   p->last = last;
-  p->router = make_router(cfg_);
+  p->router = make_router(cfg_, be_.get());
   p->router->bind(layout_, params_.data(), grads_.data());
   p->router->set_stage(first, last);
   p->acts = std::make_unique<Acts>();
@@ -163,10 +174,10 @@ const float* Model::param(const std::string& name) const {
 
 void Model::init_weights(uint64_t seed) {
   const double std_w = 0.02, std_out = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
-  std::fill(params_.begin(), params_.end(), 0.0f);
+  std::vector<float> host(layout_.total(), 0.0f);  // initialised on the host, then uploaded
   for (size_t k = 0; k < layout_.entries().size(); k++) {
     const ParamEntry& e = layout_.entries()[k];
-    float* w = params_.data() + e.offset;
+    float* w = host.data() + e.offset;
     // Each tensor gets its own stream derived from (seed, index), so adding a tensor later never
     // changes the others' values.
     Rng rng(splitmix64(seed) ^ splitmix64(0x5EED0000ull + k));
@@ -179,7 +190,8 @@ void Model::init_weights(uint64_t seed) {
     const double sd = is_out_proj ? std_out : std_w;
     for (int64_t i = 0; i < e.numel; i++) w[i] = static_cast<float>(sd * rng.normal());
   }
-  main_->router->init_params(params_.data());
+  main_->router->init_params(host.data());
+  params_from_host(host.data());
 }
 
 void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
@@ -198,29 +210,31 @@ void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
   a.cap_rows = std::max(a.cap_rows, N);
   a.cap_att = std::max(a.cap_att, att);
   const int64_t R = a.cap_rows, AT = a.cap_att;
-  a.tokens.resize(R);
-  a.targets.resize(R);
-  if (a.first) a.emb.resize(R * d);
-  a.xn_att.resize(nl * R * d);
-  a.rstd_att.resize(nl * R);
-  a.qkv.resize(nl * R * QKV);
-  a.att.resize(nl * AT);
-  a.atty.resize(nl * R * H * hd);
-  a.xn_mlp.resize(nl * R * d);
-  a.rstd_mlp.resize(nl * R);
-  a.h13.resize(nl * R * 2 * F);
-  a.gate.resize(nl * R * F);
+  Backend* be = be_.get();
+  auto grow = [be](auto& buf, int64_t n) { buf.on(be).resize(static_cast<size_t>(n)); };
+  grow(a.tokens, R);
+  grow(a.targets, R);
+  if (a.first) grow(a.emb, R * d);
+  grow(a.xn_att, nl * R * d);
+  grow(a.rstd_att, nl * R);
+  grow(a.qkv, nl * R * QKV);
+  grow(a.att, nl * AT);
+  grow(a.atty, nl * R * H * hd);
+  grow(a.xn_mlp, nl * R * d);
+  grow(a.rstd_mlp, nl * R);
+  grow(a.h13, nl * R * 2 * F);
+  grow(a.gate, nl * R * F);
   if (a.head) {
-    a.xf.resize(R * d);
-    a.rstd_f.resize(R);
-    a.logits.resize(R * V);
-    a.lse.resize(R);
+    grow(a.xf, R * d);
+    grow(a.rstd_f, R);
+    grow(a.logits, R * V);
+    grow(a.lse, R);
   }
   const int64_t widest = std::max({d, QKV, 2 * F, H * hd});
-  a.d_a.resize(R * widest);
-  a.d_b.resize(R * widest);
-  a.d_c.resize(R * widest);
-  a.d_att.resize(AT);
+  grow(a.d_a, R * widest);
+  grow(a.d_b, R * widest);
+  grow(a.d_c, R * widest);
+  grow(a.d_att, AT);
 }
 
 double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
@@ -233,6 +247,7 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
   ensure_acts(p, B, T);
   Acts& a = *p.acts;
   DepthRouter& router = *p.router;
+  Backend& be = *be_;
   const bool record_stats = record_stats_ && &p == main_.get();
   const int64_t N = B * T, d = cfg_.d_model, V = cfg_.vocab_size, F = cfg_.ffn_hidden;
   const ops::AttnShape as{B, T, cfg_.n_head, cfg_.n_kv_head, cfg_.head_dim()};
@@ -247,15 +262,15 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
       throw Error("target id " + std::to_string(targets[n]) + " is outside the vocabulary");
     }
   }
-  if (a.first) std::copy(tokens, tokens + N, a.tokens.begin());
+  if (a.first) be.upload(a.tokens.data(), tokens, sizeof(int32_t) * N);
   a.have_targets = targets != nullptr;
-  if (targets) std::copy(targets, targets + N, a.targets.begin());
+  if (targets) be.upload(a.targets.data(), targets, sizeof(int32_t) * N);
 
   const float* wte = param("tok_embeddings.weight");
   if (a.first) {
     {
       prof::Scope ps(prof::kEmbedding, prof::kForward);
-      ops::embedding_forward(a.emb.data(), tokens, wte, N, d);
+      be.embedding_forward(a.emb.data(), a.tokens.data(), wte, N, d);
     }
     prof::Scope ps(prof::kResidual, prof::kForward);
     router.begin(a.emb.data(), N);
@@ -267,11 +282,7 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
     stats_.input_rms.assign(cfg_.n_sublayers(), 0.0);
     stats_.output_rms.assign(cfg_.n_sublayers(), 0.0);
   }
-  auto rms = [&](const float* x) {
-    double ss = 0;
-    for (int64_t j = 0; j < N * d; j++) ss += double(x[j]) * x[j];
-    return std::sqrt(ss / static_cast<double>(N * d));
-  };
+  auto rms = [&](const float* x) { return std::sqrt(be.sum_squares(x, N * d) / double(N * d)); };
   auto record = [&](int64_t l) {  // before commit_output(l): the slot holds the output
     if (!record_stats) return;
     stats_.input_rms[l] = rms(router.input(l));
@@ -288,28 +299,28 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
     float* atty = a.atty.data() + j * N * HD;
     {
       prof::Scope ps(prof::kRmsNorm, prof::kForward);
-      ops::rmsnorm_forward(xn, a.rstd_att.data() + j * N, router.input(2 * i), w.attn_norm, N, d,
+      be.rmsnorm_forward(xn, a.rstd_att.data() + j * N, router.input(2 * i), w.attn_norm, N, d,
                            eps);
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
-      ops::matmul_forward(qkv, xn, w.wqkv, N, d, QKV);
+      be.matmul_forward(qkv, xn, w.wqkv, N, d, QKV);
     }
     {
       prof::Scope ps(prof::kRope, prof::kForward);
-      ops::rope_forward(qkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
+      be.rope_forward(qkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
     }
     {
       prof::Scope ps(prof::kRope, prof::kForward);
-      ops::rope_forward(qkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV, 0);
+      be.rope_forward(qkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV, 0);
     }
     {
       prof::Scope ps(prof::kAttention, prof::kForward);
-      ops::attention_forward(atty, att, qkv, as);
+      be.attention_forward(atty, att, qkv, as);
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
-      ops::matmul_forward(router.output_slot(2 * i), atty, w.wo, N, HD, d);
+      be.matmul_forward(router.output_slot(2 * i), atty, w.wo, N, HD, d);
     }
     record(2 * i);
     {
@@ -322,20 +333,20 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
     float* gate = a.gate.data() + j * N * F;
     {
       prof::Scope ps(prof::kRmsNorm, prof::kForward);
-      ops::rmsnorm_forward(xm, a.rstd_mlp.data() + j * N, router.input(2 * i + 1), w.ffn_norm, N, d,
+      be.rmsnorm_forward(xm, a.rstd_mlp.data() + j * N, router.input(2 * i + 1), w.ffn_norm, N, d,
                            eps);
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
-      ops::matmul_forward(h13, xm, w.w13, N, d, 2 * F);
+      be.matmul_forward(h13, xm, w.w13, N, d, 2 * F);
     }
     {
       prof::Scope ps(prof::kSwiglu, prof::kForward);
-      ops::swiglu_forward(gate, h13, N, F);
+      be.swiglu_forward(gate, h13, N, F);
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
-      ops::matmul_forward(router.output_slot(2 * i + 1), gate, w.w2, N, F, d);
+      be.matmul_forward(router.output_slot(2 * i + 1), gate, w.w2, N, F, d);
     }
     record(2 * i + 1);
     {
@@ -347,21 +358,21 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
   if (!a.head) return 0.0;
   {
     prof::Scope ps(prof::kRmsNorm, prof::kForward);
-    ops::rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router.final_hidden(), param("norm.weight"),
+    be.rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router.final_hidden(), param("norm.weight"),
                          N, d, eps);
   }
   const float* wout = cfg_.tied ? wte : param("output.weight");
   {
     prof::Scope ps(prof::kMatmul, prof::kForward);
-    ops::matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V);
+    be.matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V);
   }
   if (!targets) return 0.0;
-  return ops::cross_entropy_forward(nullptr, a.lse.data(), a.logits.data(), targets, N, V);
+  return be.cross_entropy_forward(a.lse.data(), a.logits.data(), a.targets.data(), N, V);
 }
 
 const float* Model::logits() const { return main_->acts->logits.data(); }
 
-void Model::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void Model::zero_grad() { be_->zero(grads_.data(), sizeof(float) * grads_.size()); }
 
 void Model::backward() { run_backward(*main_); }
 
@@ -376,10 +387,11 @@ void Model::run_backward(StagePass& p) {
   const int64_t F = cfg_.ffn_hidden;
   const ops::AttnShape as{B, T, cfg_.n_head, cfg_.n_kv_head, cfg_.head_dim()};
   const int64_t QKV = as.ld(), HD = as.H * as.hd;
+  Backend& be = *be_;
   float* G = grads_.data();
   auto grad_of = [&](const float* w) { return G + (w - params_.data()); };
-  auto zeroed = [](FloatBuf& v, int64_t n) {
-    std::memset(v.data(), 0, sizeof(float) * n);
+  auto zeroed = [&](DevBuf<float>& v, int64_t n) {
+    be.zero(v.data(), sizeof(float) * n);
     return v.data();
   };
 
@@ -389,20 +401,20 @@ void Model::run_backward(StagePass& p) {
     float* dlogits = a.logits.data();
     {
       prof::Scope ps(prof::kCrossEntropy, prof::kBackward);
-      ops::cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), a.targets.data(), N, V,
-                                  1.0f / static_cast<float>(N));
+      be.cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), a.targets.data(), N, V,
+                                1.0f / static_cast<float>(N));
     }
     const float* wout = cfg_.tied ? wte : param("output.weight");
     float* dxf = zeroed(a.d_a, N * d);
     {
       prof::Scope ps(prof::kMatmul, prof::kBackward);
-      ops::matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V);
+      be.matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V);
     }
     float* dh = zeroed(a.d_b, N * d);
     const float* gnorm = param("norm.weight");
     {
       prof::Scope ps(prof::kRmsNorm, prof::kBackward);
-      ops::rmsnorm_backward(dh, grad_of(gnorm), dxf, router.final_hidden(), gnorm, a.rstd_f.data(),
+      be.rmsnorm_backward(dh, grad_of(gnorm), dxf, router.final_hidden(), gnorm, a.rstd_f.data(),
                             N, d);
     }
     {
@@ -428,23 +440,23 @@ void Model::run_backward(StagePass& p) {
       float* dgate = zeroed(a.d_a, N * F);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        ops::matmul_backward(dgate, grad_of(w.w2), dy, a.gate.data() + j * N * F, w.w2, N, F, d);
+        be.matmul_backward(dgate, grad_of(w.w2), dy, a.gate.data() + j * N * F, w.w2, N, F, d);
       }
       float* dh13 = zeroed(a.d_b, N * 2 * F);
       {
         prof::Scope ps(prof::kSwiglu, prof::kBackward);
-        ops::swiglu_backward(dh13, dgate, a.h13.data() + j * N * 2 * F, N, F);
+        be.swiglu_backward(dh13, dgate, a.h13.data() + j * N * 2 * F, N, F);
       }
       float* dxn = zeroed(a.d_c, N * d);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        ops::matmul_backward(dxn, grad_of(w.w13), dh13, a.xn_mlp.data() + j * N * d, w.w13, N, d,
+        be.matmul_backward(dxn, grad_of(w.w13), dh13, a.xn_mlp.data() + j * N * d, w.w13, N, d,
                              2 * F);
       }
       float* dx = router.grad_input_slot(l);
       {
         prof::Scope ps(prof::kRmsNorm, prof::kBackward);
-        ops::rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router.input(l), w.ffn_norm,
+        be.rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router.input(l), w.ffn_norm,
                               a.rstd_mlp.data() + j * N, N, d);
       }
       {
@@ -463,33 +475,33 @@ void Model::run_backward(StagePass& p) {
       float* datty = zeroed(a.d_a, N * HD);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        ops::matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + j * N * HD, w.wo, N, HD, d);
+        be.matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + j * N * HD, w.wo, N, HD, d);
       }
       float* dqkv = zeroed(a.d_b, N * QKV);
       {
         prof::Scope ps(prof::kAttention, prof::kBackward);
-        ops::attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + j * N * QKV,
+        be.attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + j * N * QKV,
                                 a.att.data() + j * a.cap_att, as);
       }
       {
         prof::Scope ps(prof::kRope, prof::kBackward);
-        ops::rope_backward(dqkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
+        be.rope_backward(dqkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
       }
       {
         prof::Scope ps(prof::kRope, prof::kBackward);
-        ops::rope_backward(dqkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV,
+        be.rope_backward(dqkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV,
                            0);
       }
       float* dxn = zeroed(a.d_c, N * d);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        ops::matmul_backward(dxn, grad_of(w.wqkv), dqkv, a.xn_att.data() + j * N * d, w.wqkv, N, d,
+        be.matmul_backward(dxn, grad_of(w.wqkv), dqkv, a.xn_att.data() + j * N * d, w.wqkv, N, d,
                              QKV);
       }
       float* dx = router.grad_input_slot(l);
       {
         prof::Scope ps(prof::kRmsNorm, prof::kBackward);
-        ops::rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router.input(l), w.attn_norm,
+        be.rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router.input(l), w.attn_norm,
                               a.rstd_att.data() + j * N, N, d);
       }
       {
@@ -505,11 +517,13 @@ void Model::run_backward(StagePass& p) {
       demb = router.grad_embedding();
     }
     prof::Scope ps(prof::kEmbedding, prof::kBackward);
-    ops::embedding_backward(grad_of(wte), demb, a.tokens.data(), N, d);
+    be.embedding_backward(grad_of(wte), demb, a.tokens.data(), N, d);
   }
 }
 
 uint64_t Model::shared_weights_hash() const {
+  const std::vector<float> host = on_cpu() ? std::vector<float>() : params_to_host();
+  const float* P = on_cpu() ? params_.data() : host.data();
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over names and bytes
   for (size_t k = 0; k < n_core_entries_; k++) {
     const ParamEntry& e = layout_.entries()[k];
@@ -518,19 +532,21 @@ uint64_t Model::shared_weights_hash() const {
       for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     };
     mix(e.name.data(), e.name.size());
-    mix(params_.data() + e.offset, sizeof(float) * e.numel);
+    mix(P + e.offset, sizeof(float) * e.numel);
   }
   return h;
 }
 
 std::vector<double> Model::sublayer_grad_norms() const {
+  const std::vector<float> host = on_cpu() ? std::vector<float>() : grads_to_host();
+  const float* G = on_cpu() ? grads_.data() : host.data();
   std::vector<double> ss(cfg_.n_sublayers(), 0.0);
   for (size_t k = 0; k < n_core_entries_; k++) {
     const ParamEntry& e = layout_.entries()[k];
     if (e.name.rfind("layers.", 0) != 0) continue;
     const int64_t i = std::stoll(e.name.substr(7));
     const bool attn = e.name.find(".attention") != std::string::npos;  // incl. attention_norm
-    const float* g = grads_.data() + e.offset;
+    const float* g = G + e.offset;
     double s = 0;
     for (int64_t j = 0; j < e.numel; j++) s += double(g[j]) * g[j];
     ss[attn ? 2 * i : 2 * i + 1] += s;

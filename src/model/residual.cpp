@@ -1,6 +1,7 @@
 // Picks the DepthRouter for a configuration's residual mode.
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
+#include "core/backend.hpp"
 #include "model/routers.hpp"
 
 namespace attnres {
@@ -22,10 +23,14 @@ std::string mixer_label(int64_t m, int64_t L) {
   return s;
 }
 
-std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg) {
+std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg, Backend* be) {
   const std::string& mode = cfg.residual.mode;
-  if (mode == "prenorm") return make_prenorm_router(cfg);
-  if (mode == "full" || mode == "block") return make_attnres_router(cfg);
+  if (mode == "prenorm") return make_prenorm_router(cfg, be);
+  if (mode == "full" || mode == "block") return make_attnres_router(cfg, be);
+  if ((mode == "static" || mode == "denseformer") && be != nullptr && !be->is_cpu()) {
+    throw Error("residual mode '" + mode + "' runs on the CPU only (for now); use --device cpu, "
+                "or --residual prenorm, block or full on " + be->name());
+  }
   if (mode == "static") return make_static_router(cfg);
   if (mode == "denseformer") return make_denseformer_router(cfg);
   throw Error("unknown residual mode '" + mode +

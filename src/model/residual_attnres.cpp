@@ -8,14 +8,18 @@
 //
 // Backward: dL/d(out of sublayer (n,k)) = dL/dB_n + sum_{i>k} dL/dP^(i), kept in B_n's gradient
 // buffer, which the partial sums' gradients are added to as the pass moves back.
+//
+// All buffers and ops are the backend's (attnres/backend.hpp). The CPU backend also has the fast
+// host-only schemes: by-source backward, two-phase Block kernels, dynamic queries; other backends
+// run by mixer and one-phase (same results up to rounding).
 #include <omp.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "attnres/buffer.hpp"
 #include "attnres/error.hpp"
+#include "core/backend.hpp"
 #include "model/routers.hpp"
 #include "ops/ops.hpp"
 
@@ -25,8 +29,9 @@ namespace {
 
 class AttnResRouter final : public DepthRouter {
  public:
-  explicit AttnResRouter(const ModelConfig& c)
-      : L_(c.n_sublayers()),
+  AttnResRouter(const ModelConfig& c, Backend* be)
+      : be_(be ? *be : *cpu_backend()),
+        L_(c.n_sublayers()),
         d_(c.d_model),
         S_(c.residual.effective_block_size()),
         window_(c.residual.window),
@@ -43,7 +48,15 @@ class AttnResRouter final : public DepthRouter {
     two_phase_ = c.residual.two_phase && mix_.softmax && !dynamic_ && window_ == 0 && S_ > 1;
     // Full AttnRes with static queries: backward by source (see begin_backward).
     by_source_ = S_ == 1 && !dynamic_ && (window_ == 0 || window_ >= L_);
+    if (!be_.is_cpu()) {
+      check(!dynamic_, "residual query 'dynamic' runs on the CPU only (for now); use --device cpu "
+                       "or --residual-query static on " + be_.name());
+      two_phase_ = by_source_ = false;
+    }
     last_ = L_;
+    own_.be = &be_;
+    qg_.on(&be_);
+    dqg_.on(&be_);
   }
 
   bool supports_stages() const override { return true; }
@@ -96,7 +109,7 @@ class AttnResRouter final : public DepthRouter {
   void begin(const float* emb, int64_t n) override {
     alloc(n);
     Source& e = st_->ensure(0, n, d_, mix_.H);
-    std::memcpy(e.v.data(), emb, sizeof(float) * n * d_);
+    be_.copy(e.v.data(), emb, sizeof(float) * n * d_);
     start_pass();
   }
 
@@ -114,8 +127,7 @@ class AttnResRouter final : public DepthRouter {
   void start_pass() {
     for (int64_t id = 0; id < boundary_sources(first_); id++) {
       Source& s = st_->e[static_cast<size_t>(id)];
-      if (mix_.key_norm && !s.has_rstd)
-        ops::depth_rstd(s.r.data(), s.v.data(), n_, d_, mix_.H, eps_);
+      if (mix_.key_norm && !s.has_rstd) be_.depth_rstd(s.r.data(), s.v.data(), n_, d_, mix_.H, eps_);
       s.has_rstd = true;
     }
     // Static queries fold the key-norm gain in once per pass: (w * g) . v_hat (SPEC 2 identity).
@@ -123,8 +135,12 @@ class AttnResRouter final : public DepthRouter {
       qg_.resize((L_ + 1) * d_);
       for (int64_t m = 0; m <= L_; m++) {
         const float* w = params_ + off_[m].query;
-        const float* g = mix_.key_norm ? params_ + off_[m].gain : nullptr;
-        for (int64_t c = 0; c < d_; c++) qg_[m * d_ + c] = g ? w[c] * g[c] : w[c];
+        float* qg = qg_.data() + m * d_;
+        if (mix_.key_norm) {
+          be_.mul(qg, w, params_ + off_[m].gain, d_);
+        } else {
+          be_.copy(qg, w, sizeof(float) * d_);
+        }
       }
     }
     prepare_input(first_);
@@ -140,13 +156,8 @@ class AttnResRouter final : public DepthRouter {
     // The partial sum including this output: P^(k+1) = P^(k) + out (P^(0) = 0).
     Source& dst = formed(l);
     float* p = dst.v.data();
-    const float* o = out_.data();
-    if (k != 0) {
-      const float* prev = part_[l].v.data();
-#pragma omp parallel for simd schedule(static) if (nd > 65536)
-      for (int64_t i = 0; i < nd; i++) p[i] = prev[i] + o[i];
-    }
-    if (mix_.key_norm) ops::depth_rstd(dst.r.data(), p, N, d_, mix_.H, eps_);
+    if (k != 0) be_.add(p, part_[l].v.data(), out_.data(), nd);
+    if (mix_.key_norm) be_.depth_rstd(dst.r.data(), p, N, d_, mix_.H, eps_);
     dst.has_rstd = true;
     if (l + 1 < last_) {
       prepare_input(l + 1);
@@ -175,7 +186,7 @@ class AttnResRouter final : public DepthRouter {
     }
     if (!stage_) {  // a stage's store gradients already hold what later stages added
       for (int64_t id = 0; id <= NB_; id++) {
-        std::memset(st_->e[static_cast<size_t>(id)].g.data(), 0, sizeof(float) * nd);
+        be_.zero(st_->e[static_cast<size_t>(id)].g.data(), sizeof(float) * nd);
       }
     }
     mix_backward(L_, dh, final_.data(), lse_[L_].data());
@@ -199,7 +210,7 @@ class AttnResRouter final : public DepthRouter {
 
   float* grad_input_slot(int64_t l) override {
     float* dx = by_source_ ? dxs_[l].data() : dx_.data();
-    std::memset(dx, 0, sizeof(float) * n_ * d_);
+    be_.zero(dx, sizeof(float) * n_ * d_);
     return dx;
   }
 
@@ -231,6 +242,7 @@ class AttnResRouter final : public DepthRouter {
   bool depth_weights(std::vector<std::vector<double>>& w, std::vector<std::string>& rows,
                      std::vector<std::string>& cols) override {
     if (stage_) return false;  // a stage holds only its own mixers' inputs
+    if (!be_.is_cpu()) return false;  // a host-side diagnostic
     cols = {"emb"};
     for (int64_t j = 0; j < NB_; j++) {
       cols.push_back(S_ == 1 ? mixer_label(j, L_) : "block" + std::to_string(j));
@@ -264,6 +276,7 @@ class AttnResRouter final : public DepthRouter {
 
  private:
   using Source = SourceStore::Entry;  // value (n,d), inverse RMS (n,H), gradient (n,d)
+  using Buf = DevBuf<float>;
   struct Offsets {
     int64_t query = -1, gain = -1, proj = -1;
   };
@@ -278,9 +291,9 @@ class AttnResRouter final : public DepthRouter {
     n_ = n;
     const size_t nd = static_cast<size_t>(n * d_), nh = static_cast<size_t>(n * mix_.H);
     auto fit = [&](Source& s, bool grad) {
-      s.v.resize(nd);
-      s.r.resize(nh);
-      if (grad) s.g.resize(nd);
+      s.v.on(&be_).resize(nd);
+      s.r.on(&be_).resize(nh);
+      if (grad) s.g.on(&be_).resize(nd);
       s.present = true;
       s.has_rstd = false;
     };
@@ -294,38 +307,39 @@ class AttnResRouter final : public DepthRouter {
       }
     }
     // Per-sublayer state only for this stage's sublayers (all of them outside pipelines).
+    auto grow = [&](Buf& b, size_t size) { b.on(&be_).resize(size); };
     part_.resize(L_);
     xin_.resize(L_);
     lse_.resize(L_ + 1);
     for (int64_t l = first_; l < last_; l++) {
       if (l % S_ != 0) fit(part_[l], false);  // partial before sublayer l exists for k > 0
-      xin_[l].resize(nd);
-      lse_[l].resize(nh);
+      grow(xin_[l], nd);
+      grow(lse_[l], nh);
     }
     if (last_ == L_) {
-      lse_[L_].resize(nh);
-      final_.resize(nd);
+      grow(lse_[L_], nh);
+      grow(final_, nd);
     }
     if (by_source_) {
       dxs_.resize(L_ + 1);
-      for (auto& x : dxs_) x.resize(nd);
+      for (auto& x : dxs_) grow(x, nd);
       D_.resize(L_ + 1);
-      for (auto& x : D_) x.resize(nh);
-      dv_cur_.resize(nd);
+      for (auto& x : D_) grow(x, nh);
+      grow(dv_cur_, nd);
     } else {
-      out_.resize(nd);  // S == 1 never uses it, but block mode does
-      dx_.resize(nd);
+      grow(out_, nd);  // S == 1 never uses it, but block mode does
+      grow(dx_, nd);
     }
     if (dynamic_) {
-      qdyn_.resize(nd);
-      qraw_.resize(nd);
-      dq_.resize(nd);
+      grow(qdyn_, nd);
+      grow(qraw_, nd);
+      grow(dq_, nd);
     }
     if (two_phase_) {
       o1_.resize(S_);
       lse1_.resize(S_);
-      for (auto& o : o1_) o.resize(nd);
-      for (auto& o : lse1_) o.resize(nh);
+      for (auto& o : o1_) grow(o, nd);
+      for (auto& o : lse1_) grow(o, nh);
     }
   }
 
@@ -387,7 +401,7 @@ class AttnResRouter final : public DepthRouter {
     auto src = sources(m);
     int64_t q_ld = 0;
     const float* q = query(m, src, &q_ld);
-    ops::depth_mix_forward(x, lse, src.data(), static_cast<int64_t>(src.size()), q, q_ld, mix_, n_);
+    be_.depth_mix_forward(x, lse, src.data(), static_cast<int64_t>(src.size()), q, q_ld, mix_, n_);
   }
 
   // Computes x_l once its sources exist (right after sublayer l-1's output).
@@ -410,8 +424,8 @@ class AttnResRouter final : public DepthRouter {
       }
       ops::depth_mix_phase1(o.data(), ls.data(), src.data(), static_cast<int64_t>(src.size()),
                             q.data(), K, mix_, n_);
-      std::memcpy(xin_[l].data(), o1_[0].data(), sizeof(float) * n_ * d_);
-      std::memcpy(lse_[l].data(), lse1_[0].data(), sizeof(float) * n_ * mix_.H);
+      be_.copy(xin_[l].data(), o1_[0].data(), sizeof(float) * n_ * d_);
+      be_.copy(lse_[l].data(), lse1_[0].data(), sizeof(float) * n_ * mix_.H);
     } else {
       // Phase 2: only the partial sum is new; merge it by log-sum-exp.
       const ops::DepthSource p{part_[l].v.data(), part_[l].r.data(), nullptr};
@@ -420,16 +434,15 @@ class AttnResRouter final : public DepthRouter {
     }
   }
 
-  // Static query qg = w * g of mixer m: dw += dqg * g, dg += dqg * w.
+  // Static query qg = w * g of mixer m: dw += dqg * g, dg += dqg * w. dqg: backend memory.
   void accumulate_query_grad(int64_t m, const float* dqg) {
-    const float* w = params_ + off_[m].query;
-    const float* g = mix_.key_norm ? params_ + off_[m].gain : nullptr;
     float* dw = grads_ + off_[m].query;
-    float* dg = g ? grads_ + off_[m].gain : nullptr;
-    for (int64_t c = 0; c < d_; c++) {
-      dw[c] += g ? dqg[c] * g[c] : dqg[c];
-      if (dg) dg[c] += dqg[c] * w[c];
+    if (!mix_.key_norm) {
+      be_.add(dw, dw, dqg, d_);
+      return;
     }
+    be_.add_product(dw, dqg, params_ + off_[m].gain, d_);
+    be_.add_product(grads_ + off_[m].gain, dqg, params_ + off_[m].query, d_);
   }
 
   // By-source backward: dv = the whole gradient of source `src`, read by mixers first..L.
@@ -448,10 +461,10 @@ class AttnResRouter final : public DepthRouter {
     auto src = sources(m);
     const int64_t S = static_cast<int64_t>(src.size());
     if (!dynamic_) {
-      std::vector<float> dqg(d_, 0.0f);
-      ops::depth_mix_backward(dqg.data(), dx, x, lse, src.data(), S, qg_.data() + m * d_, 0, mix_,
-                              n_);
-      accumulate_query_grad(m, dqg.data());
+      dqg_.assign_zero(d_);
+      be_.depth_mix_backward(dqg_.data(), dx, x, lse, src.data(), S, qg_.data() + m * d_, 0, mix_,
+                             n_);
+      accumulate_query_grad(m, dqg_.data());
       return;
     }
     const float* g = mix_.key_norm ? params_ + off_[m].gain : nullptr;
@@ -484,6 +497,7 @@ class AttnResRouter final : public DepthRouter {
                          params_ + off_[m].proj, n_, d_, d_);
   }
 
+  Backend& be_;
   const int64_t L_, d_, S_, window_;
   const bool dynamic_;
   const float eps_;
@@ -495,23 +509,24 @@ class AttnResRouter final : public DepthRouter {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<Offsets> off_;
-  std::vector<float> qg_;         // ((L+1), d) static query * gain
+  Buf qg_;                        // ((L+1), d) static query * gain
+  Buf dqg_;                       // (d) one mixer's static query gradient
   int64_t first_ = 0, last_ = 0;  // sublayers of this stage: [0, L) outside pipelines
   bool stage_ = false;            // a pipeline stage, with its sources in *st_
   SourceStore own_;               // the sources outside pipelines
   SourceStore* st_ = &own_;
   std::vector<Source> part_;
-  std::vector<FloatBuf> xin_, lse_, o1_, lse1_;
-  FloatBuf final_, out_, dx_, qdyn_, qraw_, dq_;
-  std::vector<FloatBuf> dxs_, D_;  // by source: every mixer's dx (N,d) and dx . x (N,H)
-  FloatBuf dv_cur_;
+  std::vector<Buf> xin_, lse_, o1_, lse1_;
+  Buf final_, out_, dx_, qdyn_, qraw_, dq_;
+  std::vector<Buf> dxs_, D_;  // by source: every mixer's dx (N,d) and dx . x (N,H)
+  Buf dv_cur_;
   std::vector<float> dq_part_;  // by source: one source's gradient; query partials
 };
 
 }  // namespace
 
-std::unique_ptr<DepthRouter> make_attnres_router(const ModelConfig& cfg) {
-  return std::make_unique<AttnResRouter>(cfg);
+std::unique_ptr<DepthRouter> make_attnres_router(const ModelConfig& cfg, Backend* be) {
+  return std::make_unique<AttnResRouter>(cfg, be);
 }
 
 }  // namespace attnres

@@ -8,8 +8,9 @@
 
 namespace attnres {
 
-std::unique_ptr<DepthRouter> make_prenorm_router(const ModelConfig& cfg);
-std::unique_ptr<DepthRouter> make_attnres_router(const ModelConfig& cfg);  // full, block
+// prenorm and AttnRes run on any backend (be: null = the CPU); static and DenseFormer on the CPU.
+std::unique_ptr<DepthRouter> make_prenorm_router(const ModelConfig& cfg, Backend* be);
+std::unique_ptr<DepthRouter> make_attnres_router(const ModelConfig& cfg, Backend* be);  // full, block
 std::unique_ptr<DepthRouter> make_static_router(const ModelConfig& cfg);
 std::unique_ptr<DepthRouter> make_denseformer_router(const ModelConfig& cfg);
 

@@ -150,4 +150,14 @@ void scalar_mix_forward(float* out, const float* const* src, const float* w, int
 void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout, const float* const* src,
                          const float* w, int64_t S, int64_t n);
 
+// ---- AdamW (adamw.cpp) ----  torch.optim.AdamW's update (attnres/optim.hpp) of one tensor:
+// step_size = lr / (1 - b1^t), inv_bc2_sqrt = 1 / sqrt(1 - b2^t); decay = 1 - lr wd or 1.
+struct AdamStep {
+  float b1, b2, step_size, inv_bc2_sqrt, eps, grad_scale;
+};
+// p, m, v (n) updated from g (n). Splits the n elements over the threads of the enclosing OpenMP
+// parallel region with no barrier at the end (one region can update every tensor).
+void adamw_update_in_parallel(float* p, const float* g, float* m, float* v, int64_t n, float decay,
+                              const AdamStep& k);
+
 }  // namespace attnres::ops

@@ -6,9 +6,10 @@
 #include <string>
 
 #include "attnres/error.hpp"
-#include "core/dispatch.hpp"
 #include "core/parallel.hpp"
 #include "core/simd.hpp"
+#include "core/backend.hpp"
+#include "ops/ops.hpp"
 
 namespace attnres {
 
@@ -71,50 +72,36 @@ double clip_grad_norm(float* grads, int64_t n, double max_norm) {
   return norm;
 }
 
-AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg)
-    : AdamW(layout, cfg, 0, layout.total()) {}
+AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg, Backend* be)
+    : AdamW(layout, cfg, 0, layout.total(), be) {}
 
-AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg, int64_t begin, int64_t end)
-    : layout_(layout), cfg_(cfg), begin_(begin), end_(end) {
+AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg, int64_t begin, int64_t end, Backend* be)
+    : layout_(layout), cfg_(cfg), begin_(begin), end_(end), be_(be) {
   check(0 <= begin && begin <= end && end <= layout.total(),
         "internal: optimizer shard [" + std::to_string(begin) + ", " + std::to_string(end) +
             ") outside the " + std::to_string(layout.total()) + " parameters");
-  m_.assign(static_cast<size_t>(end - begin), 0.0f);
-  v_.assign(static_cast<size_t>(end - begin), 0.0f);
+  m_.on(be).assign_zero(static_cast<size_t>(end - begin));
+  v_.on(be).assign_zero(static_cast<size_t>(end - begin));
 }
-
-namespace {
-
-struct AdamStep {
-  float b1, b2, step_size, inv_bc2_sqrt, eps, grad_scale;
-};
-
-// One tensor's update; the caller's parallel region splits it (memory-bound: 28 bytes/param).
-ATTNRES_KERNEL
-void adam_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
-                 const AdamStep& k) {
-#pragma omp for simd schedule(static) nowait
-  for (int64_t i = 0; i < n; i++) {
-    const float gi = k.grad_scale == 1.0f ? g[i] : g[i] * k.grad_scale;
-    const float mi = k.b1 * m[i] + (1.0f - k.b1) * gi;
-    const float vi = k.b2 * v[i] + (1.0f - k.b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float pd = p[i] * decay;
-    p[i] = pd - k.step_size * mi / (std::sqrt(vi) * k.inv_bc2_sqrt + k.eps);
-  }
-}
-
-}  // namespace
 
 void AdamW::step(float* params, const float* grads, double lr, float grad_scale) {
   t_ += 1;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(t_)));
-  const AdamStep k{static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+  const ops::AdamStep k{static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
                    static_cast<float>(lr / bc1), static_cast<float>(1.0 / bc2_sqrt),
                    static_cast<float>(cfg_.eps), grad_scale};
   const auto& entries = layout_.entries();
+  if (be_ && !be_->is_cpu()) {  // one update per tensor on the device
+    for (const ParamEntry& e : entries) {
+      const int64_t lo = std::max(e.offset, begin_), hi = std::min(e.offset + e.numel, end_);
+      if (lo >= hi) continue;
+      const float decay = e.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
+      be_->adamw_update(params + lo, grads + lo, m_.data() + (lo - begin_),
+                        v_.data() + (lo - begin_), hi - lo, decay, k);
+    }
+    return;
+  }
   // One parallel region for all tensors, each split in static chunks with no barrier between.
 #pragma omp parallel
   for (const ParamEntry& e : entries) {
@@ -122,7 +109,7 @@ void AdamW::step(float* params, const float* grads, double lr, float grad_scale)
     const int64_t lo = std::max(e.offset, begin_), hi = std::min(e.offset + e.numel, end_);
     if (lo >= hi) continue;
     const float decay = e.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
-    adam_update(params + lo, grads + lo, m_.data() + (lo - begin_), v_.data() + (lo - begin_),
+    ops::adamw_update_in_parallel(params + lo, grads + lo, m_.data() + (lo - begin_), v_.data() + (lo - begin_),
                 hi - lo, decay, k);
   }
 }

@@ -33,6 +33,11 @@ void TrainConfig::validate() const {
        "--virtual-stages needs a pipeline of several ranks (--pipeline P with P >= 2)");
   need(pipeline_comm == "cached" || pipeline_comm == "naive",
        "--pipeline-comm must be 'cached' or 'naive', got '" + pipeline_comm + "'");
+  need(device == "cpu" || device == "cuda" || device == "cuda-host",
+       "--device must be cpu, cuda or cuda-host, got '" + device + "'");
+  need(device == "cpu" || (pipeline == 1 && !zero1),
+       "--device " + device + " trains in one process for now: drop --pipeline and --zero1 (or "
+       "use --device cpu)");
   schedule.validate();
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attnres/checkpoint.hpp"
+#include "attnres/cuda.hpp"
 #include "attnres/data.hpp"
 #include "attnres/diagnostics.hpp"
 #include "attnres/dist.hpp"
@@ -21,6 +22,7 @@
 #include "attnres/model.hpp"
 #include "attnres/pipeline.hpp"
 #include "attnres/train.hpp"
+#include "core/backend.hpp"
 
 namespace fs = std::filesystem;
 
@@ -86,6 +88,12 @@ uint64_t replica_hash(const Model& model, AdamW& opt) {
     return std::string_view(reinterpret_cast<const char*>(p), static_cast<size_t>(n) * 4);
   };
   const int64_t n = model.layout().total();
+  if (!model.on_cpu()) {  // host copies of a device's state
+    const std::vector<float> p = model.params_to_host(), m = opt.m().download(),
+                             v = opt.v().download();
+    const uint64_t h = fnv1a64(bytes(p.data(), n), fnv1a64(std::to_string(opt.steps_taken())));
+    return fnv1a64(bytes(v.data(), n), fnv1a64(bytes(m.data(), n), h));
+  }
   uint64_t h = fnv1a64(bytes(model.params(), n), fnv1a64(std::to_string(opt.steps_taken())));
   if (opt.sharded()) return h;
   h = fnv1a64(bytes(opt.m().data(), n), h);
@@ -260,6 +268,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     cfg.pipeline = cfg_in.pipeline;
     cfg.virtual_stages = cfg_in.virtual_stages;
     cfg.pipeline_comm = cfg_in.pipeline_comm;
+    cfg.device = cfg_in.device;
   }
   cfg.schedule.total_steps = cfg.steps;
   cfg.validate();
@@ -317,15 +326,20 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   cfg.model.max_seq_len = cfg.seq_len;
   cfg.model.resolve();
   cfg.model.validate();
-  Model model(cfg.model);
+  check(cfg.device == "cpu" || ranks == 1,
+        "--device " + cfg.device + " trains in one process for now (multi-GPU data parallel is "
+        "not built yet): launch one rank, or use --device cpu");
+  Model model(cfg.model, make_backend(cfg.device));
   model.init_weights(cfg.seed);
+  if (cfg.device == "cuda") msg("device: cuda, " + cuda::describe_device(0));
+  if (cfg.device == "cuda-host") msg("device: cuda-host (the CUDA kernels emulated on the CPU)");
   const int64_t nparams = model.layout().total();
   const std::vector<int64_t> bounds = shard_bounds(nparams, zero1 ? ranks : 1);
   std::vector<int64_t> shard_counts;  // elements per rank's shard
   for (size_t r = 0; r + 1 < bounds.size(); r++) shard_counts.push_back(bounds[r + 1] - bounds[r]);
   const int64_t shard = zero1 ? comm.rank() : 0;
   AdamW opt(model.layout(), cfg.adamw, bounds[static_cast<size_t>(shard)],
-            bounds[static_cast<size_t>(shard) + 1]);
+            bounds[static_cast<size_t>(shard) + 1], &model.backend());
   RunDir run(cfg, data);
 
   int64_t start = 0;
@@ -338,8 +352,8 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     } else {  // keep this rank's shard of the moments
       AdamW full(model.layout(), cfg.adamw);
       load_optimizer(dir + "/optimizer.safetensors", model, full);
-      std::copy(full.m().begin() + opt.begin(), full.m().begin() + opt.end(), opt.m().begin());
-      std::copy(full.v().begin() + opt.begin(), full.v().begin() + opt.end(), opt.v().begin());
+      std::copy(full.m().data() + opt.begin(), full.m().data() + opt.end(), opt.m().data());
+      std::copy(full.v().data() + opt.begin(), full.v().data() + opt.end(), opt.v().data());
       opt.set_steps_taken(full.steps_taken());
     }
     start = std::stoll(r.metadata().at("step"));
@@ -418,8 +432,8 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       return;
     }
     AdamW full(model.layout(), cfg.adamw);
-    std::copy(opt.m().begin(), opt.m().end(), full.m().begin());
-    std::copy(opt.v().begin(), opt.v().end(), full.v().begin());
+    std::copy(opt.m().data(), opt.m().data() + opt.m().size(), full.m().data());
+    std::copy(opt.v().data(), opt.v().data() + opt.v().size(), full.v().data());
     for (int r = 1; r < ranks; r++) {
       const int64_t b = bounds[static_cast<size_t>(r)], n = shard_counts[static_cast<size_t>(r)];
       comm.recv(full.m().data() + b, n, r, 1);
@@ -479,17 +493,14 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     const int64_t parts = cfg.grad_accum * (piped ? 1 : ranks);
     loss /= static_cast<double>(parts);
     if (ev.loss_hook) loss = ev.loss_hook(step + 1, loss);
-    if (parts > 1) {
-      const float s = 1.0f / static_cast<float>(parts);
-      float* g = model.grads();
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < nparams; i++) g[i] *= s;
-    }
+    if (parts > 1) model.backend().scale(model.grads(), 1.0f / static_cast<float>(parts), nparams);
     const bool last = step + 1 == cfg.steps;
     const bool eval_now = (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last;
     std::vector<double> grad_norms;
     if (eval_now && root) grad_norms = model.sublayer_grad_norms();  // before clipping
-    const double gnorm = grad_norm(model.grads(), nparams);
+    const double gnorm = model.on_cpu()
+                             ? grad_norm(model.grads(), nparams)
+                             : std::sqrt(model.backend().sum_squares(model.grads(), nparams));
     const double lr = lr_at(cfg.schedule, cfg.adamw.lr, step);
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       res.skipped_steps++;

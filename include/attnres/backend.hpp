@@ -1,0 +1,77 @@
+// attnres/backend.hpp — where a model's tensors live and how its ops run there.
+//
+//   cpu        the default: src/ops on host memory (oneDNN / BLAS GEMMs, AVX-512 kernels)
+//   cuda       an NVIDIA GPU: cuBLAS GEMMs and the kernels of src/cuda (-DATTNRES_CUDA=ON)
+//   cuda-host  the CUDA backend's own kernels run on the host, one kernel index after the other,
+//              with host memory: slow, but it runs the whole device code path (the same kernels,
+//              the same calls, the same order) on any machine, so the tests check it everywhere
+//
+// Model code never dereferences a tensor pointer itself: it allocates through DevBuf and passes
+// pointers to the backend's ops (src/core/backend.hpp), so the same model code runs on each.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace attnres {
+
+class Backend;  // src/core/backend.hpp
+
+// The backend named `name` (cpu, cuda, cuda-host). Throws Error naming the fix when it is unknown
+// or unavailable here (built without CUDA, no GPU).
+std::shared_ptr<Backend> make_backend(const std::string& name);
+// The process-wide CPU backend (what a Model uses unless told otherwise).
+const std::shared_ptr<Backend>& cpu_backend();
+// The backend's name as make_backend takes it.
+std::string backend_name(const Backend& be);
+
+// n elements of T in a backend's memory, zero-initialised, freed on destruction; resize keeps the
+// contents like std::vector. data() is a pointer only that backend's ops may dereference.
+template <class T>
+class DevBuf {
+ public:
+  DevBuf() = default;
+  ~DevBuf() { reset(); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf(DevBuf&& o) noexcept { swap(o); }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    if (this != &o) {
+      reset();
+      swap(o);
+    }
+    return *this;
+  }
+  // Moves the buffer to backend `be` (nullptr: the CPU), dropping its contents if it changes.
+  DevBuf& on(Backend* be);
+  Backend* backend() const { return be_; }
+  void resize(size_t n);       // keeps the first min(n, size()) elements; new ones are zero
+  void assign_zero(size_t n);  // n zeros
+  void reset();                // frees the memory
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  // Host copies, for setup, checks and reports (not for hot paths).
+  void upload(const T* host, size_t n);  // resizes to n
+  std::vector<T> download() const;
+
+ private:
+  void swap(DevBuf& o) noexcept {
+    std::swap(be_, o.be_);
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    std::swap(cap_, o.cap_);
+  }
+  Backend* be_ = nullptr;  // null: the CPU backend
+  T* p_ = nullptr;
+  size_t n_ = 0, cap_ = 0;
+};
+
+extern template class DevBuf<float>;
+extern template class DevBuf<int32_t>;
+
+}  // namespace attnres

@@ -1,0 +1,91 @@
+// Backend selection and DevBuf (attnres/backend.hpp).
+#include "core/backend.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "attnres/error.hpp"
+
+namespace attnres {
+
+const std::shared_ptr<Backend>& cpu_backend() {
+  static const std::shared_ptr<Backend> be = make_cpu_backend();
+  return be;
+}
+
+std::shared_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "cpu") return cpu_backend();
+  if (name == "cuda-host") return make_cuda_host_backend();
+  if (name == "cuda") return make_cuda_backend();
+  throw Error("unknown device '" + name + "'; use cpu, cuda or cuda-host");
+}
+
+std::string backend_name(const Backend& be) { return be.name(); }
+
+namespace {
+Backend& or_cpu(Backend* be) { return be ? *be : *cpu_backend(); }
+}  // namespace
+
+template <class T>
+DevBuf<T>& DevBuf<T>::on(Backend* be) {
+  if (be == cpu_backend().get()) be = nullptr;
+  if (be != be_) {
+    reset();
+    be_ = be;
+  }
+  return *this;
+}
+
+template <class T>
+void DevBuf<T>::reset() {
+  if (p_) or_cpu(be_).release(p_, cap_ * sizeof(T));
+  p_ = nullptr;
+  n_ = cap_ = 0;
+}
+
+template <class T>
+void DevBuf<T>::resize(size_t n) {
+  Backend& be = or_cpu(be_);
+  if (n <= cap_) {
+    if (n > n_) be.zero(p_ + n_, (n - n_) * sizeof(T));
+    n_ = n;
+    return;
+  }
+  T* p = static_cast<T*>(be.alloc(n * sizeof(T)));  // zeroed
+  if (p_) {
+    be.copy(p, p_, n_ * sizeof(T));
+    be.release(p_, cap_ * sizeof(T));
+  }
+  p_ = p;
+  n_ = cap_ = n;
+}
+
+template <class T>
+void DevBuf<T>::assign_zero(size_t n) {
+  if (n > cap_) {
+    reset();
+    resize(n);  // fresh memory is zeroed
+    return;
+  }
+  n_ = n;
+  if (n_ > 0) or_cpu(be_).zero(p_, n_ * sizeof(T));
+}
+
+template <class T>
+void DevBuf<T>::upload(const T* host, size_t n) {
+  if (n > cap_) reset();
+  resize(n);
+  if (n > 0) or_cpu(be_).upload(p_, host, n * sizeof(T));
+}
+
+template <class T>
+std::vector<T> DevBuf<T>::download() const {
+  std::vector<T> h(n_);
+  if (n_ > 0) or_cpu(be_).download(h.data(), p_, n_ * sizeof(T));
+  return h;
+}
+
+template class DevBuf<float>;
+template class DevBuf<int32_t>;
+
+}  // namespace attnres

@@ -1,0 +1,91 @@
+// The backend interface (attnres/backend.hpp says which exist): memory, a few elementwise helpers
+// and the model's ops, with the shapes and semantics of src/ops/ops.hpp (read the comments there).
+// Every pointer is the backend's own memory; every backward ACCUMULATES (+=). Work may run
+// asynchronously: download() and the functions returning host values wait for it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "attnres/backend.hpp"
+#include "ops/ops.hpp"
+
+namespace attnres {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // The CPU backend: its memory is host memory and it has host-only fast paths (the model's
+  // by-source Full AttnRes backward, the two-phase Block kernels, dynamic queries, diagnostics).
+  virtual bool is_cpu() const { return false; }
+
+  // ---- memory (bytes) ----
+  virtual void* alloc(size_t bytes) = 0;  // zeroed
+  virtual void release(void* p, size_t bytes) noexcept = 0;
+  virtual void upload(void* dst, const void* host, size_t bytes) = 0;
+  virtual void download(void* host, const void* src, size_t bytes) = 0;  // waits for queued work
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void synchronize() {}
+
+  // ---- elementwise, n floats ----
+  virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a + b
+  virtual void mul(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a * b
+  virtual void add_product(float* dst, const float* a, const float* b, int64_t n) = 0;  // += a*b
+  virtual void scale(float* x, float s, int64_t n) = 0;                                // x *= s
+  // sum of x^2, accumulated in double (gradient norms).
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+
+  // ---- ops (src/ops/ops.hpp) ----
+  virtual void embedding_forward(float* out, const int32_t* ids, const float* wte, int64_t N,
+                                 int64_t C) = 0;
+  virtual void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
+                                  int64_t C) = 0;
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g,
+                               int64_t N, int64_t C, float eps) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp,
+                                const float* g, const float* rstd, int64_t N, int64_t C) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
+                              int64_t OC, bool accumulate = false) = 0;
+  virtual void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                               const float* w, int64_t N, int64_t IC, int64_t OC) = 0;
+  virtual void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
+                            int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) = 0;
+  virtual void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t B,
+                             int64_t T, int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) = 0;
+  virtual void attention_forward(float* out, float* att, const float* qkv,
+                                 const ops::AttnShape& s) = 0;
+  virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                  const float* att, const ops::AttnShape& s) = 0;
+  virtual void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) = 0;
+  virtual void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N,
+                               int64_t F) = 0;
+  // Writes lse (N); returns the mean loss over the N rows.
+  virtual double cross_entropy_forward(float* lse, const float* logits, const int32_t* targets,
+                                       int64_t N, int64_t V) = 0;
+  virtual void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                                      const int32_t* targets, int64_t N, int64_t V,
+                                      float dloss) = 0;
+  virtual void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H,
+                          float eps) = 0;
+  // src: a HOST array of S sources whose pointers are this backend's memory.
+  virtual void depth_mix_forward(float* x, float* lse, const ops::DepthSource* src, int64_t S,
+                                 const float* qg, int64_t q_ld, const ops::DepthMix& m,
+                                 int64_t N) = 0;
+  virtual void depth_mix_backward(float* dqg, const float* dx, const float* x, const float* lse,
+                                  const ops::DepthSource* src, int64_t S, const float* qg,
+                                  int64_t q_ld, const ops::DepthMix& m, int64_t N) = 0;
+  // One tensor's AdamW update of n elements.
+  virtual void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
+                            const ops::AdamStep& k) = 0;
+};
+
+// The backends (src/core/backend_cpu.cpp, src/cuda/backend_host.cpp, src/cuda/backend_cuda.cu or
+// cuda_stub.cpp).
+std::shared_ptr<Backend> make_cpu_backend();
+std::shared_ptr<Backend> make_cuda_host_backend();
+std::shared_ptr<Backend> make_cuda_backend();  // throws Error with the reason when unavailable
+
+}  // namespace attnres

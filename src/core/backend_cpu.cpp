@@ -1,0 +1,147 @@
+// The CPU backend: src/ops on host memory (large buffers on transparent huge pages).
+#include <omp.h>
+
+#include <cstring>
+
+#include "attnres/buffer.hpp"
+#include "core/backend.hpp"
+#include "core/parallel.hpp"
+
+namespace attnres {
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool is_cpu() const override { return true; }
+
+  void* alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    const size_t n = (bytes + sizeof(float) - 1) / sizeof(float);
+    float* p = LargePageAllocator<float>().allocate(n);
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void release(void* p, size_t bytes) noexcept override {
+    if (!p) return;
+    LargePageAllocator<float>().deallocate(static_cast<float*>(p),
+                                           (bytes + sizeof(float) - 1) / sizeof(float));
+  }
+  void upload(void* dst, const void* host, size_t bytes) override {
+    if (bytes) std::memcpy(dst, host, bytes);
+  }
+  void download(void* host, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(host, src, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) std::memcpy(dst, src, bytes);
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+
+  void add(float* dst, const float* a, const float* b, int64_t n) override {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+  }
+  void mul(float* dst, const float* a, const float* b, int64_t n) override {
+    for (int64_t i = 0; i < n; i++) dst[i] = a[i] * b[i];
+  }
+  void add_product(float* dst, const float* a, const float* b, int64_t n) override {
+    for (int64_t i = 0; i < n; i++) dst[i] += a[i] * b[i];
+  }
+  void scale(float* x, float s, int64_t n) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+  }
+  double sum_squares(const float* x, int64_t n) override {
+    constexpr int64_t kChunk = 4096;
+    return deterministic_sum((n + kChunk - 1) / kChunk, [&](int64_t c) {
+      double s = 0;
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); i++) s += double(x[i]) * x[i];
+      return s;
+    });
+  }
+
+  void embedding_forward(float* out, const int32_t* ids, const float* wte, int64_t N,
+                         int64_t C) override {
+    ops::embedding_forward(out, ids, wte, N, C);
+  }
+  void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
+                          int64_t C) override {
+    ops::embedding_backward(dwte, dout, ids, N, C);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,
+                       int64_t C, float eps) override {
+    ops::rmsnorm_forward(out, rstd, inp, g, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp,
+                        const float* g, const float* rstd, int64_t N, int64_t C) override {
+    ops::rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
+                      int64_t OC, bool accumulate) override {
+    ops::matmul_forward(out, inp, w, N, IC, OC, accumulate);
+  }
+  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                       const float* w, int64_t N, int64_t IC, int64_t OC) override {
+    ops::matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
+  }
+  void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
+                    int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) override {
+    ops::rope_forward(x, cos_t, sin_t, B, T, n_heads, hd, ld, pos0);
+  }
+  void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
+                     int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) override {
+    ops::rope_backward(dx, cos_t, sin_t, B, T, n_heads, hd, ld, pos0);
+  }
+  void attention_forward(float* out, float* att, const float* qkv,
+                         const ops::AttnShape& s) override {
+    ops::attention_forward(out, att, qkv, s);
+  }
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                          const float* att, const ops::AttnShape& s) override {
+    ops::attention_backward(dqkv, scratch, dout, qkv, att, s);
+  }
+  void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) override {
+    ops::swiglu_forward(out, h13, N, F);
+  }
+  void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N,
+                       int64_t F) override {
+    ops::swiglu_backward(dh13, dout, h13, N, F);
+  }
+  double cross_entropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t N,
+                               int64_t V) override {
+    return ops::cross_entropy_forward(nullptr, lse, logits, targets, N, V);
+  }
+  void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                              const int32_t* targets, int64_t N, int64_t V, float dloss) override {
+    ops::cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+  }
+  void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H,
+                  float eps) override {
+    ops::depth_rstd(rstd, v, N, d, H, eps);
+  }
+  void depth_mix_forward(float* x, float* lse, const ops::DepthSource* src, int64_t S,
+                         const float* qg, int64_t q_ld, const ops::DepthMix& m,
+                         int64_t N) override {
+    ops::depth_mix_forward(x, lse, src, S, qg, q_ld, m, N);
+  }
+  void depth_mix_backward(float* dqg, const float* dx, const float* x, const float* lse,
+                          const ops::DepthSource* src, int64_t S, const float* qg, int64_t q_ld,
+                          const ops::DepthMix& m, int64_t N) override {
+    ops::depth_mix_backward(dqg, dx, x, lse, src, S, qg, q_ld, m, N);
+  }
+  void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
+                    const ops::AdamStep& k) override {
+#pragma omp parallel
+    ops::adamw_update_in_parallel(p, g, m, v, n, decay, k);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> make_cpu_backend() { return std::make_shared<CpuBackend>(); }
+
+}  // namespace attnres

@@ -1,0 +1,284 @@
+// The CUDA backend (attnres/backend.hpp "cuda", attnres/cuda.hpp, src/cuda/device.hpp): device
+// detection, device memory, cuBLAS GEMMs and the row kernels of src/cuda/row_kernels.hpp launched
+// one functor index per thread, driven by RowBackend (src/cuda/row_backend.hpp).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <string>
+
+#include "attnres/cuda.hpp"
+#include "attnres/error.hpp"
+#include "cuda/device.hpp"
+#include "cuda/row_backend.hpp"
+#include "cuda/row_kernels.hpp"
+
+namespace attnres::cuda {
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* call) {
+  if (e == cudaSuccess) return;
+  throw Error(std::string("CUDA call ") + call + " failed: " + cudaGetErrorString(e));
+}
+void check_cublas(cublasStatus_t s, const char* call) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(std::string("cuBLAS call ") + call + " failed with status " +
+              std::to_string(static_cast<int>(s)));
+}
+#define ATTNRES_CUDA_CHECK(x) check_cuda((x), #x)
+#define ATTNRES_CUBLAS_CHECK(x) check_cublas((x), #x)
+
+cublasHandle_t blas() {
+  static thread_local cublasHandle_t h = [] {
+    cublasHandle_t x = nullptr;
+    ATTNRES_CUBLAS_CHECK(cublasCreate(&x));
+    // fp32 GEMMs stay fp32 (no TF32): the tests compare with the CPU at fp32 tolerances.
+    ATTNRES_CUBLAS_CHECK(cublasSetMathMode(x, CUBLAS_DEFAULT_MATH));
+    return x;
+  }();
+  return h;
+}
+
+template <class F>
+__global__ void rows_kernel(F f, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    f(i);
+  }
+}
+
+// One thread per functor index (grid-stride beyond 2^20 threads).
+template <class F>
+void launch(const F& f, int64_t n) {
+  if (n <= 0) return;
+  constexpr int kThreads = 128;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 13);
+  rows_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(f, n);
+  ATTNRES_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- attnres/cuda.hpp
+
+bool compiled() { return true; }
+
+int device_count(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = std::string("no usable CUDA device: ") + cudaGetErrorString(e);
+    cudaGetLastError();  // clear the sticky error
+    return 0;
+  }
+  if (n == 0 && why) *why = "no CUDA device found";
+  return n;
+}
+
+std::string describe_device(int dev) {
+  std::string why;
+  if (device_count(&why) <= dev) return why.empty() ? "no CUDA device " + std::to_string(dev) : why;
+  cudaDeviceProp p{};
+  ATTNRES_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  int drv = 0, rt = 0;
+  cudaDriverGetVersion(&drv);
+  cudaRuntimeGetVersion(&rt);
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%.255s, sm_%d%d, %d SMs, %.1f GiB; driver %d.%d, runtime %d.%d",
+                p.name, p.major, p.minor, p.multiProcessorCount,
+                static_cast<double>(p.totalGlobalMem) / (1 << 30), drv / 1000, (drv % 1000) / 10,
+                rt / 1000, (rt % 1000) / 10);
+  return buf;
+}
+
+// ---------------------------------------------------------------- memory
+
+template <class T>
+DeviceVec<T>::DeviceVec(int64_t n) : n_(n) {
+  check(n >= 0, "internal: DeviceVec of negative size");
+  if (n == 0) return;
+  ATTNRES_CUDA_CHECK(cudaMalloc(&p_, sizeof(T) * static_cast<size_t>(n)));
+  const cudaError_t e = cudaMemset(p_, 0, sizeof(T) * static_cast<size_t>(n));
+  if (e != cudaSuccess) {  // the destructor does not run for a constructor that throws
+    cudaFree(p_);
+    p_ = nullptr;
+    check_cuda(e, "cudaMemset(p_, 0, bytes)");
+  }
+}
+template <class T>
+DeviceVec<T>::DeviceVec(const std::vector<T>& host) : DeviceVec(static_cast<int64_t>(host.size())) {
+  upload(host);
+}
+template <class T>
+DeviceVec<T>::~DeviceVec() {
+  if (p_) cudaFree(p_);
+}
+template <class T>
+void DeviceVec<T>::upload(const std::vector<T>& host) {
+  check(static_cast<int64_t>(host.size()) == n_, "internal: DeviceVec upload of the wrong size");
+  if (n_ > 0) {
+    ATTNRES_CUDA_CHECK(
+        cudaMemcpy(p_, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice));
+  }
+}
+template <class T>
+std::vector<T> DeviceVec<T>::download() const {
+  std::vector<T> h(static_cast<size_t>(n_));
+  if (n_ > 0) {
+    ATTNRES_CUDA_CHECK(cudaMemcpy(h.data(), p_, sizeof(T) * h.size(), cudaMemcpyDeviceToHost));
+  }
+  return h;
+}
+template class DeviceVec<float>;
+template class DeviceVec<int32_t>;
+template class DeviceVec<uint16_t>;
+
+void synchronize() { ATTNRES_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+
+namespace {
+
+// cuBLAS takes int dimensions.
+int dim(int64_t x) {
+  check(x >= 0 && x <= INT_MAX, "matrix dimension " + std::to_string(x) +
+                                    " is outside cuBLAS's int range; use smaller batches");
+  return static_cast<int>(x);
+}
+
+// The GPU executor of RowBackend: kernels and copies queued on the default stream.
+struct CudaExec {
+  static const char* name() { return "cuda"; }
+  void* alloc(size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    ATTNRES_CUDA_CHECK(cudaMalloc(&p, bytes));
+    const cudaError_t e = cudaMemset(p, 0, bytes);
+    if (e != cudaSuccess) {
+      cudaFree(p);
+      check_cuda(e, "cudaMemset(p, 0, bytes)");
+    }
+    return p;
+  }
+  void release(void* p, size_t) noexcept {
+    if (!p) return;
+    cudaDeviceSynchronize();  // no queued kernel may still use it (frees are rare: growth only)
+    cudaFree(p);
+  }
+  void upload(void* dst, const void* host, size_t bytes) {
+    if (bytes) ATTNRES_CUDA_CHECK(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
+  }
+  void download(void* host, const void* src, size_t bytes) {
+    if (bytes) ATTNRES_CUDA_CHECK(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost));
+  }
+  void copy(void* dst, const void* src, size_t bytes) {
+    ATTNRES_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+  }
+  void zero(void* p, size_t bytes) { ATTNRES_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0)); }
+  void synchronize() { ATTNRES_CUDA_CHECK(cudaDeviceSynchronize()); }
+  template <class F>
+  void launch(const F& f, int64_t n) {
+    cuda::launch(f, n);
+  }
+
+  // Row-major X (r, c) is column-major X^T; see the derivations beside each call.
+  void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
+                      int64_t OC, bool accumulate) {
+    const int n = dim(N), ic = dim(IC), oc = dim(OC);
+    if (N == 0 || OC == 0) return;
+    if (IC == 0) {  // an empty sum (cuBLAS rejects a leading dimension of 0)
+      if (!accumulate) zero(out, sizeof(float) * N * OC);
+      return;
+    }
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    // out^T (OC,N) = w (OC,IC) . inp^T (IC,N): w is stored as w^T column-major -> op T.
+    ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &one, w, ic, inp,
+                                     ic, &beta, out, oc));
+  }
+  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                       const float* w, int64_t N, int64_t IC, int64_t OC) {
+    const int n = dim(N), ic = dim(IC), oc = dim(OC);
+    if (N == 0 || IC == 0 || OC == 0) return;  // nothing to add
+    const float one = 1.0f;
+    if (dinp) {
+      // dinp^T (IC,N) += w^T (IC,OC) . dout^T (OC,N)
+      ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &one, w, ic,
+                                       dout, oc, &one, dinp, ic));
+    }
+    if (dw) {
+      // dw^T (IC,OC) += inp^T (IC,N) . dout (N,OC)
+      ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &one, inp, ic,
+                                       dout, oc, &one, dw, ic));
+    }
+  }
+
+  // The sources of a depth mix, copied into a device table with a copy queued on the stream
+  // (ordered after the kernels that read the previous contents; the host array may be reused at
+  // once: pageable copies are staged).
+  const rows::Source* sources(const ops::DepthSource* src, int64_t S) {
+    if (S > cap_) {
+      synchronize();  // no kernel may still read the old table
+      if (table_) cudaFree(table_);
+      table_ = nullptr;
+      cap_ = 0;
+      const int64_t cap = std::max<int64_t>(S, 64);
+      ATTNRES_CUDA_CHECK(cudaMalloc(&table_, sizeof(rows::Source) * cap));
+      cap_ = cap;
+    }
+    host_.resize(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; i++) host_[i] = {src[i].v, src[i].rstd, src[i].dv};
+    ATTNRES_CUDA_CHECK(cudaMemcpyAsync(table_, host_.data(), sizeof(rows::Source) * S,
+                                       cudaMemcpyHostToDevice, 0));
+    return table_;
+  }
+  ~CudaExec() {
+    if (table_) {
+      cudaDeviceSynchronize();
+      cudaFree(table_);
+    }
+  }
+
+  rows::Source* table_ = nullptr;
+  int64_t cap_ = 0;
+  std::vector<rows::Source> host_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- bf16 (device.hpp)
+
+namespace dev {
+
+void to_bf16(uint16_t* out, const float* in, int64_t n) { launch(rows::ToBf16{out, in}, n); }
+void from_bf16(float* out, const uint16_t* in, int64_t n) { launch(rows::FromBf16{out, in}, n); }
+
+void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* w, int64_t N, int64_t IC,
+                         int64_t OC, bool accumulate) {
+  const int n = dim(N), ic = dim(IC), oc = dim(OC);
+  if (N == 0 || OC == 0) return;
+  if (IC == 0) {
+    if (!accumulate) ATTNRES_CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * N * OC));
+    return;
+  }
+  const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  // As matmul_forward: out^T (OC,N) = w (OC,IC) . inp^T (IC,N), bf16 inputs, fp32 out/compute.
+  ATTNRES_CUBLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &one, w,
+                                    CUDA_R_16BF, ic, inp, CUDA_R_16BF, ic, &beta, out, CUDA_R_32F,
+                                    oc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace dev
+}  // namespace attnres::cuda
+
+namespace attnres {
+
+std::shared_ptr<Backend> make_cuda_backend() {
+  std::string why;
+  if (cuda::device_count(&why) == 0) throw Error("device cuda is unavailable: " + why);
+  return std::make_shared<cuda::RowBackend<cuda::CudaExec>>();
+}
+
+}  // namespace attnres

@@ -1,0 +1,202 @@
+// The CUDA backend's logic, once, for two executors (C++17: nvcc compiles it too):
+//   CudaExec (backend_cuda.cu)  kernels on the GPU, cuBLAS GEMMs, device memory
+//   HostExec (backend_host.cpp) the same kernels' functors called index by index on the host,
+//                               host memory and the CPU GEMMs ("cuda-host": tests everywhere)
+// An executor provides: name(); alloc (zeroed) / release / upload / download / copy / zero /
+// synchronize on bytes; launch(functor, n) calling functor(i) for i in [0, n); matmul_forward /
+// matmul_backward with the semantics of src/ops; sources(src, S): a table of S rows::Source the
+// kernels can read, valid until the next call.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attnres/error.hpp"
+#include "core/backend.hpp"
+#include "cuda/row_kernels.hpp"
+
+namespace attnres::cuda {
+
+template <class Exec>
+class RowBackend final : public Backend {
+ public:
+  RowBackend() = default;
+  ~RowBackend() override {
+    for (auto* s : {&dq_, &partials_, &losses_}) {
+      if (s->p) x_.release(s->p, s->bytes);
+    }
+  }
+  std::string name() const override { return Exec::name(); }
+
+  // ---- memory ----
+  void* alloc(size_t bytes) override { return x_.alloc(bytes); }
+  void release(void* p, size_t bytes) noexcept override { x_.release(p, bytes); }
+  void upload(void* dst, const void* host, size_t bytes) override { x_.upload(dst, host, bytes); }
+  void download(void* host, const void* src, size_t bytes) override {
+    x_.download(host, src, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) x_.copy(dst, src, bytes);
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) x_.zero(p, bytes);
+  }
+  void synchronize() override { x_.synchronize(); }
+
+  // ---- elementwise ----
+  void add(float* dst, const float* a, const float* b, int64_t n) override {
+    x_.launch(rows::Add{dst, a, b}, n);
+  }
+  void mul(float* dst, const float* a, const float* b, int64_t n) override {
+    x_.launch(rows::Mul{dst, a, b}, n);
+  }
+  void add_product(float* dst, const float* a, const float* b, int64_t n) override {
+    x_.launch(rows::AddProduct{dst, a, b}, n);
+  }
+  void scale(float* x, float s, int64_t n) override { x_.launch(rows::Scale{x, s}, n); }
+  double sum_squares(const float* x, int64_t n) override {
+    constexpr int64_t kChunk = 4096;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    if (chunks == 0) return 0.0;
+    auto* part = static_cast<double*>(scratch(partials_, sizeof(double) * chunks));
+    x_.launch(rows::SumSquares{part, x, n, kChunk}, chunks);
+    std::vector<double> h(static_cast<size_t>(chunks));
+    x_.download(h.data(), part, sizeof(double) * h.size());
+    double s = 0.0;
+    for (double v : h) s += v;  // in chunk order: deterministic
+    return s;
+  }
+
+  // ---- ops ----
+  void embedding_forward(float* out, const int32_t* ids, const float* wte, int64_t N,
+                         int64_t C) override {
+    x_.launch(rows::EmbeddingForward{out, ids, wte, C}, N);
+  }
+  void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
+                          int64_t C) override {
+    x_.launch(rows::EmbeddingBackward{dwte, dout, ids, N, C}, C);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,
+                       int64_t C, float eps) override {
+    x_.launch(rows::RmsNormForward{out, rstd, inp, g, C, eps}, N);
+  }
+  void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp,
+                        const float* g, const float* rstd, int64_t N, int64_t C) override {
+    x_.launch(rows::RmsNormBackwardInput{dinp, dout, inp, g, rstd, C}, N);
+    x_.launch(rows::RmsNormBackwardGain{dg, dout, inp, rstd, N, C}, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
+                      int64_t OC, bool accumulate) override {
+    x_.matmul_forward(out, inp, w, N, IC, OC, accumulate);
+  }
+  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                       const float* w, int64_t N, int64_t IC, int64_t OC) override {
+    x_.matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
+  }
+  void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
+                    int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) override {
+    x_.launch(rows::Rope{x, cos_t, sin_t, T, n_heads, hd, ld, pos0, 1.0f},
+              B * T * n_heads * (hd / 2));
+  }
+  void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
+                     int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) override {
+    x_.launch(rows::Rope{dx, cos_t, sin_t, T, n_heads, hd, ld, pos0, -1.0f},
+              B * T * n_heads * (hd / 2));
+  }
+  void attention_forward(float* out, float* att, const float* qkv,
+                         const ops::AttnShape& s) override {
+    const rows::AttnDims d{s.B, s.T, s.H, s.Hkv, s.hd};
+    x_.launch(rows::AttentionForward{out, att, qkv, d}, s.B * s.H * s.T);
+  }
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                          const float* att, const ops::AttnShape& s) override {
+    const rows::AttnDims d{s.B, s.T, s.H, s.Hkv, s.hd};
+    x_.launch(rows::AttentionBackwardQuery{dqkv, scratch, dout, qkv, att, d}, s.B * s.H * s.T);
+    x_.launch(rows::AttentionBackwardKeyValue{dqkv, scratch, dout, qkv, att, d},
+              s.B * s.Hkv * s.T);
+  }
+  void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) override {
+    x_.launch(rows::SwigluForward{out, h13, F}, N * F);
+  }
+  void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N,
+                       int64_t F) override {
+    x_.launch(rows::SwigluBackward{dh13, dout, h13, F}, N * F);
+  }
+  double cross_entropy_forward(float* lse, const float* logits, const int32_t* targets, int64_t N,
+                               int64_t V) override {
+    if (N == 0) return 0.0;
+    auto* losses = static_cast<float*>(scratch(losses_, sizeof(float) * N));
+    x_.launch(rows::CrossEntropyForward{losses, lse, logits, targets, V}, N);
+    std::vector<float> h(static_cast<size_t>(N));
+    x_.download(h.data(), losses, sizeof(float) * h.size());
+    double s = 0.0;
+    for (float v : h) s += v;
+    return s / static_cast<double>(N);
+  }
+  void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                              const int32_t* targets, int64_t N, int64_t V, float dloss) override {
+    x_.launch(rows::CrossEntropyBackward{dlogits, logits, lse, targets, V, dloss}, N);
+  }
+  void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H,
+                  float eps) override {
+    x_.launch(rows::DepthRstd{rstd, v, d, H, eps}, N * H);
+  }
+  void depth_mix_forward(float* x, float* lse, const ops::DepthSource* src, int64_t S,
+                         const float* qg, int64_t q_ld, const ops::DepthMix& m,
+                         int64_t N) override {
+    x_.launch(rows::DepthMixForward{x, lse, x_.sources(src, S), S, qg, q_ld, mix(m)}, N * m.H);
+  }
+  void depth_mix_backward(float* dqg, const float* dx, const float* x, const float* lse,
+                          const ops::DepthSource* src, int64_t S, const float* qg, int64_t q_ld,
+                          const ops::DepthMix& m, int64_t N) override {
+    const rows::Source* s = x_.sources(src, S);
+    if (q_ld != 0) {  // per-token queries: each (row, head) slice owns its gradient
+      x_.launch(rows::DepthMixBackward{dqg, dx, x, lse, s, S, qg, q_ld, mix(m)}, N * m.H);
+      return;
+    }
+    // A shared query: per-row gradients, then reduced over rows in order (deterministic).
+    auto* dq = static_cast<float*>(scratch(dq_, sizeof(float) * N * m.d));
+    x_.zero(dq, sizeof(float) * N * m.d);
+    x_.launch(rows::DepthMixBackward{dq, dx, x, lse, s, S, qg, q_ld, mix(m)}, N * m.H);
+    x_.launch(rows::DepthQueryReduce{dqg, dq, N, m.d}, m.d);
+  }
+  void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
+                    const ops::AdamStep& k) override {
+    x_.launch(
+        rows::AdamW{p, g, m, v, k.b1, k.b2, k.step_size, k.inv_bc2_sqrt, k.eps, k.grad_scale, decay},
+        n);
+  }
+
+ private:
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  // A scratch buffer of at least `bytes`, kept for later calls. Growing it waits for queued work
+  // (a kernel may still read the old one).
+  void* scratch(Scratch& s, size_t bytes) {
+    if (bytes > s.bytes) {
+      x_.synchronize();
+      if (s.p) x_.release(s.p, s.bytes);
+      s.p = nullptr;
+      s.bytes = 0;
+      s.p = x_.alloc(bytes);
+      s.bytes = bytes;
+    }
+    return s.p;
+  }
+  static rows::Mix mix(const ops::DepthMix& m) {
+    rows::Mix r;
+    r.d = m.d;
+    r.H = m.H;
+    r.softmax = m.softmax;
+    r.key_norm = m.key_norm;
+    return r;
+  }
+
+  Exec x_;
+  Scratch dq_, partials_, losses_;
+};
+
+}  // namespace attnres::cuda

@@ -1,0 +1,291 @@
+// Every backend other than the CPU (attnres/backend.hpp) against the CPU ops (src/ops) on the
+// same inputs, at fp32 tolerances, through the Backend interface the model uses: "cuda-host" (the
+// CUDA kernels emulated on the host) on every machine, "cuda" on a GPU (skipped, with the reason,
+// in builds without CUDA and on machines without a usable GPU). Whole models: test_backend_model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attnres/backend.hpp"
+#include "attnres/error.hpp"
+#include "core/backend.hpp"
+#include "ops/ops.hpp"
+#include "test_util.hpp"
+
+using namespace attnres;
+using attnres::testing::randn;
+using attnres::testing::rel_diff;
+
+namespace {
+
+Backend* g_be = nullptr;  // the backend of the running test
+
+// A buffer on the running test's backend, from host values or zeros.
+template <class T>
+struct DBuf : DevBuf<T> {
+  explicit DBuf(const std::vector<T>& h) {
+    this->on(g_be);
+    this->upload(h.data(), h.size());
+  }
+  explicit DBuf(int64_t n) { this->on(g_be).resize(static_cast<size_t>(n)); }
+};
+using Buf = DBuf<float>;
+using IBuf = DBuf<int32_t>;
+Buf up(const std::vector<float>& h) { return Buf(h); }
+Buf zeros(int64_t n) { return Buf(n); }
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  return rel_diff(a.data(), b.data(), static_cast<int64_t>(a.size()));
+}
+
+std::vector<int32_t> ids(int64_t n, int64_t V) {
+  std::vector<int32_t> r(n);
+  for (int64_t i = 0; i < n; i++) r[i] = static_cast<int32_t>((i * 7919 + 13) % V);
+  return r;
+}
+
+class BackendOps : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    try {
+      keep_ = make_backend(GetParam());
+    } catch (const Error& e) {
+      GTEST_SKIP() << "no " << GetParam() << " test: " << e.what();
+    }
+    be = keep_.get();
+    g_be = be;
+  }
+  std::shared_ptr<Backend> keep_;
+  Backend* be = nullptr;
+};
+
+}  // namespace
+
+TEST_P(BackendOps, MemoryAndElementwise) {
+  // DevBuf: zeroed, resize keeps contents and zeroes the new part, round trips exactly.
+  const auto a = randn(5000, 90), b = randn(5000, 91);
+  Buf ga(a), gb(b), gz(7);
+  EXPECT_EQ(gz.download(), std::vector<float>(7, 0.0f));
+  ga.resize(6000);
+  auto back = ga.download();
+  EXPECT_EQ(std::vector<float>(back.begin(), back.begin() + 5000), a);
+  EXPECT_EQ(std::vector<float>(back.begin() + 5000, back.end()), std::vector<float>(1000, 0.0f));
+  ga.resize(5000);
+  std::vector<float> sum(5000), prod(5000), acc = b, sc = a;
+  for (int i = 0; i < 5000; i++) {
+    sum[i] = a[i] + b[i];
+    prod[i] = a[i] * b[i];
+    acc[i] += a[i] * b[i];
+    sc[i] *= 0.25f;
+  }
+  Buf gs(5000), gp(5000);
+  be->add(gs.data(), ga.data(), gb.data(), 5000);
+  EXPECT_EQ(gs.download(), sum);
+  be->mul(gp.data(), ga.data(), gb.data(), 5000);
+  EXPECT_EQ(gp.download(), prod);
+  be->add_product(gb.data(), ga.data(), Buf(b).data(), 5000);
+  EXPECT_EQ(gb.download(), acc);
+  be->scale(ga.data(), 0.25f, 5000);
+  EXPECT_EQ(ga.download(), sc);
+  double ss = 0;
+  for (float x : b) ss += double(x) * x;
+  Buf gb2(b);
+  EXPECT_NEAR(be->sum_squares(gb2.data(), 5000), ss, 1e-9 * ss);
+  be->copy(gs.data(), gb2.data(), sizeof(float) * 5000);
+  EXPECT_EQ(gs.download(), b);
+  be->zero(gs.data(), sizeof(float) * 100);
+  EXPECT_EQ(gs.download()[99], 0.0f);
+  EXPECT_EQ(gs.download()[100], b[100]);
+}
+
+TEST_P(BackendOps, MatmulMatchesCpu) {
+  const int64_t N = 67, IC = 48, OC = 80;
+  const auto x = randn(N * IC, 1), w = randn(OC * IC, 2), dy = randn(N * OC, 3);
+  std::vector<float> y(N * OC), dx = randn(N * IC, 4), dw = randn(OC * IC, 5);
+  Buf gx(x), gw(w), gdy(dy), gy(N * OC), gdx(dx), gdw(dw);
+  ops::matmul_forward(y.data(), x.data(), w.data(), N, IC, OC);
+  be->matmul_forward(gy.data(), gx.data(), gw.data(), N, IC, OC);
+  EXPECT_LT(rel(gy.download(), y), 1e-5);
+  ops::matmul_forward(y.data(), x.data(), w.data(), N, IC, OC, /*accumulate=*/true);
+  be->matmul_forward(gy.data(), gx.data(), gw.data(), N, IC, OC, /*accumulate=*/true);
+  EXPECT_LT(rel(gy.download(), y), 1e-5);
+  ops::matmul_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), N, IC, OC);
+  be->matmul_backward(gdx.data(), gdw.data(), gdy.data(), gx.data(), gw.data(), N, IC, OC);
+  EXPECT_LT(rel(gdx.download(), dx), 1e-5);
+  EXPECT_LT(rel(gdw.download(), dw), 1e-5);
+}
+
+TEST_P(BackendOps, RowKernelsMatchCpu) {
+  const int64_t N = 70, C = 64, V = 37, F = 96;
+  // embedding
+  const auto wte = randn(V * C, 6), dout = randn(N * C, 7);
+  const auto id = ids(N, V);
+  IBuf gid(id);
+  {
+    std::vector<float> a(N * C), da = randn(V * C, 8);
+    Buf gw(wte), ga(N * C), gdout(dout), gda(da);
+    ops::embedding_forward(a.data(), id.data(), wte.data(), N, C);
+    be->embedding_forward(ga.data(), gid.data(), gw.data(), N, C);
+    EXPECT_EQ(ga.download(), a);
+    ops::embedding_backward(da.data(), dout.data(), id.data(), N, C);
+    be->embedding_backward(gda.data(), gdout.data(), gid.data(), N, C);
+    EXPECT_LT(rel(gda.download(), da), 1e-6);
+  }
+  // rmsnorm
+  {
+    const auto x = randn(N * C, 9, 2.0), g = randn(C, 10);
+    std::vector<float> y(N * C), r(N), dx = randn(N * C, 11), dg = randn(C, 12);
+    Buf gx(x), gg(g), gy(N * C), gr(N), gdx(dx), gdg(dg), gdy(dout);
+    ops::rmsnorm_forward(y.data(), r.data(), x.data(), g.data(), N, C, 1e-5f);
+    be->rmsnorm_forward(gy.data(), gr.data(), gx.data(), gg.data(), N, C, 1e-5f);
+    EXPECT_LT(rel(gy.download(), y), 1e-5);
+    ops::rmsnorm_backward(dx.data(), dg.data(), dout.data(), x.data(), g.data(), r.data(), N, C);
+    be->rmsnorm_backward(gdx.data(), gdg.data(), gdy.data(), gx.data(), gg.data(), gr.data(),
+                                N, C);
+    EXPECT_LT(rel(gdx.download(), dx), 1e-5);
+    EXPECT_LT(rel(gdg.download(), dg), 1e-5);
+  }
+  // swiglu
+  {
+    const auto h = randn(N * 2 * F, 13), dy = randn(N * F, 14);
+    std::vector<float> y(N * F), dh = randn(N * 2 * F, 15);
+    Buf gh(h), gy(N * F), gdy(dy), gdh(dh);
+    ops::swiglu_forward(y.data(), h.data(), N, F);
+    be->swiglu_forward(gy.data(), gh.data(), N, F);
+    EXPECT_LT(rel(gy.download(), y), 1e-5);
+    ops::swiglu_backward(dh.data(), dy.data(), h.data(), N, F);
+    be->swiglu_backward(gdh.data(), gdy.data(), gh.data(), N, F);
+    EXPECT_LT(rel(gdh.download(), dh), 1e-5);
+  }
+  // rope, in place on q|k|v rows
+  {
+    const int64_t B = 2, T = N / 2, H = 4, hd = 16, ld = 6 * hd;
+    std::vector<float> cs(T * hd / 2), sn(cs.size());
+    ops::rope_table(cs.data(), sn.data(), T, hd, 10000.0);
+    std::vector<float> x = randn(B * T * ld, 16);
+    Buf gx(x), gc(cs), gs(sn);
+    ops::rope_forward(x.data(), cs.data(), sn.data(), B, T - 3, H, hd, ld, 3);  // positions 3..
+    be->rope_forward(gx.data(), gc.data(), gs.data(), B, T - 3, H, hd, ld, 3);
+    EXPECT_LT(rel(gx.download(), x), 1e-6);
+    ops::rope_backward(x.data(), cs.data(), sn.data(), B, T, H, hd, ld, 0);
+    be->rope_backward(gx.data(), gc.data(), gs.data(), B, T, H, hd, ld, 0);
+    EXPECT_LT(rel(gx.download(), x), 1e-6);
+  }
+  // cross-entropy (the backward in place, as the model runs it)
+  {
+    const auto logits = randn(N * V, 17, 3.0);
+    const auto t = ids(N, V);
+    std::vector<float> loss(N), lse(N), dl(N * V);
+    Buf gl(logits), glse(N);
+    IBuf gt(t);
+    const double mean =
+        ops::cross_entropy_forward(loss.data(), lse.data(), logits.data(), t.data(), N, V);
+    EXPECT_NEAR(be->cross_entropy_forward(glse.data(), gl.data(), gt.data(), N, V), mean,
+                1e-5 * std::abs(mean));
+    EXPECT_LT(rel(glse.download(), lse), 1e-6);
+    ops::cross_entropy_backward(dl.data(), logits.data(), lse.data(), t.data(), N, V, 0.5f);
+    be->cross_entropy_backward(gl.data(), gl.data(), glse.data(), gt.data(), N, V, 0.5f);
+    EXPECT_LT(rel(gl.download(), dl), 1e-5);
+  }
+}
+
+TEST_P(BackendOps, DepthMixMatchesCpu) {
+  const int64_t N = 300, d = 64, S = 6;
+  for (bool softmax : {true, false}) {
+    for (bool dynamic : {false, true}) {
+      for (int64_t H : {1, 4}) {
+        SCOPED_TRACE(std::string(softmax ? "softmax" : "sigmoid") + (dynamic ? " dynamic" : "") +
+                     " H=" + std::to_string(H));
+        ops::DepthMix om;
+        om.d = d;
+        om.H = H;
+        om.softmax = softmax;
+        ops::DepthMix gm;
+        gm.d = d;
+        gm.H = H;
+        gm.softmax = softmax;
+        const int64_t q_ld = dynamic ? d : 0;
+        const auto q = randn(dynamic ? N * d : d, 20);
+        std::vector<std::vector<float>> v, r, dv;
+        std::vector<Buf> gv, gr, gdv;
+        for (int64_t i = 0; i < S; i++) {
+          v.push_back(randn(N * d, 30 + i, 1.0 + i));
+          r.emplace_back(N * H);
+          dv.push_back(randn(N * d, 40 + i));
+          gv.push_back(up(v[i]));
+          gr.push_back(zeros(N * H));
+          gdv.push_back(up(dv[i]));
+          ops::depth_rstd(r[i].data(), v[i].data(), N, d, H, 1e-5f);
+          be->depth_rstd(gr[i].data(), gv[i].data(), N, d, H, 1e-5f);
+          EXPECT_LT(rel(gr[i].download(), r[i]), 1e-5);
+        }
+        std::vector<ops::DepthSource> os;
+        std::vector<ops::DepthSource> gs;
+        for (int64_t i = 0; i < S; i++) {
+          os.push_back({v[i].data(), r[i].data(), dv[i].data()});
+          gs.push_back({gv[i].data(), gr[i].data(), gdv[i].data()});
+        }
+        std::vector<float> x(N * d), lse(N * H);
+        Buf gq(q), gx(N * d), glse(N * H);
+        ops::depth_mix_forward(x.data(), lse.data(), os.data(), S, q.data(), q_ld, om, N);
+        be->depth_mix_forward(gx.data(), glse.data(), gs.data(), S, gq.data(), q_ld, gm, N);
+        EXPECT_LT(rel(gx.download(), x), 1e-5);
+        const auto dx = randn(N * d, 50);
+        std::vector<float> dq = randn(dynamic ? N * d : d, 51);
+        Buf gdx(dx), gdq(dq);
+        ops::depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), os.data(), S, q.data(),
+                                q_ld, om, N);
+        be->depth_mix_backward(gdq.data(), gdx.data(), gx.data(), glse.data(), gs.data(), S,
+                                      gq.data(), q_ld, gm, N);
+        EXPECT_LT(rel(gdq.download(), dq), 1e-4);
+        for (int64_t i = 0; i < S; i++) EXPECT_LT(rel(gdv[i].download(), dv[i]), 1e-5) << i;
+      }
+    }
+  }
+}
+
+TEST_P(BackendOps, AttentionAndAdamWMatchCpu) {
+  for (int64_t Hkv : {int64_t{2}, int64_t{8}}) {
+    const ops::AttnShape s{3, 64, 8, Hkv, 32};
+    const int64_t N = s.B * s.T, att_n = s.B * s.H * s.T * s.T;
+    const auto qkv = randn(N * s.ld(), 60), dout = randn(N * s.H * s.hd, 61);
+    std::vector<float> out(N * s.H * s.hd), att(att_n), dqkv = randn(N * s.ld(), 62),
+                                                        scratch(att_n);
+    Buf gqkv(qkv), gout(out.size()), gatt(att_n), gdout(dout), gdqkv(dqkv),
+        gscratch(att_n);
+    const ops::AttnShape gs{s.B, s.T, s.H, s.Hkv, s.hd};
+    ops::attention_forward(out.data(), att.data(), qkv.data(), s);
+    be->attention_forward(gout.data(), gatt.data(), gqkv.data(), gs);
+    EXPECT_LT(rel(gout.download(), out), 1e-5);
+    EXPECT_LT(rel(gatt.download(), att), 1e-5);
+    ops::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), s);
+    be->attention_backward(gdqkv.data(), gscratch.data(), gdout.data(), gqkv.data(),
+                                  gatt.data(), gs);
+    EXPECT_LT(rel(gdqkv.download(), dqkv), 1e-5);
+  }
+  const int64_t n = 10000;
+  std::vector<float> p = randn(n, 63), g = randn(n, 64), m = randn(n, 65), v(n, 0.01f);
+  Buf gp(p), gg(g), gm(m), gv(v);
+  const ops::AdamStep k{0.9f, 0.95f, 1e-3f, 1.2f, 1e-8f, 0.5f};
+  for (int64_t i = 0; i < n; i++) {  // the documented update, element by element
+    const float gi = g[i] * k.grad_scale;
+    m[i] = k.b1 * m[i] + (1 - k.b1) * gi;
+    v[i] = k.b2 * v[i] + (1 - k.b2) * gi * gi;
+    p[i] = p[i] * 0.999f - k.step_size * m[i] / (std::sqrt(v[i]) * k.inv_bc2_sqrt + k.eps);
+  }
+  be->adamw_update(gp.data(), gg.data(), gm.data(), gv.data(), n, 0.999f, k);
+  EXPECT_LT(rel(gp.download(), p), 1e-6);
+  EXPECT_LT(rel(gm.download(), m), 1e-6);
+  EXPECT_LT(rel(gv.download(), v), 1e-6);
+}
+
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendOps, ::testing::Values("cuda-host", "cuda"),
+                         [](const auto& param_info) {
+                           std::string n = param_info.param;
+                           for (auto& c : n) c = c == '-' ? '_' : c;
+                           return n;
+                         });

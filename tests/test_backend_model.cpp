@@ -1,0 +1,284 @@
+// Whole models on every backend other than the CPU against the same model on the CPU: the loss,
+// logits and every parameter's gradient of one forward/backward, then a few AdamW steps (losses
+// and weights track), checkpoints written from and read into a device model, and a short
+// `train --device` run whose losses track the CPU run's. "cuda-host" (the CUDA kernels emulated
+// on the host) runs everywhere; "cuda" needs a GPU and is skipped, with the reason, without one.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "attnres/backend.hpp"
+#include "attnres/checkpoint.hpp"
+#include "attnres/error.hpp"
+#include "attnres/model.hpp"
+#include "attnres/optim.hpp"
+#include "attnres/train.hpp"
+#include "core/backend.hpp"
+#include "core/rng.hpp"
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using namespace attnres;
+using attnres::testing::randn;
+using attnres::testing::rel_diff;
+
+namespace {
+
+struct Case {
+  const char* name;
+  const char* mode;
+  int64_t block_size = 2;
+  const char* gate = "softmax";
+  const char* key_norm = "rms";
+  int64_t heads = 1;
+  int64_t window = 0;
+  bool tied = true;
+  int64_t kv_heads = 2;
+};
+
+const Case kCases[] = {
+    {"prenorm", "prenorm"},
+    {"block_s2", "block", 2},
+    {"block_s4_untied_mha", "block", 4, "softmax", "rms", 1, 0, false, 4},
+    {"full", "full"},
+    {"full_sigmoid_nonorm", "full", 1, "sigmoid", "none"},
+    {"full_heads2_window3", "full", 1, "softmax", "rms", 2, 3},
+};
+
+ModelConfig config_of(const Case& c) {
+  ModelConfig m;
+  m.n_layer = 3;
+  m.n_head = 4;
+  m.n_kv_head = c.kv_heads;
+  m.d_model = 32;
+  m.ffn_hidden = 48;
+  m.vocab_size = 41;
+  m.max_seq_len = 12;
+  m.tied = c.tied;
+  m.residual.mode = c.mode;
+  m.residual.block_size = c.block_size;
+  m.residual.gate = c.gate;
+  m.residual.key_norm = c.key_norm;
+  m.residual.heads = c.heads;
+  m.residual.window = c.window;
+  return m;
+}
+
+std::shared_ptr<Backend> backend_or_skip(const std::string& name, std::string* why) {
+  try {
+    return make_backend(name);
+  } catch (const Error& e) {
+    *why = e.what();
+    return nullptr;
+  }
+}
+
+// Initial weights with the depth-attention parameters moved off their zero start, so the depth
+// weights differ across sources and tokens (at init they are uniform).
+std::vector<float> test_weights(Model& m) {
+  m.init_weights(7);
+  std::vector<float> w = m.params_to_host();
+  uint64_t seed = 100;
+  for (const ParamEntry& e : m.layout().entries()) {
+    if (e.name.find("_res.") == std::string::npos) continue;
+    const auto noise = randn(e.numel, seed++, 0.5);
+    for (int64_t i = 0; i < e.numel; i++) w[e.offset + i] += noise[i];
+  }
+  return w;
+}
+
+std::vector<float> logits_of(const Model& m, int64_t n) {
+  std::vector<float> h(static_cast<size_t>(n));
+  m.backend().download(h.data(), m.logits(), sizeof(float) * h.size());
+  return h;
+}
+
+class BackendModel : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
+
+}  // namespace
+
+TEST_P(BackendModel, MatchesTheCpuModel) {
+  const auto& [name, c] = GetParam();
+  std::string why;
+  auto be = backend_or_skip(name, &why);
+  if (!be) GTEST_SKIP() << "no " << name << " test: " << why;
+  const ModelConfig cfg = config_of(c);
+  Model cpu(cfg), dev(cfg, be);
+  EXPECT_TRUE(cpu.on_cpu());
+  EXPECT_FALSE(dev.on_cpu());
+  const std::vector<float> w = test_weights(cpu);
+  cpu.params_from_host(w.data());
+  dev.params_from_host(w.data());
+  EXPECT_EQ(dev.params_to_host(), w);
+
+  const int64_t B = 2, T = 11, N = B * T, V = cfg.vocab_size;
+  std::vector<int32_t> tok(N), tgt(N);
+  Rng r(3);
+  for (int64_t i = 0; i < N; i++) {
+    tok[i] = static_cast<int32_t>(r.next_u64() % V);
+    tgt[i] = static_cast<int32_t>(r.next_u64() % V);
+  }
+  cpu.zero_grad();
+  dev.zero_grad();
+  const double lc = cpu.forward(tok.data(), tgt.data(), B, T);
+  const double ld = dev.forward(tok.data(), tgt.data(), B, T);
+  EXPECT_NEAR(ld, lc, 1e-5 * lc);
+  const std::vector<float> logits_c(cpu.logits(), cpu.logits() + N * V);
+  EXPECT_LT(rel_diff(logits_of(dev, N * V).data(), logits_c.data(), N * V), 1e-5);
+  cpu.backward();
+  dev.backward();
+  const std::vector<float> gc = cpu.grads_to_host(), gd = dev.grads_to_host();
+  // Every tensor, relative to its own norm; a floor of 1e-5 of the whole gradient's norm for
+  // tensors whose gradient is zero in exact arithmetic (the first mixer has one source, so its
+  // query gets rounding noise only).
+  const double floor = 1e-5 * std::sqrt(std::inner_product(gc.begin(), gc.end(), gc.begin(), 0.0));
+  for (const ParamEntry& e : cpu.layout().entries()) {
+    EXPECT_LT(rel_diff(gd.data() + e.offset, gc.data() + e.offset, e.numel, floor), 1e-4)
+        << e.name;
+  }
+
+  // A few AdamW steps with clipping on each backend: losses and weights stay together (rounding
+  // differences grow with each step, faster with larger learning rates).
+  AdamWConfig ac;
+  ac.lr = 2e-3;
+  ac.eps = 1e-6;  // Adam turns a zero gradient's rounding noise (first mixer) into +-lr steps
+  AdamW oc(cpu.layout(), ac), od(dev.layout(), ac, &dev.backend());
+  for (int step = 0; step < 3; step++) {
+    if (step > 0) {
+      cpu.zero_grad();
+      dev.zero_grad();
+      const double a = cpu.forward(tok.data(), tgt.data(), B, T);
+      const double b = dev.forward(tok.data(), tgt.data(), B, T);
+      EXPECT_NEAR(b, a, 1e-4 * a) << "step " << step;
+      cpu.backward();
+      dev.backward();
+    }
+    const double nc = grad_norm(cpu.grads(), cpu.num_params());
+    const double nd = std::sqrt(dev.backend().sum_squares(dev.grads(), dev.num_params()));
+    EXPECT_NEAR(nd, nc, 1e-4 * nc) << "step " << step;
+    oc.step(cpu.params(), cpu.grads(), ac.lr, clip_scale(nc, 0.5));
+    od.step(dev.params(), dev.grads(), ac.lr, clip_scale(nd, 0.5));
+  }
+  const std::vector<float> pc = cpu.params_to_host(), pd = dev.params_to_host();
+  EXPECT_LT(rel_diff(pd.data(), pc.data(), cpu.num_params()), 1e-4);
+  EXPECT_LT(rel_diff(od.m().download().data(), oc.m().data(), cpu.num_params()), 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, BackendModel,
+                         ::testing::Combine(::testing::Values("cuda-host", "cuda"),
+                                            ::testing::ValuesIn(kCases)),
+                         [](const auto& param_info) {
+                           std::string n = std::get<0>(param_info.param) + "_" +
+                                           std::get<1>(param_info.param).name;
+                           for (auto& ch : n) ch = ch == '-' ? '_' : ch;
+                           return n;
+                         });
+
+namespace {
+const char* kDevices[] = {"cuda-host", "cuda"};
+class BackendRuns : public ::testing::TestWithParam<const char*> {};
+}  // namespace
+
+// Checkpoints: written from a device model they read back bit for bit on the CPU, and a device
+// model loads what the CPU wrote, optimizer state included.
+TEST_P(BackendRuns, CheckpointsMoveBetweenBackends) {
+  std::string why;
+  auto be = backend_or_skip(GetParam(), &why);
+  if (!be) GTEST_SKIP() << "no " << GetParam() << " test: " << why;
+  attnres::testing::TempDir td;
+  const ModelConfig cfg = config_of(kCases[1]);
+  Model dev(cfg, be);
+  const std::vector<float> w = test_weights(dev);
+  dev.params_from_host(w.data());
+  const std::string path = td.path + "/m.safetensors";
+  save_model(path, dev, {});
+  auto cpu = load_model(path);
+  EXPECT_EQ(cpu->params_to_host(), w);
+  Model dev2(cfg, be);
+  load_weights(dev2, SafetensorsReader::open(path));
+  EXPECT_EQ(dev2.params_to_host(), w);
+
+  AdamW oc(cpu->layout(), AdamWConfig{});
+  const auto m = randn(cpu->num_params(), 5), v = randn(cpu->num_params(), 6, 0.1);
+  std::copy(m.begin(), m.end(), oc.m().data());
+  std::copy(v.begin(), v.end(), oc.v().data());
+  oc.set_steps_taken(9);
+  save_optimizer(td.path + "/o.safetensors", *cpu, oc, {});
+  AdamW od(dev2.layout(), AdamWConfig{}, &dev2.backend());
+  load_optimizer(td.path + "/o.safetensors", dev2, od);
+  EXPECT_EQ(od.m().download(), m);
+  EXPECT_EQ(od.v().download(), v);
+  EXPECT_EQ(od.steps_taken(), 9);
+  save_optimizer(td.path + "/o2.safetensors", dev2, od, {});
+  AdamW back(cpu->layout(), AdamWConfig{});
+  load_optimizer(td.path + "/o2.safetensors", *cpu, back);
+  EXPECT_EQ(std::vector<float>(back.m().data(), back.m().data() + m.size()), m);
+}
+
+// `train --device`: the same run on the CPU and on the device; losses track step by step and the
+// final validation loss agrees. Unsupported options fail with the fix named.
+TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
+  std::string why;
+  if (!backend_or_skip(GetParam(), &why)) GTEST_SKIP() << "no " << GetParam() << " test: " << why;
+  attnres::testing::TempDir td;
+  {
+    std::ofstream f(td.path + "/corpus.txt");
+    for (int i = 0; i < 300; i++) f << "the cat sees the river " << i % 7 << ". a dog likes hats.\n";
+  }
+  auto run = [&](const std::string& device, const std::string& mode, std::vector<double>* losses) {
+    TrainConfig c;
+    c.data_path = td.path + "/corpus.txt";
+    c.out_dir = td.path + "/run_" + device + "_" + mode;
+    c.data_dir = td.path + "/data";
+    c.model.n_layer = 2;
+    c.model.d_model = 32;
+    c.model.n_head = 4;
+    c.model.n_kv_head = 2;
+    c.model.residual.mode = mode;
+    c.model.residual.block_size = 2;
+    c.batch_size = 4;
+    c.seq_len = 16;
+    c.steps = 6;
+    c.grad_accum = 2;
+    c.adamw.lr = 5e-3;
+    c.eval_every = 3;
+    c.eval_batches = 2;
+    c.save_every = 3;
+    c.device = device;
+    TrainEvents ev;
+    ev.loss_hook = [losses](int64_t, double loss) {
+      losses->push_back(loss);
+      return loss;
+    };
+    return train(c, ev);
+  };
+  for (const char* mode : {"block", "full"}) {
+    SCOPED_TRACE(mode);
+    std::vector<double> lc, ld;
+    const TrainResult rc = run("cpu", mode, &lc), rd = run(GetParam(), mode, &ld);
+    ASSERT_EQ(lc.size(), 6u);
+    ASSERT_EQ(ld.size(), 6u);
+    for (size_t i = 0; i < lc.size(); i++) EXPECT_NEAR(ld[i], lc[i], 1e-4 * lc[i]) << "step " << i;
+    EXPECT_LT(lc.back(), lc.front());  // it learned
+    EXPECT_NEAR(rd.final_val_loss, rc.final_val_loss, 1e-4 * rc.final_val_loss);
+  }
+  std::vector<double> unused;
+  try {
+    run(GetParam(), "static", &unused);
+    ADD_FAILURE() << "static mode trained on " << GetParam();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--device cpu"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, BackendRuns, ::testing::ValuesIn(kDevices),
+                         [](const auto& param_info) {
+                           std::string n = param_info.param;
+                           for (auto& ch : n) ch = ch == '-' ? '_' : ch;
+                           return n;
+                         });
