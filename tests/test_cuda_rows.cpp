@@ -185,32 +185,6 @@ TEST(CudaRows, DepthMixMatchesCpu) {
   EXPECT_LT(rel(ra, rb), 1e-6);
 }
 
-// Causal attention with GQA (2 query heads per kv head) and MHA, forward and backward.
-TEST(CudaRows, AttentionMatchesCpu) {
-  for (int64_t Hkv : {int64_t{2}, int64_t{4}}) {
-    const rows::AttnDims s{2, 11, 4, Hkv, 8};
-    const ops::AttnShape os{s.B, s.T, s.H, s.Hkv, s.hd};
-    SCOPED_TRACE("Hkv=" + std::to_string(Hkv));
-    const int64_t N = s.B * s.T, att_n = s.B * s.H * s.T * s.T;
-    const auto qkv = randn(N * s.ld(), 70, 1.5), dout = randn(N * s.H * s.hd, 71);
-    std::vector<float> oa(N * s.H * s.hd), ob(oa.size()), aa(att_n), ab(att_n, 7.0f);
-    ops::attention_forward(oa.data(), aa.data(), qkv.data(), os);
-    rows::run_rows_host(rows::AttentionForward{ob.data(), ab.data(), qkv.data(), s},
-                        s.B * s.H * s.T);
-    EXPECT_LT(rel(oa, ob), 1e-5);
-    EXPECT_LT(rel(aa, ab), 1e-5);
-    std::vector<float> da = randn(N * s.ld(), 72), db = da, scratch(att_n), cpu_scratch(att_n);
-    ops::attention_backward(da.data(), cpu_scratch.data(), dout.data(), qkv.data(), aa.data(), os);
-    rows::run_rows_host(rows::AttentionBackwardQuery{db.data(), scratch.data(), dout.data(),
-                                                     qkv.data(), aa.data(), s},
-                        s.B * s.H * s.T);
-    rows::run_rows_host(rows::AttentionBackwardKeyValue{db.data(), scratch.data(), dout.data(),
-                                                        qkv.data(), aa.data(), s},
-                        s.B * s.Hkv * s.T);
-    EXPECT_LT(rel(da, db), 1e-5);
-  }
-}
-
 // AdamW's element update against the optimizer class (decayed and undecayed tensors, clipping
 // scale, three steps so the bias corrections change).
 TEST(CudaRows, AdamWMatchesOptimizer) {

@@ -215,6 +215,36 @@ struct CudaExec {
     }
   }
 
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a row-major matrix is its
+  // transpose column-major: so cuBLAS gets B first (transposed when tb) and A second, m = N,
+  // n = M. The pointer arrays go to a device table with a copy queued on the stream.
+  void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* const* A, int64_t lda, const float* const* B, int64_t ldb,
+                    float beta, float* const* C, int64_t ldc, int64_t count) {
+    if (count == 0 || M == 0 || N == 0) return;
+    check(K > 0, "internal: batched GEMM with an empty inner dimension");
+    const int m = dim(N), n = dim(M), k = dim(K), c = dim(count);
+    if (3 * count > ptr_cap_) {
+      synchronize();  // no GEMM may still read the old table
+      if (ptrs_) cudaFree(ptrs_);
+      ptrs_ = nullptr;
+      ptr_cap_ = 0;
+      ATTNRES_CUDA_CHECK(cudaMalloc(&ptrs_, sizeof(void*) * 3 * count));
+      ptr_cap_ = 3 * count;
+    }
+    host_ptrs_.resize(static_cast<size_t>(3 * count));
+    for (int64_t i = 0; i < count; i++) {
+      host_ptrs_[i] = const_cast<float*>(B[i]);
+      host_ptrs_[count + i] = const_cast<float*>(A[i]);
+      host_ptrs_[2 * count + i] = C[i];
+    }
+    ATTNRES_CUDA_CHECK(cudaMemcpyAsync(ptrs_, host_ptrs_.data(), sizeof(void*) * 3 * count,
+                                       cudaMemcpyHostToDevice, 0));
+    ATTNRES_CUBLAS_CHECK(cublasSgemmBatched(
+        blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
+        ptrs_, dim(ldb), ptrs_ + count, dim(lda), &beta, ptrs_ + 2 * count, dim(ldc), c));
+  }
+
   // The sources of a depth mix, copied into a device table with a copy queued on the stream
   // (ordered after the kernels that read the previous contents; the host array may be reused at
   // once: pageable copies are staged).
@@ -235,15 +265,17 @@ struct CudaExec {
     return table_;
   }
   ~CudaExec() {
-    if (table_) {
-      cudaDeviceSynchronize();
-      cudaFree(table_);
-    }
+    cudaDeviceSynchronize();
+    if (table_) cudaFree(table_);
+    if (ptrs_) cudaFree(ptrs_);
   }
 
   rows::Source* table_ = nullptr;
   int64_t cap_ = 0;
   std::vector<rows::Source> host_;
+  float** ptrs_ = nullptr;  // device table: B pointers, A pointers, C pointers
+  int64_t ptr_cap_ = 0;
+  std::vector<float*> host_ptrs_;
 };
 
 }  // namespace

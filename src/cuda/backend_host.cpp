@@ -1,11 +1,13 @@
 // The "cuda-host" backend (attnres/backend.hpp): the CUDA backend's RowBackend with its kernels'
 // functors run on the host index by index, host memory and the CPU GEMMs. Built everywhere, so the
 // device code path of the model is tested on machines without a GPU.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <vector>
 
+#include "core/blas.hpp"
 #include "cuda/row_backend.hpp"
 
 namespace attnres {
@@ -42,6 +44,19 @@ struct HostExec {
   void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
                        const float* w, int64_t N, int64_t IC, int64_t OC) {
     ops::matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
+  }
+  void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* const* A, int64_t lda, const float* const* B, int64_t ldb,
+                    float beta, float* const* C, int64_t ldc, int64_t count) {
+    // On a GPU the products of one batch run concurrently: two writing one matrix would race.
+    // Run here one after the other, they would not, so the contract is checked instead.
+    std::vector<float*> dst(C, C + count);
+    std::sort(dst.begin(), dst.end());
+    check(std::adjacent_find(dst.begin(), dst.end()) == dst.end(),
+          "internal: a batched GEMM has two products writing the same matrix");
+    for (int64_t i = 0; i < count; i++) {
+      sgemm(ta, tb, M, N, K, alpha, A[i], lda, B[i], ldb, beta, C[i], ldc);
+    }
   }
   const rows::Source* sources(const ops::DepthSource* src, int64_t S) {
     table_.resize(static_cast<size_t>(S));

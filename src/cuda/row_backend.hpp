@@ -4,11 +4,14 @@
 //                               host memory and the CPU GEMMs ("cuda-host": tests everywhere)
 // An executor provides: name(); alloc (zeroed) / release / upload / download / copy / zero /
 // synchronize on bytes; launch(functor, n) calling functor(i) for i in [0, n); matmul_forward /
-// matmul_backward with the semantics of src/ops; sources(src, S): a table of S rows::Source the
+// matmul_backward with the semantics of src/ops; gemm_batched(ta, tb, M, N, K, alpha, A, lda, B, ldb,
+// beta, C, ldc, count): for each i, C[i] = alpha op(A[i]) op(B[i]) + beta C[i] with the row-major
+// contract of attnres::sgemm (src/core/blas.hpp), pointer arrays on the host; sources(src, S): a table of S rows::Source the
 // kernels can read, valid until the next call.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -104,17 +107,80 @@ class RowBackend final : public Backend {
     x_.launch(rows::Rope{dx, cos_t, sin_t, T, n_heads, hd, ld, pos0, -1.0f},
               B * T * n_heads * (hd / 2));
   }
+  // Causal attention as batched GEMMs (one per (b, h), or per (b, kv head) where GQA heads share
+  // a destination) around the softmax row kernels; see row_kernels.hpp.
   void attention_forward(float* out, float* att, const float* qkv,
                          const ops::AttnShape& s) override {
-    const rows::AttnDims d{s.B, s.T, s.H, s.Hkv, s.hd};
-    x_.launch(rows::AttentionForward{out, att, qkv, d}, s.B * s.H * s.T);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+    const int64_t T = s.T, ld = s.ld(), HD = s.H * s.hd;
+    Batch& b = batch_;
+    b.clear();
+    for (int64_t i = 0; i < s.B; i++) {
+      for (int64_t h = 0; h < s.H; h++) {  // att_bh (T,T) = scale q_bh k_bh^T
+        b.add(q(qkv, s, i, h), k(qkv, s, i, h), att + (i * s.H + h) * T * T);
+      }
+    }
+    x_.gemm_batched(false, true, T, T, s.hd, scale, b.a.data(), ld, b.b.data(), ld, 0.0f,
+                    b.c.data(), T, b.size());
+    x_.launch(rows::AttnSoftmaxForward{att, T}, s.B * s.H * T);
+    b.clear();
+    for (int64_t i = 0; i < s.B; i++) {
+      for (int64_t h = 0; h < s.H; h++) {  // out_bh (T,hd) = att_bh v_bh
+        b.add(att + (i * s.H + h) * T * T, v(qkv, s, i, h), out + i * T * HD + h * s.hd);
+      }
+    }
+    x_.gemm_batched(false, false, T, s.hd, T, 1.0f, b.a.data(), T, b.b.data(), ld, 0.0f,
+                    b.c.data(), HD, b.size());
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const ops::AttnShape& s) override {
-    const rows::AttnDims d{s.B, s.T, s.H, s.Hkv, s.hd};
-    x_.launch(rows::AttentionBackwardQuery{dqkv, scratch, dout, qkv, att, d}, s.B * s.H * s.T);
-    x_.launch(rows::AttentionBackwardKeyValue{dqkv, scratch, dout, qkv, att, d},
-              s.B * s.Hkv * s.T);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+    const int64_t T = s.T, ld = s.ld(), HD = s.H * s.hd, G = s.H / s.Hkv;
+    auto P = [&](int64_t i, int64_t h) { return att + (i * s.H + h) * T * T; };
+    auto dS = [&](int64_t i, int64_t h) { return scratch + (i * s.H + h) * T * T; };
+    auto dO = [&](int64_t i, int64_t h) { return dout + i * T * HD + h * s.hd; };
+    Batch& b = batch_;
+    b.clear();
+    for (int64_t i = 0; i < s.B; i++) {
+      for (int64_t h = 0; h < s.H; h++) b.add(dO(i, h), v(qkv, s, i, h), dS(i, h));
+    }
+    // dP_bh (T,T) = dout_bh v_bh^T, then dS in place
+    x_.gemm_batched(false, true, T, T, s.hd, 1.0f, b.a.data(), HD, b.b.data(), ld, 0.0f,
+                    b.c.data(), T, b.size());
+    x_.launch(rows::AttnSoftmaxBackward{scratch, att, T, scale}, s.B * s.H * T);
+    b.clear();
+    for (int64_t i = 0; i < s.B; i++) {
+      for (int64_t h = 0; h < s.H; h++) {
+        b.add(dS(i, h), k(qkv, s, i, h), q(dqkv, s, i, h));
+      }
+    }
+    // dq_bh (T,hd) += dS_bh k_bh
+    x_.gemm_batched(false, false, T, s.hd, T, 1.0f, b.a.data(), T, b.b.data(), ld, 1.0f,
+                    b.c.data(), ld, b.size());
+    // The query heads of one kv head add into the same dk / dv: one batched call per head of the
+    // group, so no call has two products writing one destination.
+    for (int64_t g = 0; g < G; g++) {
+      b.clear();
+      for (int64_t i = 0; i < s.B; i++) {
+        for (int64_t kh = 0; kh < s.Hkv; kh++) {
+          const int64_t h = kh * G + g;
+          b.add(dS(i, h), q(qkv, s, i, h), k(dqkv, s, i, h));
+        }
+      }
+      // dk (T,hd) += dS_bh^T q_bh
+      x_.gemm_batched(true, false, T, s.hd, T, 1.0f, b.a.data(), T, b.b.data(), ld, 1.0f,
+                      b.c.data(), ld, b.size());
+      b.clear();
+      for (int64_t i = 0; i < s.B; i++) {
+        for (int64_t kh = 0; kh < s.Hkv; kh++) {
+          const int64_t h = kh * G + g;
+          b.add(P(i, h), dO(i, h), v(dqkv, s, i, h));
+        }
+      }
+      // dv (T,hd) += att_bh^T dout_bh
+      x_.gemm_batched(true, false, T, s.hd, T, 1.0f, b.a.data(), T, b.b.data(), HD, 1.0f,
+                      b.c.data(), ld, b.size());
+    }
   }
   void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) override {
     x_.launch(rows::SwigluForward{out, h13, F}, N * F);
@@ -195,8 +261,35 @@ class RowBackend final : public Backend {
     return r;
   }
 
+  // The operand pointers of one batched GEMM (host arrays; the executor copies them over).
+  struct Batch {
+    std::vector<const float*> a, b;
+    std::vector<float*> c;
+    void clear() { a.clear(), b.clear(), c.clear(); }
+    void add(const float* x, const float* y, float* z) {
+      a.push_back(x);
+      b.push_back(y);
+      c.push_back(z);
+    }
+    int64_t size() const { return static_cast<int64_t>(c.size()); }
+  };
+  // Sequence i's head h of q / its kv head's k, v in a (B,T,ld) q|k|v buffer (rows stride ld).
+  template <class F>
+  static F* q(F* x, const ops::AttnShape& s, int64_t i, int64_t h) {
+    return x + i * s.T * s.ld() + h * s.hd;
+  }
+  template <class F>
+  static F* k(F* x, const ops::AttnShape& s, int64_t i, int64_t h) {
+    return x + i * s.T * s.ld() + (s.H + h / (s.H / s.Hkv)) * s.hd;
+  }
+  template <class F>
+  static F* v(F* x, const ops::AttnShape& s, int64_t i, int64_t h) {
+    return x + i * s.T * s.ld() + (s.H + s.Hkv + h / (s.H / s.Hkv)) * s.hd;
+  }
+
   Exec x_;
   Scratch dq_, partials_, losses_;
+  Batch batch_;
 };
 
 }  // namespace attnres::cuda

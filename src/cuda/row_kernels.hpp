@@ -349,103 +349,44 @@ struct DepthQueryReduce {
   }
 };
 
-// ---- causal self-attention ----  qkv (B,T,ld): q (H,hd) | k (Hkv,hd) | v (Hkv,hd) per row;
-// att (B,H,T,T) probabilities (upper triangle zero), as ops::attention_forward.
-struct AttnDims {
-  int64_t B, T, H, Hkv, hd;
-  ATTNRES_HD int64_t ld() const { return (H + 2 * Hkv) * hd; }
-};
-// index = (b*H + h)*T + t: one query row; its probabilities are formed in place in att.
-struct AttentionForward {
-  float* out;  // (B,T,H*hd)
+// ---- causal self-attention ----  Run as batched GEMMs around these row kernels (RowBackend):
+// scores = q k^T / sqrt(hd) into att (B,H,T,T), the causal softmax below in place, out = att v;
+// the backward's dP = dout v^T goes through AttnSoftmaxBackward to dS, then dq = dS k, dk = dS^T q,
+// dv = att^T dout. Rows are (b, h, t); a row's entries u > t are masked (probability zero).
+// index r = (b H + h) T + t: att row r (T) = softmax over u <= t of the scores; 0 for u > t.
+struct AttnSoftmaxForward {
   float* att;
-  const float* qkv;
-  AttnDims s;
-  ATTNRES_HD void operator()(int64_t idx) const {
-    const int64_t t = idx % s.T, h = (idx / s.T) % s.H, b = idx / (s.T * s.H);
-    const int64_t ld = s.ld(), grp = s.H / s.Hkv, hd = s.hd;
-    const float scale = 1.0f / ::sqrtf(static_cast<float>(hd));
-    const float* q = qkv + (b * s.T + t) * ld + h * hd;
-    const int64_t ko = (s.H + h / grp) * hd, vo = (s.H + s.Hkv + h / grp) * hd;
-    float* A = att + idx * s.T;
-    float mx = -INFINITY;
-    for (int64_t u = 0; u <= t; u++) {
-      const float* k = qkv + (b * s.T + u) * ld + ko;
-      float dot = 0.0f;
-      for (int64_t i = 0; i < hd; i++) dot += q[i] * k[i];
-      A[u] = dot * scale;
-      mx = A[u] > mx ? A[u] : mx;
-    }
+  int64_t T;
+  ATTNRES_HD void operator()(int64_t r) const {
+    const int64_t t = r % T;
+    float* a = att + r * T;
+    float mx = a[0];
+    for (int64_t u = 1; u <= t; u++) mx = a[u] > mx ? a[u] : mx;
     float z = 0.0f;
-    for (int64_t u = 0; u <= t; u++) z += (A[u] = ::expf(A[u] - mx));
-    for (int64_t u = 0; u < s.T; u++) A[u] = u <= t ? A[u] / z : 0.0f;
-    float* o = out + (b * s.T + t) * s.H * hd + h * hd;
-    for (int64_t i = 0; i < hd; i++) o[i] = 0.0f;
     for (int64_t u = 0; u <= t; u++) {
-      const float* v = qkv + (b * s.T + u) * ld + vo;
-      for (int64_t i = 0; i < hd; i++) o[i] += A[u] * v[i];
+      a[u] = ::expf(a[u] - mx);
+      z += a[u];
     }
+    const float inv = 1.0f / z;
+    for (int64_t u = 0; u <= t; u++) a[u] *= inv;
+    for (int64_t u = t + 1; u < T; u++) a[u] = 0.0f;
   }
 };
-// Backward, part 1, index = (b*H + h)*T + t: dS (B,H,T,T) = A (dO.v - sum A dO.v) / sqrt(hd) in
-// `scratch`, and dq_t += sum_u dS[t,u] k_u.
-struct AttentionBackwardQuery {
-  float* dqkv;
-  float* scratch;
-  const float* dout;
-  const float* qkv;
+// index r as above: d row r holds dP (dL/d probabilities) and becomes dS (dL/d scores before the
+// 1/sqrt(hd) scale, which is folded in): dS_u = scale P_u (dP_u - sum_v P_v dP_v), 0 for u > t.
+struct AttnSoftmaxBackward {
+  float* d;
   const float* att;
-  AttnDims s;
-  ATTNRES_HD void operator()(int64_t idx) const {
-    const int64_t t = idx % s.T, h = (idx / s.T) % s.H, b = idx / (s.T * s.H);
-    const int64_t ld = s.ld(), grp = s.H / s.Hkv, hd = s.hd;
-    const float scale = 1.0f / ::sqrtf(static_cast<float>(hd));
-    const int64_t ko = (s.H + h / grp) * hd, vo = (s.H + s.Hkv + h / grp) * hd;
-    const float* A = att + idx * s.T;
-    float* dS = scratch + idx * s.T;
-    const float* dO = dout + (b * s.T + t) * s.H * hd + h * hd;
+  int64_t T;
+  float scale;
+  ATTNRES_HD void operator()(int64_t r) const {
+    const int64_t t = r % T;
+    const float* p = att + r * T;
+    float* g = d + r * T;
     float dot = 0.0f;
-    for (int64_t u = 0; u <= t; u++) {
-      const float* v = qkv + (b * s.T + u) * ld + vo;
-      float d = 0.0f;
-      for (int64_t i = 0; i < hd; i++) d += dO[i] * v[i];
-      dS[u] = d;
-      dot += A[u] * d;
-    }
-    float* dq = dqkv + (b * s.T + t) * ld + h * hd;
-    for (int64_t u = 0; u <= t; u++) {
-      dS[u] = A[u] * (dS[u] - dot) * scale;
-      const float* k = qkv + (b * s.T + u) * ld + ko;
-      for (int64_t i = 0; i < hd; i++) dq[i] += dS[u] * k[i];
-    }
-  }
-};
-// Backward, part 2, index = (b*Hkv + g)*T + u: one key/value row of kv head g, summed over the
-// group's query heads and the queries t >= u that saw it (no atomics).
-struct AttentionBackwardKeyValue {
-  float* dqkv;
-  const float* scratch;  // dS from part 1
-  const float* dout;
-  const float* qkv;
-  const float* att;
-  AttnDims s;
-  ATTNRES_HD void operator()(int64_t idx) const {
-    const int64_t u = idx % s.T, g = (idx / s.T) % s.Hkv, b = idx / (s.T * s.Hkv);
-    const int64_t ld = s.ld(), grp = s.H / s.Hkv, hd = s.hd;
-    float* dk = dqkv + (b * s.T + u) * ld + (s.H + g) * hd;
-    float* dv = dqkv + (b * s.T + u) * ld + (s.H + s.Hkv + g) * hd;
-    for (int64_t h = g * grp; h < (g + 1) * grp; h++) {
-      for (int64_t t = u; t < s.T; t++) {
-        const int64_t row = ((b * s.H + h) * s.T + t) * s.T;
-        const float ds = scratch[row + u], a = att[row + u];
-        const float* q = qkv + (b * s.T + t) * ld + h * hd;
-        const float* dO = dout + (b * s.T + t) * s.H * hd + h * hd;
-        for (int64_t i = 0; i < hd; i++) {
-          dk[i] += ds * q[i];
-          dv[i] += a * dO[i];
-        }
-      }
-    }
+    for (int64_t u = 0; u <= t; u++) dot += p[u] * g[u];
+    for (int64_t u = 0; u <= t; u++) g[u] = scale * p[u] * (g[u] - dot);
+    for (int64_t u = t + 1; u < T; u++) g[u] = 0.0f;
   }
 };
 
