@@ -39,7 +39,7 @@ TEST(CudaRows, EmbeddingMatchesCpu) {
   const auto id = ids(N, V, 3);
   std::vector<float> a(N * C), b(N * C);
   ops::embedding_forward(a.data(), id.data(), wte.data(), N, C);
-  rows::run_rows_host(rows::EmbeddingForward{b.data(), id.data(), wte.data(), C}, N);
+  rows::run_rows_host(rows::EmbeddingForward{b.data(), id.data(), wte.data(), C}, N * C);
   EXPECT_EQ(a, b);
   std::vector<float> da = randn(V * C, 4), db = da;  // accumulates
   ops::embedding_backward(da.data(), dout.data(), id.data(), N, C);
@@ -108,7 +108,7 @@ TEST(CudaRows, CrossEntropyMatchesCpu) {
   std::vector<float> da(N * V), db = logits;  // in place, as the model does
   ops::cross_entropy_backward(da.data(), logits.data(), sa.data(), t.data(), N, V, 0.25f);
   rows::run_rows_host(
-      rows::CrossEntropyBackward{db.data(), db.data(), sa.data(), t.data(), V, 0.25f}, N);
+      rows::CrossEntropyBackward{db.data(), db.data(), sa.data(), t.data(), V, 0.25f}, N * V);
   EXPECT_LT(rel(da, db), 1e-5);
 }
 

@@ -14,6 +14,7 @@
 #include "cuda/device.hpp"
 #include "cuda/row_backend.hpp"
 #include "cuda/row_kernels.hpp"
+#include "cuda/warp_kernels.cuh"
 
 namespace attnres::cuda {
 
@@ -179,9 +180,50 @@ struct CudaExec {
   }
   void zero(void* p, size_t bytes) { ATTNRES_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0)); }
   void synchronize() { ATTNRES_CUDA_CHECK(cudaDeviceSynchronize()); }
+  // A functor with no faster kernel runs one thread per index; the row reductions run one warp
+  // per row (warp_kernels.cuh).
   template <class F>
   void launch(const F& f, int64_t n) {
     cuda::launch(f, n);
+  }
+  void launch(const rows::RmsNormForward& f, int64_t n) { warps(warp::RmsNormForward{f}, n); }
+  void launch(const rows::RmsNormBackwardInput& f, int64_t n) {
+    warps(warp::RmsNormBackwardInput{f}, n);
+  }
+  void launch(const rows::CrossEntropyForward& f, int64_t n) {
+    warps(warp::CrossEntropyForward{f}, n);
+  }
+  void launch(const rows::DepthRstd& f, int64_t n) { warps(warp::DepthRstd{f}, n); }
+  void launch(const rows::AttnSoftmaxForward& f, int64_t n) {
+    warps(warp::AttnSoftmaxForward{f}, n);
+  }
+  void launch(const rows::AttnSoftmaxBackward& f, int64_t n) {
+    warps(warp::AttnSoftmaxBackward{f}, n);
+  }
+  void launch(const rows::DepthMixForward& f, int64_t n) {
+    depth<warp::DepthMixForward>(f, f.m.dh(), n);
+  }
+  void launch(const rows::DepthMixBackward& f, int64_t n) {
+    depth<warp::DepthMixBackward>(f, f.m.dh(), n);
+  }
+  template <class Body>
+  void warps(const Body& body, int64_t rows) {
+    if (rows <= 0) return;
+    const int64_t blocks =
+        std::min<int64_t>((rows + warp::kWarpsPerBlock - 1) / warp::kWarpsPerBlock, 1 << 16);
+    warp::rows_kernel<<<static_cast<unsigned>(blocks), warp::kWarpsPerBlock * warp::kWarp>>>(body,
+                                                                                           rows);
+    ATTNRES_CUDA_CHECK(cudaGetLastError());
+  }
+  // The register tile that holds a (d/H)-channel slice: K channels per lane.
+  template <template <int> class Body, class F>
+  void depth(const F& f, int64_t dh, int64_t rows) {
+    if (dh <= 4 * warp::kWarp) return warps(Body<4>{f}, rows);
+    if (dh <= 8 * warp::kWarp) return warps(Body<8>{f}, rows);
+    if (dh <= 16 * warp::kWarp) return warps(Body<16>{f}, rows);
+    if (dh <= 24 * warp::kWarp) return warps(Body<24>{f}, rows);
+    if (dh <= 32 * warp::kWarp) return warps(Body<32>{f}, rows);
+    cuda::launch(f, rows);  // wider slices: the reference, one thread per slice
   }
 
   // Row-major X (r, c) is column-major X^T; see the derivations beside each call.

@@ -59,22 +59,21 @@ class RowBackend final : public Backend {
   }
   void scale(float* x, float s, int64_t n) override { x_.launch(rows::Scale{x, s}, n); }
   double sum_squares(const float* x, int64_t n) override {
-    constexpr int64_t kChunk = 4096;
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-    if (chunks == 0) return 0.0;
-    auto* part = static_cast<double*>(scratch(partials_, sizeof(double) * chunks));
-    x_.launch(rows::SumSquares{part, x, n, kChunk}, chunks);
-    std::vector<double> h(static_cast<size_t>(chunks));
+    const int64_t P = std::min<int64_t>(n, int64_t{1} << 16);  // partial sums
+    if (P == 0) return 0.0;
+    auto* part = static_cast<double*>(scratch(partials_, sizeof(double) * P));
+    x_.launch(rows::SumSquares{part, x, n, P}, P);
+    std::vector<double> h(static_cast<size_t>(P));
     x_.download(h.data(), part, sizeof(double) * h.size());
     double s = 0.0;
-    for (double v : h) s += v;  // in chunk order: deterministic
+    for (double v : h) s += v;  // in order: deterministic
     return s;
   }
 
   // ---- ops ----
   void embedding_forward(float* out, const int32_t* ids, const float* wte, int64_t N,
                          int64_t C) override {
-    x_.launch(rows::EmbeddingForward{out, ids, wte, C}, N);
+    x_.launch(rows::EmbeddingForward{out, ids, wte, C}, N * C);
   }
   void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
                           int64_t C) override {
@@ -202,7 +201,7 @@ class RowBackend final : public Backend {
   }
   void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                               const int32_t* targets, int64_t N, int64_t V, float dloss) override {
-    x_.launch(rows::CrossEntropyBackward{dlogits, logits, lse, targets, V, dloss}, N);
+    x_.launch(rows::CrossEntropyBackward{dlogits, logits, lse, targets, V, dloss}, N * V);
   }
   void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H,
                   float eps) override {

@@ -53,29 +53,29 @@ struct Scale {  // x *= s
   float s;
   ATTNRES_HD void operator()(int64_t i) const { x[i] *= s; }
 };
-// index c: out[c] = sum of x[i]^2 over chunk c of x (n), in double.
+// index t of P: out[t] = sum of x[i]^2 over i = t, t + P, t + 2P, ... < n, in double (neighbouring
+// indices read neighbouring elements: coalesced on the GPU). The caller adds out in order.
 struct SumSquares {
   double* out;
   const float* x;
-  int64_t n, chunk;
-  ATTNRES_HD void operator()(int64_t c) const {
+  int64_t n, P;
+  ATTNRES_HD void operator()(int64_t t) const {
     double s = 0.0;
-    const int64_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
-    for (int64_t i = c * chunk; i < end; i++) s += static_cast<double>(x[i]) * x[i];
-    out[c] = s;
+    for (int64_t i = t; i < n; i += P) s += static_cast<double>(x[i]) * x[i];
+    out[t] = s;
   }
 };
 
 // ---- embedding ----
 // index n: out (N,C) row n = wte[ids[n]]
-struct EmbeddingForward {
+struct EmbeddingForward {  // index i = n * C + c
   float* out;
   const int32_t* ids;
   const float* wte;
   int64_t C;
-  ATTNRES_HD void operator()(int64_t n) const {
-    const float* w = wte + static_cast<int64_t>(ids[n]) * C;
-    for (int64_t c = 0; c < C; c++) out[n * C + c] = w[c];
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t n = i / C, c = i % C;
+    out[i] = wte[static_cast<int64_t>(ids[n]) * C + c];
   }
 };
 // index c (a channel): dwte[ids[n], c] += dout[n, c] for n in order (deterministic, no atomics).
@@ -201,20 +201,17 @@ struct CrossEntropyForward {
   }
 };
 // dlogits = (softmax - onehot) * dloss; may alias logits (each element read before written).
-struct CrossEntropyBackward {
+struct CrossEntropyBackward {  // index i = n * V + j
   float* dlogits;
   const float* logits;
   const float* lse;
   const int32_t* targets;
   int64_t V;
   float dloss;
-  ATTNRES_HD void operator()(int64_t n) const {
-    const float s = lse[n];
-    const int64_t t = targets[n];
-    for (int64_t j = 0; j < V; j++) {
-      const float p = ::expf(logits[n * V + j] - s);
-      dlogits[n * V + j] = (p - (j == t ? 1.0f : 0.0f)) * dloss;
-    }
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t n = i / V, j = i % V;
+    const float p = ::expf(logits[i] - lse[n]);
+    dlogits[i] = (p - (j == targets[n] ? 1.0f : 0.0f)) * dloss;
   }
 };
 

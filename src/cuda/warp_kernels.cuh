@@ -1,0 +1,247 @@
+// Fast GPU versions of the row functors whose one-thread-per-row form reads memory uncoalesced
+// (src/cuda/row_kernels.hpp): one warp per row (or per (row, head) slice), each lane taking every
+// 32nd channel, partial sums combined with warp shuffles. Same fields, same results to rounding;
+// CudaExec (backend_cuda.cu) runs these in place of the functor's own operator() and the functors
+// stay the reference: the cuda-host backend runs them on every machine, and the GPU tests compare
+// the cuda backend with the CPU ops. Included by backend_cuda.cu only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "cuda/row_kernels.hpp"
+
+namespace attnres::cuda::warp {
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 8;
+// The depth-mix kernels hold a row slice in registers, K channels per lane (K * 32 >= d/H; the
+// launcher picks K from 4, 8, 16, 24, 32; wider slices fall back to the reference functor).
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Calls body(row, lane) with one warp per row (grid-stride over rows).
+template <class Body>
+__global__ void rows_kernel(Body body, int64_t rows) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+       r < rows; r += warps) {
+    body(r, lane);
+  }
+}
+
+struct RmsNormForward {
+  rows::RmsNormForward f;
+  __device__ void operator()(int64_t n, int lane) const {
+    const float* x = f.inp + n * f.C;
+    float ss = 0.0f;
+    for (int64_t c = lane; c < f.C; c += kWarp) ss += x[c] * x[c];
+    const float r = 1.0f / ::sqrtf(warp_sum(ss) / static_cast<float>(f.C) + f.eps);
+    if (f.rstd && lane == 0) f.rstd[n] = r;
+    for (int64_t c = lane; c < f.C; c += kWarp) f.out[n * f.C + c] = x[c] * r * f.g[c];
+  }
+};
+
+struct RmsNormBackwardInput {
+  rows::RmsNormBackwardInput f;
+  __device__ void operator()(int64_t n, int lane) const {
+    const float* x = f.inp + n * f.C;
+    const float* dy = f.dout + n * f.C;
+    const float r = f.rstd[n];
+    float dot = 0.0f;
+    for (int64_t c = lane; c < f.C; c += kWarp) dot += f.g[c] * dy[c] * x[c];
+    const float k = r * r * r * warp_sum(dot) / static_cast<float>(f.C);
+    for (int64_t c = lane; c < f.C; c += kWarp) f.dinp[n * f.C + c] += r * f.g[c] * dy[c] - k * x[c];
+  }
+};
+
+// Online log-sum-exp per lane, then merged across the warp.
+struct CrossEntropyForward {
+  rows::CrossEntropyForward f;
+  __device__ void operator()(int64_t n, int lane) const {
+    const float* l = f.logits + n * f.V;
+    float mx = -INFINITY, z = 0.0f;
+    for (int64_t j = lane; j < f.V; j += kWarp) {
+      const float v = l[j];
+      if (v > mx) {
+        z *= ::expf(mx - v);
+        mx = v;
+      }
+      z += ::expf(v - mx);
+    }
+    const float m = warp_max(mx);
+    z = warp_sum(mx == -INFINITY ? 0.0f : z * ::expf(mx - m));
+    if (lane == 0) {
+      const float s = m + ::logf(z);
+      f.lse[n] = s;
+      if (f.losses) f.losses[n] = s - l[f.targets[n]];
+    }
+  }
+};
+
+struct DepthRstd {  // row = n * H + h
+  rows::DepthRstd f;
+  __device__ void operator()(int64_t idx, int lane) const {
+    const int64_t dh = f.d / f.H, n = idx / f.H, h = idx % f.H;
+    const float* x = f.v + n * f.d + h * dh;
+    float ss = 0.0f;
+    for (int64_t c = lane; c < dh; c += kWarp) ss += x[c] * x[c];
+    ss = warp_sum(ss);
+    if (lane == 0) f.rstd[idx] = 1.0f / ::sqrtf(ss / static_cast<float>(dh) + f.eps);
+  }
+};
+
+// The depth mix of one (token, head) slice: the query slice and the running mix in registers,
+// each source read once (coalesced across lanes), scores by warp reduction, online softmax.
+template <int kMaxPerLane>
+struct DepthMixForward {
+  rows::DepthMixForward f;
+  __device__ void operator()(int64_t idx, int lane) const {
+    const rows::Mix& m = f.m;
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
+    const float* qh = f.q + n * f.q_ld + h * dh;
+    float q[kMaxPerLane], acc[kMaxPerLane];
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; j++) {
+      const int64_t c = lane + j * kWarp;
+      q[j] = c < dh ? qh[c] : 0.0f;
+      acc[j] = 0.0f;
+    }
+    float mx = -INFINITY, z = 0.0f;
+    for (int64_t i = 0; i < f.S; i++) {
+      const float* v = f.src[i].v + off;
+      float vv[kMaxPerLane], dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; j++) {
+        const int64_t c = lane + j * kWarp;
+        vv[j] = c < dh ? v[c] : 0.0f;
+        dot += q[j] * vv[j];
+      }
+      dot = warp_sum(dot);
+      const float s = m.key_norm ? dot * f.src[i].rstd[idx] : dot;
+      float w;
+      if (m.softmax) {
+        if (s > mx) {
+          const float scale = ::expf(mx - s);  // 0 for the first source
+#pragma unroll
+          for (int j = 0; j < kMaxPerLane; j++) acc[j] *= scale;
+          z *= scale;
+          mx = s;
+        }
+        w = ::expf(s - mx);
+        z += w;
+      } else {
+        w = rows::sigmoidf(s);
+      }
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; j++) acc[j] += w * vv[j];
+    }
+    const float inv = m.softmax ? 1.0f / z : 1.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; j++) {
+      const int64_t c = lane + j * kWarp;
+      if (c < dh) f.x[off + c] = acc[j] * inv;
+    }
+    if (m.softmax && f.lse && lane == 0) f.lse[idx] = mx + ::logf(z);
+  }
+};
+
+// Backward of DepthMixForward for one (token, head) slice (see rows::DepthMixBackward): dx, x and
+// the query slice in registers; per source one read of v, one read-modify-write of dv.
+template <int kMaxPerLane>
+struct DepthMixBackward {
+  rows::DepthMixBackward f;
+  __device__ void operator()(int64_t idx, int lane) const {
+    const rows::Mix& m = f.m;
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
+    const float* qh = f.q + n * f.q_ld + h * dh;
+    float q[kMaxPerLane], g[kMaxPerLane], dq[kMaxPerLane];
+    float D = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; j++) {
+      const int64_t c = lane + j * kWarp;
+      q[j] = c < dh ? qh[c] : 0.0f;
+      g[j] = c < dh ? f.dx[off + c] : 0.0f;
+      if (m.softmax && c < dh) D += g[j] * f.x[off + c];
+      dq[j] = 0.0f;
+    }
+    if (m.softmax) D = warp_sum(D);
+    const float lse = m.softmax ? f.lse[idx] : 0.0f;
+    for (int64_t i = 0; i < f.S; i++) {
+      const float* v = f.src[i].v + off;
+      float vv[kMaxPerLane], dot = 0.0f, gv = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; j++) {
+        const int64_t c = lane + j * kWarp;
+        vv[j] = c < dh ? v[c] : 0.0f;
+        dot += q[j] * vv[j];
+        gv += g[j] * vv[j];
+      }
+      dot = warp_sum(dot);
+      gv = warp_sum(gv);
+      const float r = m.key_norm ? f.src[i].rstd[idx] : 1.0f;
+      const float s = m.key_norm ? dot * r : dot;
+      const float a = m.softmax ? ::expf(s - lse) : rows::sigmoidf(s);
+      const float ds = m.softmax ? a * (gv - D) : a * (1.0f - a) * gv;
+      const float k = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
+      if (f.src[i].dv) {
+        float* dv = f.src[i].dv + off;
+#pragma unroll
+        for (int j = 0; j < kMaxPerLane; j++) {
+          const int64_t c = lane + j * kWarp;
+          if (c < dh) dv[c] += a * g[j] + ds * (r * q[j] - k * vv[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; j++) dq[j] += ds * r * vv[j];
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; j++) {
+      const int64_t c = lane + j * kWarp;
+      if (c < dh) f.dq[off + c] += dq[j];
+    }
+  }
+};
+
+struct AttnSoftmaxForward {  // row r = (b H + h) T + t
+  rows::AttnSoftmaxForward f;
+  __device__ void operator()(int64_t r, int lane) const {
+    const int64_t T = f.T, t = r % T;
+    float* a = f.att + r * T;
+    float mx = -INFINITY;
+    for (int64_t u = lane; u <= t; u += kWarp) mx = fmaxf(mx, a[u]);
+    mx = warp_max(mx);
+    float z = 0.0f;
+    for (int64_t u = lane; u <= t; u += kWarp) {
+      const float e = ::expf(a[u] - mx);
+      a[u] = e;
+      z += e;
+    }
+    const float inv = 1.0f / warp_sum(z);
+    for (int64_t u = lane; u < T; u += kWarp) a[u] = u <= t ? a[u] * inv : 0.0f;
+  }
+};
+
+struct AttnSoftmaxBackward {
+  rows::AttnSoftmaxBackward f;
+  __device__ void operator()(int64_t r, int lane) const {
+    const int64_t T = f.T, t = r % T;
+    const float* p = f.att + r * T;
+    float* g = f.d + r * T;
+    float dot = 0.0f;
+    for (int64_t u = lane; u <= t; u += kWarp) dot += p[u] * g[u];
+    dot = warp_sum(dot);
+    for (int64_t u = lane; u < T; u += kWarp) g[u] = u <= t ? f.scale * p[u] * (g[u] - dot) : 0.0f;
+  }
+};
+
+}  // namespace attnres::cuda::warp
