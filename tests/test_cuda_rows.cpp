@@ -59,8 +59,11 @@ TEST(CudaRows, RmsNormMatchesCpu) {
   ops::rmsnorm_backward(dxa.data(), dga.data(), dy.data(), x.data(), g.data(), ra.data(), N, C);
   rows::run_rows_host(
       rows::RmsNormBackwardInput{dxb.data(), dy.data(), x.data(), g.data(), ra.data(), C}, N);
-  rows::run_rows_host(rows::RmsNormBackwardGain{dgb.data(), dy.data(), x.data(), ra.data(), N, C},
-                      C);
+  const int64_t R = 4, K = (N + R - 1) / R;  // chunks of 4 rows, the last one short
+  std::vector<float> part(K * C);
+  rows::run_rows_host(
+      rows::RmsNormGainPartial{part.data(), dy.data(), x.data(), ra.data(), N, C, R}, K * C);
+  rows::run_rows_host(rows::ColumnSumAdd{dgb.data(), part.data(), K, C}, C);
   EXPECT_LT(rel(dxa, dxb), 1e-5);
   EXPECT_LT(rel(dga, dgb), 1e-5);
 }
@@ -169,7 +172,10 @@ TEST(CudaRows, DepthMixMatchesCpu) {
                                      la.data(), rs.data(), S, q.data(), q_ld, rm},
               N * H);
           if (!dynamic) {
-            rows::run_rows_host(rows::DepthQueryReduce{dqb.data(), dq_rows.data(), N, d}, d);
+            const int64_t R = 7, K = (N + R - 1) / R;
+            std::vector<float> part(K * d);
+            rows::run_rows_host(rows::ColumnPartial{part.data(), dq_rows.data(), N, d, R}, K * d);
+            rows::run_rows_host(rows::ColumnSumAdd{dqb.data(), part.data(), K, d}, d);
           }
           EXPECT_LT(rel(dqa, dqb), 1e-4);
           for (int64_t i = 0; i < S; i++) EXPECT_LT(rel(dva[i], dvb[i]), 1e-5) << "source " << i;

@@ -26,7 +26,7 @@ class RowBackend final : public Backend {
  public:
   RowBackend() = default;
   ~RowBackend() override {
-    for (auto* s : {&dq_, &partials_, &losses_}) {
+    for (auto* s : {&dq_, &partials_, &losses_, &cols_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
@@ -86,7 +86,10 @@ class RowBackend final : public Backend {
   void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp,
                         const float* g, const float* rstd, int64_t N, int64_t C) override {
     x_.launch(rows::RmsNormBackwardInput{dinp, dout, inp, g, rstd, C}, N);
-    x_.launch(rows::RmsNormBackwardGain{dg, dout, inp, rstd, N, C}, C);
+    const int64_t K = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+    auto* part = static_cast<float*>(scratch(cols_, sizeof(float) * K * C));
+    x_.launch(rows::RmsNormGainPartial{part, dout, inp, rstd, N, C, kRowsPerChunk}, K * C);
+    x_.launch(rows::ColumnSumAdd{dg, part, K, C}, C);
   }
   void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
                       int64_t OC, bool accumulate) override {
@@ -224,7 +227,10 @@ class RowBackend final : public Backend {
     auto* dq = static_cast<float*>(scratch(dq_, sizeof(float) * N * m.d));
     x_.zero(dq, sizeof(float) * N * m.d);
     x_.launch(rows::DepthMixBackward{dq, dx, x, lse, s, S, qg, q_ld, mix(m)}, N * m.H);
-    x_.launch(rows::DepthQueryReduce{dqg, dq, N, m.d}, m.d);
+    const int64_t K = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+    auto* part = static_cast<float*>(scratch(cols_, sizeof(float) * K * m.d));
+    x_.launch(rows::ColumnPartial{part, dq, N, m.d, kRowsPerChunk}, K * m.d);
+    x_.launch(rows::ColumnSumAdd{dqg, part, K, m.d}, m.d);
   }
   void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                     const ops::AdamStep& k) override {
@@ -286,8 +292,10 @@ class RowBackend final : public Backend {
     return x + i * s.T * s.ld() + (s.H + s.Hkv + h / (s.H / s.Hkv)) * s.hd;
   }
 
+  static constexpr int64_t kRowsPerChunk = 64;  // column sums: rows per partial sum
+
   Exec x_;
-  Scratch dq_, partials_, losses_;
+  Scratch dq_, partials_, losses_, cols_;
   Batch batch_;
 };
 

@@ -124,17 +124,43 @@ struct RmsNormBackwardInput {
     for (int64_t c = 0; c < C; c++) dinp[n * C + c] += r * g[c] * dy[c] - k * x[c];
   }
 };
-// index c: dg[c] += sum_n dy[n,c] x[n,c] r[n]
-struct RmsNormBackwardGain {
-  float* dg;
+// The gain's gradient dg[c] += sum_n dy[n,c] x[n,c] r[n] in two coalesced passes: partial sums over
+// chunks of R rows (index i = k C + c: part[i] = the sum over rows [k R, k R + R)), then
+// ColumnSumAdd adds the chunks in order (deterministic, no atomics).
+struct RmsNormGainPartial {
+  float* part;
   const float* dout;
   const float* inp;
   const float* rstd;
-  int64_t N, C;
+  int64_t N, C, R;
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t k = i / C, c = i % C, end = (k + 1) * R < N ? (k + 1) * R : N;
+    float s = 0.0f;
+    for (int64_t n = k * R; n < end; n++) s += dout[n * C + c] * inp[n * C + c] * rstd[n];
+    part[i] = s;
+  }
+};
+// index i = k C + c: part[i] = sum of x[n, c] over rows n in [k R, k R + R) of x (N,C).
+struct ColumnPartial {
+  float* part;
+  const float* x;
+  int64_t N, C, R;
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t k = i / C, c = i % C, end = (k + 1) * R < N ? (k + 1) * R : N;
+    float s = 0.0f;
+    for (int64_t n = k * R; n < end; n++) s += x[n * C + c];
+    part[i] = s;
+  }
+};
+// index c: dst[c] += sum over k < K of part[k C + c], in k order.
+struct ColumnSumAdd {
+  float* dst;
+  const float* part;
+  int64_t K, C;
   ATTNRES_HD void operator()(int64_t c) const {
     float s = 0.0f;
-    for (int64_t n = 0; n < N; n++) s += dout[n * C + c] * inp[n * C + c] * rstd[n];
-    dg[c] += s;
+    for (int64_t k = 0; k < K; k++) s += part[k * C + c];
+    dst[c] += s;
   }
 };
 
@@ -297,7 +323,7 @@ struct DepthMixForward {
 // g_i = dx . v_i, ds_i = a_i (g_i - dx . x) (softmax) or a_i (1 - a_i) g_i (sigmoid);
 // dv_i += a_i dx + ds_i ds_i/dv_i (with the key norm: r q - s r^2 v / dh), and the query gradient
 // ds_i * r v_i (or ds_i v_i) goes to dq: row n of a (N,d) buffer, which the caller reduces over
-// tokens for a shared query (DepthQueryReduce) or which is the dynamic query's gradient itself.
+// tokens for a shared query (ColumnPartial + ColumnSumAdd) or which is the dynamic query's gradient itself.
 struct DepthMixBackward {
   float* dq;  // (N,d) +=
   const float* dx;
@@ -334,17 +360,6 @@ struct DepthMixBackward {
   }
 };
 
-// index c: dqg[c] += sum_n dq[n, c] (a shared query's gradient, in row order).
-struct DepthQueryReduce {
-  float* dqg;
-  const float* dq;
-  int64_t N, d;
-  ATTNRES_HD void operator()(int64_t c) const {
-    float s = 0.0f;
-    for (int64_t n = 0; n < N; n++) s += dq[n * d + c];
-    dqg[c] += s;
-  }
-};
 
 // ---- causal self-attention ----  Run as batched GEMMs around these row kernels (RowBackend):
 // scores = q k^T / sqrt(hd) into att (B,H,T,T), the causal softmax below in place, out = att v;
