@@ -1,8 +1,8 @@
 // GPU timings for tools/device_check.sh (built with -DATTNRES_CUDA=ON), as one short table: cuBLAS
-// fp32 GEMM throughput, the AttnRes depth-mix kernels at a training shape, and whole training
-// steps (forward, backward, AdamW) of a GPT-2-small-sized model with each residual mode, measured
-// side by side in one run. Prints the reason and exits 0 where no GPU is present.
-// Usage: cuda_bench [--quick]   (--quick: a smaller model, for a first look)
+// fp32 and bf16 GEMM throughput, the AttnRes depth-mix kernels at a training shape, and whole
+// training steps (forward, backward, AdamW) of a GPT-2-small-sized model with each residual mode
+// and fp32 or bf16 GEMMs, measured side by side in one run. Prints the reason and exits 0 where no
+// GPU is present. Usage: cuda_bench [--quick]   (--quick: a smaller model, for a first look)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +18,7 @@
 #include "attnres/train.hpp"
 #include "core/backend.hpp"
 #include "core/rng.hpp"
+#include "cuda/device.hpp"
 
 using namespace attnres;
 
@@ -61,8 +62,18 @@ int main(int argc, char** argv) {
   {
     const int64_t n = 4096;
     auto a = buffer(be, n * n), b = buffer(be, n * n), c = buffer(be, n * n);
-    const double ms = time_ms(be, [&] { be.matmul_forward(c.data(), a.data(), b.data(), n, n, n); });
+    const double ms =
+        time_ms(be, [&] { be.matmul_forward(c.data(), a.data(), b.data(), n, n, n); });
     std::printf("| sgemm (cuBLAS, fp32) | %lld^3 | %.3f | %.1f TFLOP/s |\n",
+                static_cast<long long>(n), ms, 2.0 * n * n * n / ms / 1e9);
+  }
+  {
+    const int64_t n = 8192;
+    cuda::DeviceVec<uint16_t> a(n * n), b(n * n);
+    cuda::DeviceVec<float> c(n * n);
+    const double ms =
+        time_ms(be, [&] { cuda::dev::matmul_forward_bf16(c.data(), a.data(), b.data(), n, n, n); });
+    std::printf("| bf16 GEMM (cuBLAS GemmEx, fp32 accumulate) | %lld^3 | %.3f | %.1f TFLOP/s |\n",
                 static_cast<long long>(n), ms, 2.0 * n * n * n / ms / 1e9);
   }
   {
@@ -80,12 +91,11 @@ int main(int argc, char** argv) {
     ops::DepthMix m;
     m.d = d;
     const double bytes_f = 4.0 * (S + 1) * N * d, bytes_b = 4.0 * (3 * S + 2) * N * d;
-    const double f = time_ms(be, [&] {
-      be.depth_mix_forward(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
-    });
+    const double f = time_ms(
+        be, [&] { be.depth_mix_forward(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N); });
     const double bw = time_ms(be, [&] {
-      be.depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), src.data(), S, q.data(),
-                            0, m, N);
+      be.depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), src.data(), S, q.data(), 0,
+                            m, N);
     });
     std::printf("| depth mix forward | N %lld, d %lld, %lld sources | %.3f | %.0f GB/s |\n",
                 static_cast<long long>(N), static_cast<long long>(d), static_cast<long long>(S), f,
@@ -108,31 +118,34 @@ int main(int argc, char** argv) {
     tok[i] = static_cast<int32_t>(rng.next_u64() % cfg.vocab_size);
     tgt[i] = static_cast<int32_t>(rng.next_u64() % cfg.vocab_size);
   }
-  double base_ms = 0;
-  for (const char* mode : {"prenorm", "block", "full"}) {
-    cfg.residual.mode = mode;
-    cfg.residual.block_size = 4;
-    Model model(cfg, bep);
-    model.init_weights(1);
-    AdamW opt(model.layout(), AdamWConfig{}, &be);
-    double loss = 0;
-    const double ms = time_ms(
-        be,
-        [&] {
-          model.zero_grad();
-          loss = model.forward(tok.data(), tgt.data(), B, T);
-          model.backward();
-          opt.step(model.params(), model.grads(), 1e-4);
-        },
-        5);
-    if (base_ms == 0) base_ms = ms;
-    const double tflops = train_flops_per_token(model.config(), T) * B * T / ms / 1e9;
-    std::printf(
-        "| train step fp32, %s | %lld params, L %lld, d 768, %lldx%lld tokens | %.1f | %.0f "
-        "tok/s, %.1f TFLOP/s, %.3fx baseline, loss %.3f |\n",
-        mode, static_cast<long long>(model.num_params()), static_cast<long long>(cfg.n_layer),
-        static_cast<long long>(B), static_cast<long long>(T), ms, B * T / ms * 1e3, tflops,
-        ms / base_ms, loss);
+  for (const char* precision : {"fp32", "bf16"}) {
+    double base_ms = 0;
+    for (const char* mode : {"prenorm", "block", "full"}) {
+      cfg.residual.mode = mode;
+      cfg.residual.block_size = 4;
+      Model model(cfg, bep);
+      be.set_matmul_precision(parse_precision(precision));
+      model.init_weights(1);
+      AdamW opt(model.layout(), AdamWConfig{}, &be);
+      double loss = 0;
+      const double ms = time_ms(
+          be,
+          [&] {
+            model.zero_grad();
+            loss = model.forward(tok.data(), tgt.data(), B, T);
+            model.backward();
+            opt.step(model.params(), model.grads(), 1e-4);
+          },
+          5);
+      if (base_ms == 0) base_ms = ms;
+      const double tflops = train_flops_per_token(model.config(), T) * B * T / ms / 1e9;
+      std::printf(
+          "| train step %s GEMMs, %s | %lld params, L %lld, d 768, %lldx%lld tokens | %.1f | %.0f "
+          "tok/s, %.1f TFLOP/s, %.3fx baseline, loss %.3f |\n",
+          precision, mode, static_cast<long long>(model.num_params()),
+          static_cast<long long>(cfg.n_layer), static_cast<long long>(B), static_cast<long long>(T),
+          ms, B * T / ms * 1e3, tflops, ms / base_ms, loss);
+    }
   }
   return 0;
 }

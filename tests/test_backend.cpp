@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,16 @@ using Buf = DBuf<float>;
 using IBuf = DBuf<int32_t>;
 Buf up(const std::vector<float>& h) { return Buf(h); }
 Buf zeros(int64_t n) { return Buf(n); }
+
+// fp32 -> bf16 -> fp32, round to nearest even (as the GPU's conversion).
+float cuda_bf16_round(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 double rel(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -116,6 +127,38 @@ TEST_P(BackendOps, MatmulMatchesCpu) {
   be->matmul_backward(gdx.data(), gdw.data(), gdy.data(), gx.data(), gw.data(), N, IC, OC);
   EXPECT_LT(rel(gdx.download(), dx), 1e-5);
   EXPECT_LT(rel(gdw.download(), dw), 1e-5);
+}
+
+// bf16 GEMMs: the CPU sgemm on bf16-rounded operands to fp32 rounding (the products of bf16 values
+// are exact in fp32; only the order of the additions differs), fp32 to bf16's ~3 digits. The CPU
+// backend refuses bf16.
+TEST_P(BackendOps, Bf16MatmulMatchesRoundedCpu) {
+  const int64_t N = 67, IC = 48, OC = 80;
+  const auto x = randn(N * IC, 1), w = randn(OC * IC, 2), dy = randn(N * OC, 3);
+  auto round = [](std::vector<float> v) {
+    for (float& f : v) f = cuda_bf16_round(f);
+    return v;
+  };
+  const auto xr = round(x), wr = round(w), dyr = round(dy);
+  std::vector<float> y(N * OC), y32(N * OC), dx = randn(N * IC, 4), dw = randn(OC * IC, 5);
+  Buf gx(x), gw(w), gdy(dy), gy(N * OC), gdx(dx), gdw(dw);
+  be->set_matmul_precision(MatmulPrecision::bf16);
+  ops::matmul_forward(y.data(), xr.data(), wr.data(), N, IC, OC);
+  ops::matmul_forward(y32.data(), x.data(), w.data(), N, IC, OC);
+  be->matmul_forward(gy.data(), gx.data(), gw.data(), N, IC, OC);
+  EXPECT_LT(rel(gy.download(), y), 1e-5);
+  EXPECT_LT(rel(gy.download(), y32), 1e-2);
+  EXPECT_GT(rel(gy.download(), y32), 1e-5);  // it did round
+  ops::matmul_forward(y.data(), xr.data(), wr.data(), N, IC, OC, /*accumulate=*/true);
+  be->matmul_forward(gy.data(), gx.data(), gw.data(), N, IC, OC, /*accumulate=*/true);
+  EXPECT_LT(rel(gy.download(), y), 1e-5);
+  ops::matmul_backward(dx.data(), dw.data(), dyr.data(), xr.data(), wr.data(), N, IC, OC);
+  be->matmul_backward(gdx.data(), gdw.data(), gdy.data(), gx.data(), gw.data(), N, IC, OC);
+  EXPECT_LT(rel(gdx.download(), dx), 1e-5);
+  EXPECT_LT(rel(gdw.download(), dw), 1e-5);
+  be->set_matmul_precision(MatmulPrecision::fp32);
+  EXPECT_THROW(make_backend("cpu")->set_matmul_precision(MatmulPrecision::bf16), Error);
+  EXPECT_THROW(parse_precision("fp16"), Error);
 }
 
 TEST_P(BackendOps, RowKernelsMatchCpu) {

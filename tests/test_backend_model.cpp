@@ -169,6 +169,38 @@ TEST_P(BackendModel, MatchesTheCpuModel) {
   EXPECT_LT(rel_diff(od.m().download().data(), oc.m().data(), cpu.num_params()), 1e-3);
 }
 
+// bf16 GEMMs (fp32 accumulation and master weights): the loss and gradients stay within bf16's
+// rounding of the fp32 CPU model's (the GEMMs themselves are checked exactly in test_backend).
+TEST_P(BackendModel, Bf16GemmsStayNearFp32) {
+  const auto& [name, c] = GetParam();
+  std::string why;
+  auto be = backend_or_skip(name, &why);
+  if (!be) GTEST_SKIP() << "no " << name << " test: " << why;
+  const ModelConfig cfg = config_of(c);
+  Model cpu(cfg), dev(cfg, be);
+  dev.backend().set_matmul_precision(MatmulPrecision::bf16);
+  const std::vector<float> w = test_weights(cpu);
+  cpu.params_from_host(w.data());
+  dev.params_from_host(w.data());
+  const int64_t B = 2, T = 11, N = B * T, V = cfg.vocab_size;
+  std::vector<int32_t> tok(N), tgt(N);
+  Rng r(4);
+  for (int64_t i = 0; i < N; i++) {
+    tok[i] = static_cast<int32_t>(r.next_u64() % V);
+    tgt[i] = static_cast<int32_t>(r.next_u64() % V);
+  }
+  cpu.zero_grad();
+  dev.zero_grad();
+  const double lc = cpu.forward(tok.data(), tgt.data(), B, T);
+  const double ld = dev.forward(tok.data(), tgt.data(), B, T);
+  EXPECT_NEAR(ld, lc, 1e-3 * lc);  // measured <= 1.5e-5
+  EXPECT_NE(ld, lc);               // the GEMMs did round
+  cpu.backward();
+  dev.backward();
+  const std::vector<float> gc = cpu.grads_to_host(), gd = dev.grads_to_host();
+  EXPECT_LT(rel_diff(gd.data(), gc.data(), cpu.num_params()), 5e-2);  // measured 0.3-1.4 %
+}
+
 INSTANTIATE_TEST_SUITE_P(All, BackendModel,
                          ::testing::Combine(::testing::Values("cuda-host", "cuda"),
                                             ::testing::ValuesIn(kCases)),
@@ -230,10 +262,11 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     std::ofstream f(td.path + "/corpus.txt");
     for (int i = 0; i < 300; i++) f << "the cat sees the river " << i % 7 << ". a dog likes hats.\n";
   }
-  auto run = [&](const std::string& device, const std::string& mode, std::vector<double>* losses) {
+  auto run = [&](const std::string& device, const std::string& mode, std::vector<double>* losses,
+                 const std::string& precision = "fp32") {
     TrainConfig c;
     c.data_path = td.path + "/corpus.txt";
-    c.out_dir = td.path + "/run_" + device + "_" + mode;
+    c.out_dir = td.path + "/run_" + device + "_" + mode + "_" + precision;
     c.data_dir = td.path + "/data";
     c.model.n_layer = 2;
     c.model.d_model = 32;
@@ -250,6 +283,7 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     c.eval_batches = 2;
     c.save_every = 3;
     c.device = device;
+    c.precision = precision;
     TrainEvents ev;
     ev.loss_hook = [losses](int64_t, double loss) {
       losses->push_back(loss);
@@ -257,6 +291,7 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     };
     return train(c, ev);
   };
+  std::vector<double> block_cpu;
   for (const char* mode : {"block", "full"}) {
     SCOPED_TRACE(mode);
     std::vector<double> lc, ld;
@@ -266,6 +301,15 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     for (size_t i = 0; i < lc.size(); i++) EXPECT_NEAR(ld[i], lc[i], 1e-4 * lc[i]) << "step " << i;
     EXPECT_LT(lc.back(), lc.front());  // it learned
     EXPECT_NEAR(rd.final_val_loss, rc.final_val_loss, 1e-4 * rc.final_val_loss);
+    if (std::string(mode) == "block") block_cpu = lc;
+  }
+  {  // bf16 GEMMs: the losses stay within bf16 rounding of the fp32 run's
+    const std::vector<double>& lc = block_cpu;
+    std::vector<double> lb;
+    run(GetParam(), "block", &lb, "bf16");
+    ASSERT_EQ(lb.size(), lc.size());
+    for (size_t i = 0; i < lc.size(); i++) EXPECT_NEAR(lb[i], lc[i], 1e-2 * lc[i]) << "step " << i;
+    EXPECT_LT(lb.back(), lb.front());
   }
   std::vector<double> unused;
   try {

@@ -20,6 +20,13 @@ namespace attnres {
 
 class Backend;  // src/core/backend.hpp
 
+// How the linear layers' GEMMs compute. fp32: fp32 inputs and products. bf16: both inputs rounded
+// to bf16 (tensor cores on a GPU), products accumulated and stored in fp32; the weights, their
+// gradients and the optimizer stay fp32 (the master copy), and so does every other op.
+enum class MatmulPrecision { fp32, bf16 };
+// "fp32" / "bf16"; throws Error naming the choices for anything else.
+MatmulPrecision parse_precision(const std::string& s);
+
 // The backend named `name` (cpu, cuda, cuda-host). Throws Error naming the fix when it is unknown
 // or unavailable here (built without CUDA, no GPU).
 std::shared_ptr<Backend> make_backend(const std::string& name);

@@ -64,6 +64,9 @@ struct TrainConfig {
   // Where the model trains (attnres/backend.hpp): cpu, cuda or cuda-host. A runtime choice too;
   // other than cpu: one process, no pipeline.
   std::string device = "cpu";
+  // The linear layers' GEMM precision (attnres/backend.hpp MatmulPrecision): fp32 or bf16 (bf16
+  // inputs, fp32 accumulation, fp32 master weights; cuda and cuda-host). A runtime choice.
+  std::string precision = "fp32";
 
   void validate() const;  // throws Error naming the field
   std::string to_json() const;

@@ -187,6 +187,11 @@ void add_train(CLI::App& app) {
                 "tests). Not cpu: one process, no --pipeline or --zero1")
       ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
       ->capture_default_str();
+  s->add_option("--precision", a->cfg.precision,
+                "GEMM precision of the linear layers: fp32, or bf16 (bf16 inputs on the tensor "
+                "cores, fp32 accumulation and master weights; --device cuda or cuda-host)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   s->add_option("--dist-timeout", d->timeout_s,
                 "Multi-process runs: seconds a rank may wait for the others in one collective "
                 "before the job is aborted (0 = wait forever)")

@@ -22,6 +22,21 @@ std::shared_ptr<Backend> make_backend(const std::string& name) {
 
 std::string backend_name(const Backend& be) { return be.name(); }
 
+MatmulPrecision parse_precision(const std::string& s) {
+  if (s == "fp32") return MatmulPrecision::fp32;
+  if (s == "bf16") return MatmulPrecision::bf16;
+  throw Error("unknown precision '" + s + "'; use fp32 or bf16");
+}
+
+void Backend::set_matmul_precision(MatmulPrecision p) {
+  if (p == MatmulPrecision::fp32) {
+    precision_ = p;
+    return;
+  }
+  throw Error("bf16 matmuls are not available on device " + name() +
+              " (yet); use --device cuda (or cuda-host, its emulation) or --precision fp32");
+}
+
 namespace {
 Backend& or_cpu(Backend* be) { return be ? *be : *cpu_backend(); }
 }  // namespace

@@ -29,6 +29,10 @@ class Backend {
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(void* p, size_t bytes) = 0;
   virtual void synchronize() {}
+  // The precision of matmul_forward / matmul_backward (attnres/backend.hpp). Error when the
+  // backend does not offer it (the CPU: fp32 only).
+  virtual void set_matmul_precision(MatmulPrecision p);
+  MatmulPrecision matmul_precision() const { return precision_; }
 
   // ---- elementwise, n floats ----
   virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a + b
@@ -80,6 +84,9 @@ class Backend {
   // One tensor's AdamW update of n elements.
   virtual void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                             const ops::AdamStep& k) = 0;
+
+ protected:
+  MatmulPrecision precision_ = MatmulPrecision::fp32;
 };
 
 // The backends (src/core/backend_cpu.cpp, src/cuda/backend_host.cpp, src/cuda/backend_cuda.cu or

@@ -150,6 +150,21 @@ int dim(int64_t x) {
   return static_cast<int>(x);
 }
 
+// Row-major C (M,N) = op(A) op(B) + beta C with bf16 A, B and fp32 C, accumulated in fp32 on the
+// tensor cores (the contract of attnres::sgemm). Row-major C is column-major C^T = op(B)^T op(A)^T,
+// and a row-major matrix is its own transpose column-major: cuBLAS gets B first (transposed when
+// tb) and A second, m = N, n = M.
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  check(K > 0, "internal: bf16 GEMM with an empty inner dimension");
+  const float one = 1.0f;
+  ATTNRES_CUBLAS_CHECK(cublasGemmEx(blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M), dim(K), &one, B,
+                                    CUDA_R_16BF, dim(ldb), A, CUDA_R_16BF, dim(lda), &beta, C,
+                                    CUDA_R_32F, dim(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 // The GPU executor of RowBackend: kernels and copies queued on the default stream.
 struct CudaExec {
   static const char* name() { return "cuda"; }
@@ -257,9 +272,12 @@ struct CudaExec {
     }
   }
 
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a row-major matrix is its
-  // transpose column-major: so cuBLAS gets B first (transposed when tb) and A second, m = N,
-  // n = M. The pointer arrays go to a device table with a copy queued on the stream.
+  void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    cuda::gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+  }
+  // Batched, with the operand order of gemm_bf16 above; the pointer arrays go to a device table
+  // with a copy queued on the stream.
   void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                     const float* const* A, int64_t lda, const float* const* B, int64_t ldb,
                     float beta, float* const* C, int64_t ldc, int64_t count) {
@@ -331,17 +349,13 @@ void from_bf16(float* out, const uint16_t* in, int64_t n) { launch(rows::FromBf1
 
 void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* w, int64_t N, int64_t IC,
                          int64_t OC, bool accumulate) {
-  const int n = dim(N), ic = dim(IC), oc = dim(OC);
   if (N == 0 || OC == 0) return;
   if (IC == 0) {
     if (!accumulate) ATTNRES_CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * N * OC));
     return;
   }
-  const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  // As matmul_forward: out^T (OC,N) = w (OC,IC) . inp^T (IC,N), bf16 inputs, fp32 out/compute.
-  ATTNRES_CUBLAS_CHECK(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &one, w,
-                                    CUDA_R_16BF, ic, inp, CUDA_R_16BF, ic, &beta, out, CUDA_R_32F,
-                                    oc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  // out (N,OC) = inp (N,IC) w^T
+  gemm_bf16(false, true, N, OC, IC, inp, IC, w, IC, accumulate ? 1.0f : 0.0f, out, OC);
 }
 
 }  // namespace dev

@@ -58,6 +58,19 @@ struct HostExec {
       sgemm(ta, tb, M, N, K, alpha, A[i], lda, B[i], ldb, beta, C[i], ldc);
     }
   }
+  // Tensor-core bf16 GEMMs multiply the bf16 values exactly and accumulate in fp32: the CPU sgemm
+  // on the values widened back to fp32 computes the same up to the order of the additions.
+  void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    auto widen = [](std::vector<float>& dst, const uint16_t* src, int64_t rows, int64_t ld) {
+      dst.resize(static_cast<size_t>(rows * ld));
+      for (int64_t i = 0; i < rows * ld; i++) dst[i] = rows::bf16_bits_to_float(src[i]);
+    };
+    widen(wa_, A, ta ? K : M, lda);
+    widen(wb_, B, tb ? N : K, ldb);
+    sgemm(ta, tb, M, N, K, 1.0f, wa_.data(), lda, wb_.data(), ldb, beta, C, ldc);
+  }
+  std::vector<float> wa_, wb_;
   const rows::Source* sources(const ops::DepthSource* src, int64_t S) {
     table_.resize(static_cast<size_t>(S));
     for (int64_t i = 0; i < S; i++) table_[i] = {src[i].v, src[i].rstd, src[i].dv};

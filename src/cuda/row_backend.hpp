@@ -6,7 +6,9 @@
 // synchronize on bytes; launch(functor, n) calling functor(i) for i in [0, n); matmul_forward /
 // matmul_backward with the semantics of src/ops; gemm_batched(ta, tb, M, N, K, alpha, A, lda, B, ldb,
 // beta, C, ldc, count): for each i, C[i] = alpha op(A[i]) op(B[i]) + beta C[i] with the row-major
-// contract of attnres::sgemm (src/core/blas.hpp), pointer arrays on the host; sources(src, S): a table of S rows::Source the
+// contract of attnres::sgemm (src/core/blas.hpp), pointer arrays on the host; gemm_bf16(ta, tb, M,
+// N, K, A, lda, B, ldb, beta, C, ldc): C (fp32) = op(A) op(B) + beta C with A, B bf16 (uint16_t
+// bits), fp32 accumulation, the same contract; sources(src, S): a table of S rows::Source the
 // kernels can read, valid until the next call.
 #pragma once
 
@@ -26,7 +28,7 @@ class RowBackend final : public Backend {
  public:
   RowBackend() = default;
   ~RowBackend() override {
-    for (auto* s : {&dq_, &partials_, &losses_, &cols_}) {
+    for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
@@ -91,13 +93,33 @@ class RowBackend final : public Backend {
     x_.launch(rows::RmsNormGainPartial{part, dout, inp, rstd, N, C, kRowsPerChunk}, K * C);
     x_.launch(rows::ColumnSumAdd{dg, part, K, C}, C);
   }
+  void set_matmul_precision(MatmulPrecision p) override { precision_ = p; }
+  // bf16: both operands rounded into bf16 scratch copies, products accumulated in fp32 into the
+  // fp32 output (cuBLAS GemmEx on the tensor cores; the host rounds and runs the CPU sgemm).
   void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
                       int64_t OC, bool accumulate) override {
-    x_.matmul_forward(out, inp, w, N, IC, OC, accumulate);
+    if (precision_ == MatmulPrecision::fp32 || N == 0 || IC == 0 || OC == 0) {
+      x_.matmul_forward(out, inp, w, N, IC, OC, accumulate);
+      return;
+    }
+    const uint16_t* a = bf16(bf_a_, inp, N * IC);
+    const uint16_t* b = bf16(bf_b_, w, OC * IC);
+    // out (N,OC) = inp (N,IC) w^T
+    x_.gemm_bf16(false, true, N, OC, IC, a, IC, b, IC, accumulate ? 1.0f : 0.0f, out, OC);
   }
   void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
                        const float* w, int64_t N, int64_t IC, int64_t OC) override {
-    x_.matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
+    if (precision_ == MatmulPrecision::fp32 || N == 0 || IC == 0 || OC == 0) {
+      x_.matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
+      return;
+    }
+    const uint16_t* g = bf16(bf_c_, dout, N * OC);
+    if (dinp) {  // dinp (N,IC) += dout (N,OC) w (OC,IC)
+      x_.gemm_bf16(false, false, N, IC, OC, g, OC, bf16(bf_b_, w, OC * IC), IC, 1.0f, dinp, IC);
+    }
+    if (dw) {  // dw (OC,IC) += dout^T (OC,N) inp (N,IC)
+      x_.gemm_bf16(true, false, OC, IC, N, g, OC, bf16(bf_a_, inp, N * IC), IC, 1.0f, dw, IC);
+    }
   }
   void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
                     int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) override {
@@ -257,6 +279,12 @@ class RowBackend final : public Backend {
     }
     return s.p;
   }
+  // x (n floats) rounded to bf16 into scratch s.
+  const uint16_t* bf16(Scratch& s, const float* x, int64_t n) {
+    auto* out = static_cast<uint16_t*>(scratch(s, sizeof(uint16_t) * n));
+    x_.launch(rows::ToBf16{out, x}, n);
+    return out;
+  }
   static rows::Mix mix(const ops::DepthMix& m) {
     rows::Mix r;
     r.d = m.d;
@@ -295,7 +323,7 @@ class RowBackend final : public Backend {
   static constexpr int64_t kRowsPerChunk = 64;  // column sums: rows per partial sum
 
   Exec x_;
-  Scratch dq_, partials_, losses_, cols_;
+  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_;
   Batch batch_;
 };
 

@@ -35,6 +35,11 @@ void TrainConfig::validate() const {
        "--pipeline-comm must be 'cached' or 'naive', got '" + pipeline_comm + "'");
   need(device == "cpu" || device == "cuda" || device == "cuda-host",
        "--device must be cpu, cuda or cuda-host, got '" + device + "'");
+  need(precision == "fp32" || precision == "bf16",
+       "--precision must be fp32 or bf16, got '" + precision + "'");
+  need(precision == "fp32" || device != "cpu",
+       "--precision bf16 runs on --device cuda (or cuda-host, its emulation); the CPU trains in "
+       "fp32");
   need(device == "cpu" || (pipeline == 1 && !zero1),
        "--device " + device + " trains in one process for now: drop --pipeline and --zero1 (or "
        "use --device cpu)");

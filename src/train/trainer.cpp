@@ -269,6 +269,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     cfg.virtual_stages = cfg_in.virtual_stages;
     cfg.pipeline_comm = cfg_in.pipeline_comm;
     cfg.device = cfg_in.device;
+    cfg.precision = cfg_in.precision;
   }
   cfg.schedule.total_steps = cfg.steps;
   cfg.validate();
@@ -330,9 +331,13 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
         "--device " + cfg.device + " trains in one process for now (multi-GPU data parallel is "
         "not built yet): launch one rank, or use --device cpu");
   Model model(cfg.model, make_backend(cfg.device));
+  model.backend().set_matmul_precision(parse_precision(cfg.precision));
   model.init_weights(cfg.seed);
-  if (cfg.device == "cuda") msg("device: cuda, " + cuda::describe_device(0));
-  if (cfg.device == "cuda-host") msg("device: cuda-host (the CUDA kernels emulated on the CPU)");
+  const std::string gemms = cfg.precision == "bf16" ? "; bf16 GEMMs, fp32 master weights" : "";
+  if (cfg.device == "cuda") msg("device: cuda, " + cuda::describe_device(0) + gemms);
+  if (cfg.device == "cuda-host") {
+    msg("device: cuda-host (the CUDA kernels emulated on the CPU)" + gemms);
+  }
   const int64_t nparams = model.layout().total();
   const std::vector<int64_t> bounds = shard_bounds(nparams, zero1 ? ranks : 1);
   std::vector<int64_t> shard_counts;  // elements per rank's shard
