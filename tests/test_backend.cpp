@@ -290,6 +290,70 @@ TEST_P(BackendOps, DepthMixMatchesCpu) {
   }
 }
 
+// Two-phase Block AttnRes: phase 1 (K queries over the same sources; K = 18 takes two launches of
+// at most 16) and phase 2 (merging a partial sum) against the CPU ops.
+TEST_P(BackendOps, TwoPhaseDepthMixMatchesCpu) {
+  const int64_t N = 150, d = 64, S = 4;
+  for (int64_t H : {1, 2}) {
+    for (bool key_norm : {true, false}) {
+      for (int64_t K : {3, 18}) {
+        SCOPED_TRACE("H=" + std::to_string(H) + (key_norm ? " rms" : " none") + " K=" +
+                     std::to_string(K));
+        ops::DepthMix m;
+        m.d = d;
+        m.H = H;
+        m.key_norm = key_norm;
+        std::vector<std::vector<float>> v, r;
+        std::vector<Buf> gv, gr;
+        std::vector<ops::DepthSource> os, gs;
+        for (int64_t i = 0; i <= S; i++) {  // source S is the partial sum of phase 2
+          v.push_back(randn(N * d, 100 + i, 1.0 + 0.5 * i));
+          r.emplace_back(N * H);
+          ops::depth_rstd(r[i].data(), v[i].data(), N, d, H, 1e-5f);
+          gv.push_back(up(v[i]));
+          gr.push_back(up(r[i]));
+          os.push_back({v[i].data(), r[i].data(), nullptr});
+          gs.push_back({gv[i].data(), gr[i].data(), nullptr});
+        }
+        std::vector<std::vector<float>> q, o, l;
+        std::vector<Buf> gq, go, gl;
+        std::vector<float*> op, lp, gop, glp;
+        std::vector<const float*> qp, gqp;
+        for (int64_t k = 0; k < K; k++) {
+          q.push_back(randn(d, 200 + k, 0.5));
+          o.emplace_back(N * d);
+          l.emplace_back(N * H);
+          gq.push_back(up(q[k]));
+          go.push_back(zeros(N * d));
+          gl.push_back(zeros(N * H));
+        }
+        for (int64_t k = 0; k < K; k++) {
+          op.push_back(o[k].data());
+          lp.push_back(l[k].data());
+          qp.push_back(q[k].data());
+          gop.push_back(go[k].data());
+          glp.push_back(gl[k].data());
+          gqp.push_back(gq[k].data());
+        }
+        ops::depth_mix_phase1(op.data(), lp.data(), os.data(), S, qp.data(), K, m, N);
+        be->depth_mix_phase1(gop.data(), glp.data(), gs.data(), S, gqp.data(), K, m, N);
+        for (int64_t k = 0; k < K; k++) {
+          EXPECT_LT(rel(go[k].download(), o[k]), 1e-5) << k;
+          EXPECT_LT(rel(gl[k].download(), l[k]), 1e-5) << k;
+        }
+        std::vector<float> x(N * d), lse(N * H);
+        Buf gx(N * d), glse(N * H);
+        ops::depth_mix_phase2(x.data(), lse.data(), o[1].data(), l[1].data(), os[S], q[1].data(), m,
+                              N);
+        be->depth_mix_phase2(gx.data(), glse.data(), go[1].data(), gl[1].data(), gs[S],
+                             gq[1].data(), m, N);
+        EXPECT_LT(rel(gx.download(), x), 1e-5);
+        EXPECT_LT(rel(glse.download(), lse), 1e-5);
+      }
+    }
+  }
+}
+
 TEST_P(BackendOps, AttentionAndAdamWMatchCpu) {
   for (int64_t Hkv : {int64_t{2}, int64_t{8}}) {
     const ops::AttnShape s{3, 64, 8, Hkv, 32};

@@ -81,6 +81,14 @@ class Backend {
   virtual void depth_mix_backward(float* dqg, const float* dx, const float* x, const float* lse,
                                   const ops::DepthSource* src, int64_t S, const float* qg,
                                   int64_t q_ld, const ops::DepthMix& m, int64_t N) = 0;
+  // Two-phase Block AttnRes (ops::depth_mix_phase1 / phase2); o, lse, qg: host arrays of K
+  // pointers into this backend's memory.
+  virtual void depth_mix_phase1(float* const* o, float* const* lse, const ops::DepthSource* src,
+                                int64_t S, const float* const* qg, int64_t K,
+                                const ops::DepthMix& m, int64_t N) = 0;
+  virtual void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
+                                const ops::DepthSource& p, const float* qg, const ops::DepthMix& m,
+                                int64_t N) = 0;
   // One tensor's AdamW update of n elements.
   virtual void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                             const ops::AdamStep& k) = 0;

@@ -133,6 +133,16 @@ class CpuBackend final : public Backend {
                           const ops::DepthMix& m, int64_t N) override {
     ops::depth_mix_backward(dqg, dx, x, lse, src, S, qg, q_ld, m, N);
   }
+  void depth_mix_phase1(float* const* o, float* const* lse, const ops::DepthSource* src, int64_t S,
+                        const float* const* qg, int64_t K, const ops::DepthMix& m,
+                        int64_t N) override {
+    ops::depth_mix_phase1(o, lse, src, S, qg, K, m, N);
+  }
+  void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
+                        const ops::DepthSource& p, const float* qg, const ops::DepthMix& m,
+                        int64_t N) override {
+    ops::depth_mix_phase2(x, lse, o1, lse1, p, qg, m, N);
+  }
   void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                     const ops::AdamStep& k) override {
 #pragma omp parallel

@@ -221,6 +221,23 @@ struct CudaExec {
   void launch(const rows::DepthMixBackward& f, int64_t n) {
     depth<warp::DepthMixBackward>(f, f.m.dh(), n);
   }
+  void launch(const rows::DepthMixPhase1& f, int64_t n) {
+    const int64_t dh = f.m.dh();
+    if (dh > 32 * warp::kWarp) return cuda::launch(f, n);  // wide slices: the reference
+    for (int64_t k0 = 0; k0 < f.K; k0 += warp::kQueries) {
+      const int64_t kn = std::min<int64_t>(warp::kQueries, f.K - k0);
+      if (dh <= 8 * warp::kWarp) {
+        warps(warp::DepthMixPhase1<8>{f, k0, kn}, n);
+      } else if (dh <= 16 * warp::kWarp) {
+        warps(warp::DepthMixPhase1<16>{f, k0, kn}, n);
+      } else if (dh <= 24 * warp::kWarp) {
+        warps(warp::DepthMixPhase1<24>{f, k0, kn}, n);
+      } else {
+        warps(warp::DepthMixPhase1<32>{f, k0, kn}, n);
+      }
+    }
+  }
+  void launch(const rows::DepthMixPhase2& f, int64_t n) { warps(warp::DepthMixPhase2{f}, n); }
   template <class Body>
   void warps(const Body& body, int64_t rows) {
     if (rows <= 0) return;

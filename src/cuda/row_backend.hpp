@@ -254,6 +254,31 @@ class RowBackend final : public Backend {
     x_.launch(rows::ColumnPartial{part, dq, N, m.d, kRowsPerChunk}, K * m.d);
     x_.launch(rows::ColumnSumAdd{dqg, part, K, m.d}, m.d);
   }
+  void depth_mix_phase1(float* const* o, float* const* lse, const ops::DepthSource* src, int64_t S,
+                        const float* const* qg, int64_t K, const ops::DepthMix& m,
+                        int64_t N) override {
+    const rows::Source* s = x_.sources(src, S);
+    constexpr int64_t kMax = rows::DepthMixPhase1::kMaxQueries;
+    for (int64_t k0 = 0; k0 < K; k0 += kMax) {  // up to kMax queries per launch
+      rows::DepthMixPhase1 f{};
+      f.K = std::min(kMax, K - k0);
+      for (int64_t k = 0; k < f.K; k++) {
+        f.o[k] = o[k0 + k];
+        f.lse[k] = lse[k0 + k];
+        f.q[k] = qg[k0 + k];
+      }
+      f.src = s;
+      f.S = S;
+      f.m = mix(m);
+      x_.launch(f, N * m.H);
+    }
+  }
+  void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
+                        const ops::DepthSource& p, const float* qg, const ops::DepthMix& m,
+                        int64_t N) override {
+    const rows::Source ps{p.v, p.rstd, p.dv};
+    x_.launch(rows::DepthMixPhase2{x, lse, o1, lse1, ps, qg, mix(m)}, N * m.H);
+  }
   void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                     const ops::AdamStep& k) override {
     x_.launch(

@@ -319,6 +319,44 @@ struct DepthMixForward {
   }
 };
 
+// Two-phase Block AttnRes (SPEC 4), static queries, softmax gate. Phase 1: up to kMaxQueries
+// queries q[k] (d) mix the same S sources; o[k] (N,d) and lse[k] (N,H) as DepthMixForward's x and
+// lse for each. (This reference runs the queries one after the other; the GPU kernel scores each
+// source it reads with all of them.) index = n * H + h.
+struct DepthMixPhase1 {
+  static constexpr int kMaxQueries = 16;
+  float* o[kMaxQueries];
+  float* lse[kMaxQueries];
+  const float* q[kMaxQueries];
+  int64_t K;
+  const Source* src;
+  int64_t S;
+  Mix m;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    for (int64_t k = 0; k < K; k++) DepthMixForward{o[k], lse[k], src, S, q[k], 0, m}(idx);
+  }
+};
+// Phase 2: merges the block's partial sum p into a phase-1 result (o1, lse1):
+// x = o1 + sigmoid(s_p - lse1) (p - o1), lse = log(exp(lse1) + exp(s_p)). index = n * H + h.
+struct DepthMixPhase2 {
+  float* x;
+  float* lse;
+  const float* o1;
+  const float* lse1;
+  Source p;
+  const float* q;
+  Mix m;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
+    const float s = depth_score(p, q + h * dh, m, n, h);
+    const float l1 = lse1[idx];
+    const float w = sigmoidf(s - l1);
+    for (int64_t c = 0; c < dh; c++) x[off + c] = o1[off + c] + w * (p.v[off + c] - o1[off + c]);
+    const float mx = s > l1 ? s : l1;
+    lse[idx] = mx + ::logf(::expf(l1 - mx) + ::expf(s - mx));
+  }
+};
+
 // Backward of DepthMixForward for one head slice: a_i from the saved lse (softmax) or sigmoid,
 // g_i = dx . v_i, ds_i = a_i (g_i - dx . x) (softmax) or a_i (1 - a_i) g_i (sigmoid);
 // dv_i += a_i dx + ds_i ds_i/dv_i (with the key norm: r q - s r^2 v / dh), and the query gradient

@@ -212,6 +212,94 @@ struct DepthMixBackward {
   }
 };
 
+// Phase 1 of two-phase Block AttnRes for queries [k0, k0 + kn), kn <= kQueries: each source slice
+// is read once and scored by all of them (the reference functor runs the queries one by one).
+constexpr int kQueries = 4;
+template <int kMaxPerLane>
+struct DepthMixPhase1 {
+  rows::DepthMixPhase1 f;
+  int64_t k0, kn;
+  __device__ void operator()(int64_t idx, int lane) const {
+    const rows::Mix& m = f.m;
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
+    float acc[kQueries][kMaxPerLane], mx[kQueries], z[kQueries];
+#pragma unroll
+    for (int k = 0; k < kQueries; k++) {
+      mx[k] = -INFINITY;
+      z[k] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; j++) acc[k][j] = 0.0f;
+    }
+    for (int64_t i = 0; i < f.S; i++) {
+      const float* v = f.src[i].v + off;
+      float vv[kMaxPerLane];
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; j++) {
+        const int64_t c = lane + j * kWarp;
+        vv[j] = c < dh ? v[c] : 0.0f;
+      }
+      const float r = m.key_norm ? f.src[i].rstd[idx] : 1.0f;
+#pragma unroll
+      for (int k = 0; k < kQueries; k++) {
+        if (k >= kn) break;  // uniform across the warp
+        const float* qh = f.q[k0 + k] + h * dh;
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kMaxPerLane; j++) {
+          const int64_t c = lane + j * kWarp;
+          if (c < dh) dot += qh[c] * vv[j];
+        }
+        const float s = warp_sum(dot) * r;
+        if (s > mx[k]) {
+          const float scale = ::expf(mx[k] - s);
+#pragma unroll
+          for (int j = 0; j < kMaxPerLane; j++) acc[k][j] *= scale;
+          z[k] *= scale;
+          mx[k] = s;
+        }
+        const float w = ::expf(s - mx[k]);
+        z[k] += w;
+#pragma unroll
+        for (int j = 0; j < kMaxPerLane; j++) acc[k][j] += w * vv[j];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kQueries; k++) {
+      if (k >= kn) break;
+      float* o = f.o[k0 + k] + off;
+      const float inv = 1.0f / z[k];
+#pragma unroll
+      for (int j = 0; j < kMaxPerLane; j++) {
+        const int64_t c = lane + j * kWarp;
+        if (c < dh) o[c] = acc[k][j] * inv;
+      }
+      if (lane == 0) f.lse[k0 + k][idx] = mx[k] + ::logf(z[k]);
+    }
+  }
+};
+
+struct DepthMixPhase2 {  // row = n * H + h
+  rows::DepthMixPhase2 f;
+  __device__ void operator()(int64_t idx, int lane) const {
+    const rows::Mix& m = f.m;
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
+    const float* qh = f.q + h * dh;
+    float dot = 0.0f;
+    for (int64_t c = lane; c < dh; c += kWarp) dot += qh[c] * f.p.v[off + c];
+    dot = warp_sum(dot);
+    const float s = m.key_norm ? dot * f.p.rstd[idx] : dot;
+    const float l1 = f.lse1[idx];
+    const float w = rows::sigmoidf(s - l1);
+    for (int64_t c = lane; c < dh; c += kWarp) {
+      f.x[off + c] = f.o1[off + c] + w * (f.p.v[off + c] - f.o1[off + c]);
+    }
+    if (lane == 0) {
+      const float mxs = fmaxf(s, l1);
+      f.lse[idx] = mxs + ::logf(::expf(l1 - mxs) + ::expf(s - mxs));
+    }
+  }
+};
+
 struct AttnSoftmaxForward {  // row r = (b H + h) T + t
   rows::AttnSoftmaxForward f;
   __device__ void operator()(int64_t r, int lane) const {

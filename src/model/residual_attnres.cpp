@@ -10,8 +10,8 @@
 // buffer, which the partial sums' gradients are added to as the pass moves back.
 //
 // All buffers and ops are the backend's (attnres/backend.hpp). The CPU backend also has the fast
-// host-only schemes: by-source backward, two-phase Block kernels, dynamic queries; other backends
-// run by mixer and one-phase (same results up to rounding).
+// host-only schemes: the by-source backward and dynamic queries; other backends run by mixer (same
+// results up to rounding).
 #include <omp.h>
 
 #include <cmath>
@@ -51,7 +51,7 @@ class AttnResRouter final : public DepthRouter {
     if (!be_.is_cpu()) {
       check(!dynamic_, "residual query 'dynamic' runs on the CPU only (for now); use --device cpu "
                        "or --residual-query static on " + be_.name());
-      two_phase_ = by_source_ = false;
+      by_source_ = false;
     }
     last_ = L_;
     own_.be = &be_;
@@ -422,15 +422,15 @@ class AttnResRouter final : public DepthRouter {
         ls[j] = lse1_[j].data();
         q[j] = qg_.data() + (l + j) * d_;
       }
-      ops::depth_mix_phase1(o.data(), ls.data(), src.data(), static_cast<int64_t>(src.size()),
-                            q.data(), K, mix_, n_);
+      be_.depth_mix_phase1(o.data(), ls.data(), src.data(), static_cast<int64_t>(src.size()),
+                           q.data(), K, mix_, n_);
       be_.copy(xin_[l].data(), o1_[0].data(), sizeof(float) * n_ * d_);
       be_.copy(lse_[l].data(), lse1_[0].data(), sizeof(float) * n_ * mix_.H);
     } else {
       // Phase 2: only the partial sum is new; merge it by log-sum-exp.
       const ops::DepthSource p{part_[l].v.data(), part_[l].r.data(), nullptr};
-      ops::depth_mix_phase2(xin_[l].data(), lse_[l].data(), o1_[k].data(), lse1_[k].data(), p,
-                            qg_.data() + l * d_, mix_, n_);
+      be_.depth_mix_phase2(xin_[l].data(), lse_[l].data(), o1_[k].data(), lse1_[k].data(), p,
+                           qg_.data() + l * d_, mix_, n_);
     }
   }
 
