@@ -22,6 +22,9 @@ namespace {
 
 void check_cuda(cudaError_t e, const char* call) {
   if (e == cudaSuccess) return;
+  // Clear a non-sticky error, or a caller that handles this Error would see it again at the next
+  // launch check (a sticky one stays: the context is unusable then).
+  cudaGetLastError();
   throw Error(std::string("CUDA call ") + call + " failed: " + cudaGetErrorString(e));
 }
 void check_cublas(cublasStatus_t s, const char* call) {
@@ -227,34 +230,34 @@ struct CudaExec {
     for (int64_t k0 = 0; k0 < f.K; k0 += warp::kQueries) {
       const int64_t kn = std::min<int64_t>(warp::kQueries, f.K - k0);
       if (dh <= 8 * warp::kWarp) {
-        warps(warp::DepthMixPhase1<8>{f, k0, kn}, n);
+        warps(warp::DepthMixPhase1<8>{f, k0, kn}, n, 4);
       } else if (dh <= 16 * warp::kWarp) {
-        warps(warp::DepthMixPhase1<16>{f, k0, kn}, n);
+        warps(warp::DepthMixPhase1<16>{f, k0, kn}, n, 4);
       } else if (dh <= 24 * warp::kWarp) {
-        warps(warp::DepthMixPhase1<24>{f, k0, kn}, n);
+        warps(warp::DepthMixPhase1<24>{f, k0, kn}, n, 4);
       } else {
-        warps(warp::DepthMixPhase1<32>{f, k0, kn}, n);
+        warps(warp::DepthMixPhase1<32>{f, k0, kn}, n, 4);
       }
     }
   }
   void launch(const rows::DepthMixPhase2& f, int64_t n) { warps(warp::DepthMixPhase2{f}, n); }
+  // per_block warps per block: 8, or 4 for the register-heavy depth kernels (~170 registers per
+  // thread: smaller blocks let more of them share a multiprocessor).
   template <class Body>
-  void warps(const Body& body, int64_t rows) {
+  void warps(const Body& body, int64_t rows, int per_block = 8) {
     if (rows <= 0) return;
-    const int64_t blocks =
-        std::min<int64_t>((rows + warp::kWarpsPerBlock - 1) / warp::kWarpsPerBlock, 1 << 16);
-    warp::rows_kernel<<<static_cast<unsigned>(blocks), warp::kWarpsPerBlock * warp::kWarp>>>(body,
-                                                                                           rows);
+    const int64_t blocks = std::min<int64_t>((rows + per_block - 1) / per_block, 1 << 16);
+    warp::rows_kernel<<<static_cast<unsigned>(blocks), per_block * warp::kWarp>>>(body, rows);
     ATTNRES_CUDA_CHECK(cudaGetLastError());
   }
   // The register tile that holds a (d/H)-channel slice: K channels per lane.
   template <template <int> class Body, class F>
   void depth(const F& f, int64_t dh, int64_t rows) {
-    if (dh <= 4 * warp::kWarp) return warps(Body<4>{f}, rows);
-    if (dh <= 8 * warp::kWarp) return warps(Body<8>{f}, rows);
-    if (dh <= 16 * warp::kWarp) return warps(Body<16>{f}, rows);
-    if (dh <= 24 * warp::kWarp) return warps(Body<24>{f}, rows);
-    if (dh <= 32 * warp::kWarp) return warps(Body<32>{f}, rows);
+    if (dh <= 4 * warp::kWarp) return warps(Body<4>{f}, rows, 4);
+    if (dh <= 8 * warp::kWarp) return warps(Body<8>{f}, rows, 4);
+    if (dh <= 16 * warp::kWarp) return warps(Body<16>{f}, rows, 4);
+    if (dh <= 24 * warp::kWarp) return warps(Body<24>{f}, rows, 4);
+    if (dh <= 32 * warp::kWarp) return warps(Body<32>{f}, rows, 4);
     cuda::launch(f, rows);  // wider slices: the reference, one thread per slice
   }
 

@@ -62,12 +62,15 @@ struct HostExec {
   // on the values widened back to fp32 computes the same up to the order of the additions.
   void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                  int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-    auto widen = [](std::vector<float>& dst, const uint16_t* src, int64_t rows, int64_t ld) {
-      dst.resize(static_cast<size_t>(rows * ld));
-      for (int64_t i = 0; i < rows * ld; i++) dst[i] = rows::bf16_bits_to_float(src[i]);
+    // The stored (rows, cols) matrix with leading dimension ld: (rows - 1) ld + cols elements.
+    auto widen = [](std::vector<float>& dst, const uint16_t* src, int64_t rows, int64_t cols,
+                    int64_t ld) {
+      const int64_t n = (rows - 1) * ld + cols;
+      dst.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; i++) dst[i] = rows::bf16_bits_to_float(src[i]);
     };
-    widen(wa_, A, ta ? K : M, lda);
-    widen(wb_, B, tb ? N : K, ldb);
+    widen(wa_, A, ta ? K : M, ta ? M : K, lda);
+    widen(wb_, B, tb ? N : K, tb ? K : N, ldb);
     sgemm(ta, tb, M, N, K, 1.0f, wa_.data(), lda, wb_.data(), ldb, beta, C, ldc);
   }
   std::vector<float> wa_, wb_;

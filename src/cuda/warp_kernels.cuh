@@ -15,7 +15,6 @@
 namespace attnres::cuda::warp {
 
 constexpr int kWarp = 32;
-constexpr int kWarpsPerBlock = 8;
 // The depth-mix kernels hold a row slice in registers, K channels per lane (K * 32 >= d/H; the
 // launcher picks K from 4, 8, 16, 24, 32; wider slices fall back to the reference functor).
 
@@ -28,13 +27,15 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Calls body(row, lane) with one warp per row (grid-stride over rows).
+// Calls body(row, lane) with one warp per row (grid-stride over rows); blockDim.x is a multiple of
+// 32, so every warp is whole and all its lanes share each row.
 template <class Body>
 __global__ void rows_kernel(Body body, int64_t rows) {
   const int lane = threadIdx.x % kWarp;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-       r < rows; r += warps) {
+  const int64_t per_block = blockDim.x / kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * per_block;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * per_block + threadIdx.x / kWarp; r < rows;
+       r += warps) {
     body(r, lane);
   }
 }
@@ -76,7 +77,7 @@ struct CrossEntropyForward {
         z *= ::expf(mx - v);
         mx = v;
       }
-      z += ::expf(v - mx);
+      z += v == -INFINITY ? 0.0f : ::expf(v - mx);  // a -inf logit adds nothing (not NaN)
     }
     const float m = warp_max(mx);
     z = warp_sum(mx == -INFINITY ? 0.0f : z * ::expf(mx - m));
