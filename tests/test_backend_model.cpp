@@ -92,6 +92,18 @@ std::vector<float> test_weights(Model& m) {
   return w;
 }
 
+// N random token ids and targets below V.
+struct TokenBatch {
+  std::vector<int32_t> tok, tgt;
+  TokenBatch(int64_t N, int64_t V, uint64_t seed) : tok(N), tgt(N) {
+    Rng r(seed);
+    for (int64_t i = 0; i < N; i++) {
+      tok[i] = static_cast<int32_t>(r.next_u64() % V);
+      tgt[i] = static_cast<int32_t>(r.next_u64() % V);
+    }
+  }
+};
+
 std::vector<float> logits_of(const Model& m, int64_t n) {
   std::vector<float> h(static_cast<size_t>(n));
   m.backend().download(h.data(), m.logits(), sizeof(float) * h.size());
@@ -117,12 +129,8 @@ TEST_P(BackendModel, MatchesTheCpuModel) {
   EXPECT_EQ(dev.params_to_host(), w);
 
   const int64_t B = 2, T = 11, N = B * T, V = cfg.vocab_size;
-  std::vector<int32_t> tok(N), tgt(N);
-  Rng r(3);
-  for (int64_t i = 0; i < N; i++) {
-    tok[i] = static_cast<int32_t>(r.next_u64() % V);
-    tgt[i] = static_cast<int32_t>(r.next_u64() % V);
-  }
+  const TokenBatch batch(N, V, 3);
+  const std::vector<int32_t>&tok = batch.tok, &tgt = batch.tgt;
   cpu.zero_grad();
   dev.zero_grad();
   const double lc = cpu.forward(tok.data(), tgt.data(), B, T);
@@ -138,8 +146,7 @@ TEST_P(BackendModel, MatchesTheCpuModel) {
   // query gets rounding noise only).
   const double floor = 1e-5 * std::sqrt(std::inner_product(gc.begin(), gc.end(), gc.begin(), 0.0));
   for (const ParamEntry& e : cpu.layout().entries()) {
-    EXPECT_LT(rel_diff(gd.data() + e.offset, gc.data() + e.offset, e.numel, floor), 1e-4)
-        << e.name;
+    EXPECT_LT(rel_diff(gd.data() + e.offset, gc.data() + e.offset, e.numel, floor), 1e-4) << e.name;
   }
 
   // A few AdamW steps with clipping on each backend: losses and weights stay together (rounding
@@ -182,17 +189,12 @@ TEST_P(BackendModel, Bf16GemmsStayNearFp32) {
   const std::vector<float> w = test_weights(cpu);
   cpu.params_from_host(w.data());
   dev.params_from_host(w.data());
-  const int64_t B = 2, T = 11, N = B * T, V = cfg.vocab_size;
-  std::vector<int32_t> tok(N), tgt(N);
-  Rng r(4);
-  for (int64_t i = 0; i < N; i++) {
-    tok[i] = static_cast<int32_t>(r.next_u64() % V);
-    tgt[i] = static_cast<int32_t>(r.next_u64() % V);
-  }
+  const int64_t B = 2, T = 11;
+  const TokenBatch batch(B * T, cfg.vocab_size, 4);
   cpu.zero_grad();
   dev.zero_grad();
-  const double lc = cpu.forward(tok.data(), tgt.data(), B, T);
-  const double ld = dev.forward(tok.data(), tgt.data(), B, T);
+  const double lc = cpu.forward(batch.tok.data(), batch.tgt.data(), B, T);
+  const double ld = dev.forward(batch.tok.data(), batch.tgt.data(), B, T);
   EXPECT_NEAR(ld, lc, 1e-3 * lc);  // measured <= 1.5e-5
   EXPECT_NE(ld, lc);               // the GEMMs did round
   cpu.backward();
@@ -260,7 +262,8 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
   attnres::testing::TempDir td;
   {
     std::ofstream f(td.path + "/corpus.txt");
-    for (int i = 0; i < 300; i++) f << "the cat sees the river " << i % 7 << ". a dog likes hats.\n";
+    for (int i = 0; i < 300; i++)
+      f << "the cat sees the river " << i % 7 << ". a dog likes hats.\n";
   }
   auto run = [&](const std::string& device, const std::string& mode, std::vector<double>* losses,
                  const std::string& precision = "fp32") {
