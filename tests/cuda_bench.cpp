@@ -1,8 +1,11 @@
-// GPU timings for tools/device_check.sh (built with -DATTNRES_CUDA=ON), as one short table: cuBLAS
+// GPU timings for tools/device_check.sh (CUDA builds: -DATTNRES_CUDA=ON), as short tables: cuBLAS
 // fp32 and bf16 GEMM throughput, the AttnRes depth-mix kernels at a training shape, and whole
 // training steps (forward, backward, AdamW) of a GPT-2-small-sized model with each residual mode
-// and fp32 or bf16 GEMMs, measured side by side in one run. Prints the reason and exits 0 where no
-// GPU is present. Usage: cuda_bench [--quick]   (--quick: a smaller model, for a first look)
+// and fp32 or bf16 GEMMs, measured side by side in one run, then where each step's time goes by op
+// family. Prints the reason and exits 0 where no GPU is present.
+// Usage: cuda_bench [--dry-run]
+//   --dry-run: tiny shapes on the cuda-host backend (the CUDA kernels emulated on the CPU): checks
+//   the benchmark itself on any machine (a test runs it); its timings mean nothing.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,8 +20,11 @@
 #include "attnres/optim.hpp"
 #include "attnres/train.hpp"
 #include "core/backend.hpp"
+#include "core/profile.hpp"
 #include "core/rng.hpp"
+#ifdef ATTNRES_WITH_CUDA
 #include "cuda/device.hpp"
+#endif
 
 using namespace attnres;
 
@@ -49,25 +55,26 @@ DevBuf<float> buffer(Backend& be, int64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool dry = argc > 1 && std::strcmp(argv[1], "--dry-run") == 0;
   std::string why;
-  if (cuda::device_count(&why) == 0) {
+  if (!dry && cuda::device_count(&why) == 0) {
     std::printf("cuda_bench: %s\n", why.c_str());
     return 0;
   }
-  auto bep = make_backend("cuda");
+  auto bep = make_backend(dry ? "cuda-host" : "cuda");
   Backend& be = *bep;
-  std::printf("device: %s\n", cuda::describe_device().c_str());
+  std::printf("device: %s\n", dry ? "cuda-host (dry run)" : cuda::describe_device().c_str());
   std::printf("| what | shape | ms | rate |\n|---|---|---|---|\n");
   {
-    const int64_t n = 4096;
+    const int64_t n = dry ? 128 : 4096;
     auto a = buffer(be, n * n), b = buffer(be, n * n), c = buffer(be, n * n);
     const double ms =
         time_ms(be, [&] { be.matmul_forward(c.data(), a.data(), b.data(), n, n, n); });
     std::printf("| sgemm (cuBLAS, fp32) | %lld^3 | %.3f | %.1f TFLOP/s |\n",
                 static_cast<long long>(n), ms, 2.0 * n * n * n / ms / 1e9);
   }
-  {
+#ifdef ATTNRES_WITH_CUDA
+  if (!dry) {
     const int64_t n = 8192;
     cuda::DeviceVec<uint16_t> a(n * n), b(n * n);
     cuda::DeviceVec<float> c(n * n);
@@ -76,8 +83,10 @@ int main(int argc, char** argv) {
     std::printf("| bf16 GEMM (cuBLAS GemmEx, fp32 accumulate) | %lld^3 | %.3f | %.1f TFLOP/s |\n",
                 static_cast<long long>(n), ms, 2.0 * n * n * n / ms / 1e9);
   }
+#endif
   {
-    const int64_t N = 8192, d = 1024, S = 9;  // 8 sequences of 1024 tokens, d 1024, 9 sources
+    // 8 sequences of 1024 tokens, d 1024, 9 sources
+    const int64_t N = dry ? 64 : 8192, d = dry ? 64 : 1024, S = 9;
     std::vector<DevBuf<float>> v, r, dv;
     std::vector<ops::DepthSource> src;
     for (int64_t i = 0; i < S; i++) {
@@ -105,12 +114,12 @@ int main(int argc, char** argv) {
   // Whole fp32 training steps: GPT-2 small shapes (124M parameters with its 50257-token
   // vocabulary), B x T tokens per step.
   ModelConfig cfg;
-  cfg.n_layer = quick ? 4 : 12;
-  cfg.d_model = 768;
-  cfg.n_head = 12;
-  cfg.ffn_hidden = 2048;
-  cfg.vocab_size = quick ? 8192 : 50257;
-  const int64_t B = 8, T = 512;
+  cfg.n_layer = dry ? 2 : 12;
+  cfg.d_model = dry ? 64 : 768;
+  cfg.n_head = dry ? 4 : 12;
+  cfg.ffn_hidden = dry ? 128 : 2048;
+  cfg.vocab_size = dry ? 300 : 50257;
+  const int64_t B = dry ? 2 : 8, T = dry ? 32 : 512;
   cfg.max_seq_len = T;
   std::vector<int32_t> tok(B * T), tgt(B * T);
   Rng rng(1);
@@ -118,6 +127,7 @@ int main(int argc, char** argv) {
     tok[i] = static_cast<int32_t>(rng.next_u64() % cfg.vocab_size);
     tgt[i] = static_cast<int32_t>(rng.next_u64() % cfg.vocab_size);
   }
+  std::vector<std::string> profiles;  // one row per (precision, mode): ms per op family
   for (const char* precision : {"fp32", "bf16"}) {
     double base_ms = 0;
     for (const char* mode : {"prenorm", "block", "full"}) {
@@ -140,12 +150,41 @@ int main(int argc, char** argv) {
       if (base_ms == 0) base_ms = ms;
       const double tflops = train_flops_per_token(model.config(), T) * B * T / ms / 1e9;
       std::printf(
-          "| train step %s GEMMs, %s | %lld params, L %lld, d 768, %lldx%lld tokens | %.1f | %.0f "
+          "| train step %s GEMMs, %s | %lld params, L %lld, d %lld, %lldx%lld tokens | %.1f | %.0f "
           "tok/s, %.1f TFLOP/s, %.3fx baseline, loss %.3f |\n",
           precision, mode, static_cast<long long>(model.num_params()),
-          static_cast<long long>(cfg.n_layer), static_cast<long long>(B), static_cast<long long>(T),
+          static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.d_model),
+          static_cast<long long>(B), static_cast<long long>(T),
           ms, B * T / ms * 1e3, tflops, ms / base_ms, loss);
+      // One more step with the profiler, each op family's scope waiting for the device.
+      prof::set_synchronizer([](void* b) { static_cast<Backend*>(b)->synchronize(); }, &be);
+      prof::reset();
+      prof::enable(true);
+      model.zero_grad();
+      model.forward(tok.data(), tgt.data(), B, T);
+      model.backward();
+      {
+        prof::Scope ps(prof::kOptimizer, prof::kForward);
+        opt.step(model.params(), model.grads(), 1e-4);
+      }
+      prof::enable(false);
+      prof::set_synchronizer(nullptr, nullptr);
+      std::string row = std::string("| ") + precision + " " + mode + " |";
+      for (int op = 0; op < prof::kOpCount; op++) {
+        char cell[48];
+        std::snprintf(cell, sizeof cell, " %.2f / %.2f |", 1e3 * prof::seconds(op, prof::kForward),
+                      1e3 * prof::seconds(op, prof::kBackward));
+        row += cell;
+      }
+      profiles.push_back(row);
     }
   }
+  std::printf("\nms per training step by op family, forward / backward (one profiled step, the "
+              "device synchronised around each op):\n| GEMMs, mode |");
+  for (int op = 0; op < prof::kOpCount; op++) std::printf(" %s |", prof::op_name(op));
+  std::printf("\n|---|");
+  for (int op = 0; op < prof::kOpCount; op++) std::printf("---|");
+  std::printf("\n");
+  for (const std::string& r : profiles) std::printf("%s\n", r.c_str());
   return 0;
 }

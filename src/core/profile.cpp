@@ -7,6 +7,8 @@ namespace attnres::prof {
 namespace {
 std::atomic<bool> g_on{false};
 double g_sec[kOpCount][kPhaseCount] = {};
+void (*g_sync)(void*) = nullptr;
+void* g_sync_ctx = nullptr;
 }  // namespace
 
 const char* op_name(int op) {
@@ -25,5 +27,12 @@ void reset() {
 double seconds(int op, int phase) { return g_sec[op][phase]; }
 // Called from the (single) thread that drives the model; ops parallelise inside.
 void add(int op, int phase, double s) { g_sec[op][phase] += s; }
+void set_synchronizer(void (*fn)(void*), void* ctx) {
+  g_sync = fn;
+  g_sync_ctx = ctx;
+}
+void synchronize() {
+  if (g_sync) g_sync(g_sync_ctx);
+}
 
 }  // namespace attnres::prof

@@ -367,6 +367,7 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
     be.matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V);
   }
   if (!targets) return 0.0;
+  prof::Scope ps(prof::kCrossEntropy, prof::kForward);
   return be.cross_entropy_forward(a.lse.data(), a.logits.data(), a.targets.data(), N, V);
 }
 
