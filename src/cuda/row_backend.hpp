@@ -28,7 +28,7 @@ class RowBackend final : public Backend {
  public:
   RowBackend() = default;
   ~RowBackend() override {
-    for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_}) {
+    for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &ids_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
@@ -77,9 +77,30 @@ class RowBackend final : public Backend {
                          int64_t C) override {
     x_.launch(rows::EmbeddingForward{out, ids, wte, C}, N * C);
   }
+  // The rows are grouped by token id on the host (the ids come back: N ints), so each (token,
+  // channel) sums its rows in order in parallel: deterministic, and no thread loops over all N.
   void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
                           int64_t C) override {
-    x_.launch(rows::EmbeddingBackward{dwte, dout, ids, N, C}, C);
+    if (N == 0) return;
+    std::vector<int32_t>& h = host_ids_;
+    h.resize(static_cast<size_t>(N));
+    x_.download(h.data(), ids, sizeof(int32_t) * h.size());
+    std::vector<int32_t>& perm = host_perm_;
+    perm.resize(h.size());
+    for (int64_t n = 0; n < N; n++) perm[n] = static_cast<int32_t>(n);
+    std::stable_sort(perm.begin(), perm.end(), [&](int32_t a, int32_t b) { return h[a] < h[b]; });
+    std::vector<int32_t>& groups = host_groups_;  // start[0..G], then id[0..G)
+    groups.clear();
+    for (int64_t k = 0; k < N; k++) {
+      if (k == 0 || h[perm[k]] != h[perm[k - 1]]) groups.push_back(static_cast<int32_t>(k));
+    }
+    const int64_t G = static_cast<int64_t>(groups.size());
+    groups.push_back(static_cast<int32_t>(N));
+    for (int64_t g = 0; g < G; g++) groups.push_back(h[perm[groups[g]]]);
+    auto* dev = static_cast<int32_t*>(scratch(ids_, sizeof(int32_t) * (N + groups.size())));
+    x_.upload(dev, perm.data(), sizeof(int32_t) * N);
+    x_.upload(dev + N, groups.data(), sizeof(int32_t) * groups.size());
+    x_.launch(rows::EmbeddingBackwardGrouped{dwte, dout, dev, dev + N, dev + N + G + 1, C}, G * C);
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,
                        int64_t C, float eps) override {
@@ -348,7 +369,8 @@ class RowBackend final : public Backend {
   static constexpr int64_t kRowsPerChunk = 64;  // column sums: rows per partial sum
 
   Exec x_;
-  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_;
+  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, ids_;
+  std::vector<int32_t> host_ids_, host_perm_, host_groups_;
   Batch batch_;
 };
 

@@ -78,14 +78,23 @@ struct EmbeddingForward {  // index i = n * C + c
     out[i] = wte[static_cast<int64_t>(ids[n]) * C + c];
   }
 };
-// index c (a channel): dwte[ids[n], c] += dout[n, c] for n in order (deterministic, no atomics).
-struct EmbeddingBackward {
+
+// dwte[ids[n], c] += dout[n, c] with the rows grouped by token id (the caller sorts them stably on
+// the host): rows perm[start[s]..start[s+1]) all hold token id[s]; index i = s * C + c adds them
+// in row order (as ops::embedding_backward: deterministic, no atomics).
+struct EmbeddingBackwardGrouped {
   float* dwte;
   const float* dout;
-  const int32_t* ids;
-  int64_t N, C;
-  ATTNRES_HD void operator()(int64_t c) const {
-    for (int64_t n = 0; n < N; n++) dwte[static_cast<int64_t>(ids[n]) * C + c] += dout[n * C + c];
+  const int32_t* perm;
+  const int32_t* start;
+  const int32_t* id;
+  int64_t C;
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t s = i / C, c = i % C;
+    float* w = dwte + static_cast<int64_t>(id[s]) * C + c;
+    float acc = *w;
+    for (int32_t k = start[s]; k < start[s + 1]; k++) acc += dout[static_cast<int64_t>(perm[k]) * C + c];
+    *w = acc;
   }
 };
 
