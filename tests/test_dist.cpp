@@ -255,6 +255,37 @@ TEST(Dist, TwoRanksMatchOneRank) {
             1e-5);
 }
 
+// Data parallel on a device backend (cuda-host: the CUDA backend's code on host memory): the
+// gradients go through the device reducer, directly or staged through host buffers as on GPUs
+// without NCCL, and the run matches one rank on that device.
+TEST(Dist, TwoRanksOnADeviceMatchOneRank) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const std::string dev = " --device cuda-host --residual block --log-every 1";
+  const CliRun one = shell("exec " + cli() + train_args(data, dir / "one", 6) + dev);
+  ASSERT_EQ(one.code, 0) << one.out;
+  const CliRun two = shell(mpirun(2) + cli() + train_args(data, dir / "two", 6) + dev);
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_TRUE(contains(two.out, "gradients: summed over the ranks by direct")) << two.out;
+  ::setenv("ATTNRES_DEVICE_REDUCE", "staged", 1);  // mpirun passes it on to the ranks
+  const CliRun staged = shell(mpirun(2) + "-x ATTNRES_DEVICE_REDUCE " + cli() +
+                              train_args(data, dir / "staged", 6) + dev);
+  ::unsetenv("ATTNRES_DEVICE_REDUCE");
+  ASSERT_EQ(staged.code, 0) << staged.out;
+  EXPECT_TRUE(contains(staged.out, "gradients: summed over the ranks by staged")) << staged.out;
+  const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 6u);
+  for (const char* run : {"two", "staged"}) {
+    const Metrics b = read_metrics(dir / run / "metrics.jsonl");
+    expect_close(b.loss, a.loss, 1e-5, std::string(run) + ": training loss at step");
+    expect_close(b.val_loss, a.val_loss, 1e-5, std::string(run) + ": validation loss");
+    EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / run / "model.safetensors"),
+              1e-5);
+  }
+}
+
 TEST(Dist, BatchNotDivisibleByRanksIsAClearError) {
   SKIP_WITHOUT_MPIRUN();
   TempDir td;

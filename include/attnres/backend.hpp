@@ -27,8 +27,8 @@ enum class MatmulPrecision { fp32, bf16 };
 // "fp32" / "bf16"; throws Error naming the choices for anything else.
 MatmulPrecision parse_precision(const std::string& s);
 
-// The backend named `name` (cpu, cuda, cuda-host). Throws Error naming the fix when it is unknown
-// or unavailable here (built without CUDA, no GPU).
+// The backend named `name` (cpu, cuda = cuda:0, cuda:N = the N-th GPU, cuda-host). Throws Error
+// naming the fix when it is unknown or unavailable here (built without CUDA, no GPU).
 std::shared_ptr<Backend> make_backend(const std::string& name);
 // The process-wide CPU backend (what a Model uses unless told otherwise).
 const std::shared_ptr<Backend>& cpu_backend();

@@ -20,6 +20,10 @@
 #include <string>
 #include <vector>
 
+namespace attnres {
+class Backend;
+}
+
 namespace attnres::dist {
 
 class Communicator {
@@ -108,6 +112,27 @@ class SingleCommunicator final : public Communicator {
 // the receiver reads the sender's buffer then and throws Error if it changed after the send (a
 // sender reusing a buffer too early), as MPI's large-message protocol would expose.
 std::vector<std::unique_ptr<Communicator>> make_local_group(int size, bool rendezvous = false);
+
+// Sums buffers that live in a backend's memory (a model's gradients) over the ranks of `comm`,
+// in place. Three methods:
+//   direct  host memory (cpu, cuda-host): comm's own all-reduce;
+//   nccl    GPU memory, NCCL all-reduce on the device (CUDA builds; libnccl.so.2 is loaded at run
+//           time, so only runs that need it need it);
+//   staged  GPU memory without NCCL: bucket by bucket through a host buffer and comm.
+// make_device_reducer picks direct for host memory, else nccl when it loads, else staged (and
+// says why in *note); ATTNRES_DEVICE_REDUCE=direct|staged|nccl forces one (tests).
+class DeviceReducer {
+ public:
+  virtual ~DeviceReducer() = default;
+  virtual void allreduce_sum(float* data, int64_t n) = 0;
+  virtual std::string method() const = 0;
+};
+std::unique_ptr<DeviceReducer> make_device_reducer(Communicator& comm, Backend& be,
+                                                   std::string* note = nullptr);
+
+// This process's index among the ranks on its host (launcher environment; 0 when unknown): which
+// GPU a rank takes.
+int local_rank();
 
 // True when this build has the MPI backend (CMake found MPI and ATTNRES_MPI is ON).
 bool mpi_compiled();

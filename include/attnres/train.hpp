@@ -62,7 +62,8 @@ struct TrainConfig {
   int64_t virtual_stages = 1;
   std::string pipeline_comm = "cached";
   // Where the model trains (attnres/backend.hpp): cpu, cuda or cuda-host. A runtime choice too;
-  // other than cpu: one process, no pipeline.
+  // other than cpu: data parallel only (no pipeline, no ZeRO-1); with several ranks on GPUs each
+  // rank takes the GPU of its index on its host and gradients are summed with NCCL.
   std::string device = "cpu";
   // The linear layers' GEMM precision (attnres/backend.hpp MatmulPrecision): fp32 or bf16 (bf16
   // inputs, fp32 accumulation, fp32 master weights; cuda and cuda-host). A runtime choice.

@@ -184,7 +184,8 @@ void add_train(CLI::App& app) {
   s->add_option("--device", a->cfg.device,
                 "Where the model trains: cpu; cuda (an NVIDIA GPU, in a build with "
                 "-DATTNRES_CUDA=ON); cuda-host (the CUDA kernels emulated on the CPU: slow, for "
-                "tests). Not cpu: one process, no --pipeline or --zero1")
+                "tests). Not cpu: no --pipeline or --zero1; under mpirun each rank takes one GPU "
+                "and gradients are summed with NCCL")
       ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
       ->capture_default_str();
   s->add_option("--precision", a->cfg.precision,

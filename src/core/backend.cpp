@@ -16,8 +16,14 @@ const std::shared_ptr<Backend>& cpu_backend() {
 std::shared_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu") return cpu_backend();
   if (name == "cuda-host") return make_cuda_host_backend();
-  if (name == "cuda") return make_cuda_backend();
-  throw Error("unknown device '" + name + "'; use cpu, cuda or cuda-host");
+  if (name == "cuda") return make_cuda_backend(0);
+  if (name.rfind("cuda:", 0) == 0) {  // cuda:N, the N-th GPU
+    const std::string k = name.substr(5);
+    check(!k.empty() && k.size() < 6 && k.find_first_not_of("0123456789") == std::string::npos,
+          "unknown device '" + name + "'; use cuda:N with N a GPU index");
+    return make_cuda_backend(std::stoi(k));
+  }
+  throw Error("unknown device '" + name + "'; use cpu, cuda, cuda:N or cuda-host");
 }
 
 std::string backend_name(const Backend& be) { return be.name(); }

@@ -20,6 +20,8 @@ class Backend {
   // The CPU backend: its memory is host memory and it has host-only fast paths (the model's
   // by-source Full AttnRes backward, the two-phase Block kernels, dynamic queries, diagnostics).
   virtual bool is_cpu() const { return false; }
+  // Its pointers are host memory (cpu, cuda-host), which host code such as MPI may read and write.
+  virtual bool host_memory() const = 0;
 
   // ---- memory (bytes) ----
   virtual void* alloc(size_t bytes) = 0;  // zeroed
@@ -101,6 +103,7 @@ class Backend {
 // cuda_stub.cpp).
 std::shared_ptr<Backend> make_cpu_backend();
 std::shared_ptr<Backend> make_cuda_host_backend();
-std::shared_ptr<Backend> make_cuda_backend();  // throws Error with the reason when unavailable
+// GPU `device` (0-based); throws Error with the reason when unavailable.
+std::shared_ptr<Backend> make_cuda_backend(int device = 0);
 
 }  // namespace attnres

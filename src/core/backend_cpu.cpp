@@ -15,6 +15,7 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   bool is_cpu() const override { return true; }
+  bool host_memory() const override { return true; }
 
   void* alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;

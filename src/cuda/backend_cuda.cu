@@ -171,6 +171,8 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t
 // The GPU executor of RowBackend: kernels and copies queued on the default stream.
 struct CudaExec {
   static const char* name() { return "cuda"; }
+  static constexpr bool kHostMemory = false;
+  explicit CudaExec(int device) { ATTNRES_CUDA_CHECK(cudaSetDevice(device)); }
   void* alloc(size_t bytes) {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
@@ -383,10 +385,14 @@ void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* w, int
 
 namespace attnres {
 
-std::shared_ptr<Backend> make_cuda_backend() {
+std::shared_ptr<Backend> make_cuda_backend(int device) {
   std::string why;
-  if (cuda::device_count(&why) == 0) throw Error("device cuda is unavailable: " + why);
-  return std::make_shared<cuda::RowBackend<cuda::CudaExec>>();
+  const int n = cuda::device_count(&why);
+  if (n == 0) throw Error("device cuda is unavailable: " + why);
+  check(device >= 0 && device < n, "device cuda:" + std::to_string(device) + " does not exist: " +
+                                       std::to_string(n) + " GPU(s) here (cuda:0 .. cuda:" +
+                                       std::to_string(n - 1) + ")");
+  return std::make_shared<cuda::RowBackend<cuda::CudaExec>>(device);
 }
 
 }  // namespace attnres

@@ -17,6 +17,7 @@ namespace {
 
 struct HostExec {
   static const char* name() { return "cuda-host"; }
+  static constexpr bool kHostMemory = true;
   void* alloc(size_t bytes) {
     if (bytes == 0) return nullptr;
     void* p = std::calloc(1, bytes);

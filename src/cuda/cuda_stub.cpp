@@ -24,7 +24,7 @@ std::string describe_device(int) { return kWhy; }
 
 namespace attnres {
 
-std::shared_ptr<Backend> make_cuda_backend() {
+std::shared_ptr<Backend> make_cuda_backend(int) {
   throw Error(std::string("device cuda is unavailable: ") + cuda::kWhy);
 }
 

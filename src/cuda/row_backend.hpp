@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnres/error.hpp"
@@ -26,13 +27,15 @@ namespace attnres::cuda {
 template <class Exec>
 class RowBackend final : public Backend {
  public:
-  RowBackend() = default;
+  template <class... Args>
+  explicit RowBackend(Args&&... args) : x_(std::forward<Args>(args)...) {}
   ~RowBackend() override {
     for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &ids_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
   std::string name() const override { return Exec::name(); }
+  bool host_memory() const override { return Exec::kHostMemory; }
 
   // ---- memory ----
   void* alloc(size_t bytes) override { return x_.alloc(bytes); }

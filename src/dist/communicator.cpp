@@ -58,6 +58,17 @@ void SingleCommunicator::abort(int code) {
   std::_Exit(code);
 }
 
+int local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                          "PMIX_LOCAL_RANK"}) {
+    if (const char* v = std::getenv(var)) {
+      const int n = std::atoi(v);
+      if (n >= 0) return n;
+    }
+  }
+  return 0;
+}
+
 int launched_world_size() {
   for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
     if (const char* v = std::getenv(var)) {

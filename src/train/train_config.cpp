@@ -41,8 +41,8 @@ void TrainConfig::validate() const {
        "--precision bf16 runs on --device cuda (or cuda-host, its emulation); the CPU trains in "
        "fp32");
   need(device == "cpu" || (pipeline == 1 && !zero1),
-       "--device " + device + " trains in one process for now: drop --pipeline and --zero1 (or "
-       "use --device cpu)");
+       "--device " + device + " trains data-parallel only for now: drop --pipeline and --zero1 "
+       "(or use --device cpu)");
   schedule.validate();
 }
 

@@ -327,10 +327,13 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   cfg.model.max_seq_len = cfg.seq_len;
   cfg.model.resolve();
   cfg.model.validate();
-  check(cfg.device == "cpu" || ranks == 1,
-        "--device " + cfg.device + " trains in one process for now (multi-GPU data parallel is "
-        "not built yet): launch one rank, or use --device cpu");
-  Model model(cfg.model, make_backend(cfg.device));
+  // Several ranks on GPUs: each takes the GPU of its index on its host.
+  std::string device = cfg.device;
+  if (device == "cuda" && ranks > 1) {
+    const int gpus = cuda::device_count();
+    if (gpus > 0) device = "cuda:" + std::to_string(dist::local_rank() % gpus);
+  }
+  Model model(cfg.model, make_backend(device));
   model.backend().set_matmul_precision(parse_precision(cfg.precision));
   model.init_weights(cfg.seed);
   const std::string gemms = cfg.precision == "bf16" ? "; bf16 GEMMs, fp32 master weights" : "";
@@ -346,6 +349,14 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   AdamW opt(model.layout(), cfg.adamw, bounds[static_cast<size_t>(shard)],
             bounds[static_cast<size_t>(shard) + 1], &model.backend());
   RunDir run(cfg, data);
+  // Gradients are summed where they live: MPI for host memory, NCCL (or host staging) for GPUs.
+  std::unique_ptr<dist::DeviceReducer> reducer;
+  if (ranks > 1) {
+    std::string note;
+    reducer = dist::make_device_reducer(comm, model.backend(), &note);
+    if (!note.empty()) msg("note: " + note);
+    if (!model.on_cpu()) msg("gradients: summed over the ranks by " + reducer->method());
+  }
 
   int64_t start = 0;
   if (cfg.resume) {
@@ -491,7 +502,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       // non-finite value on any rank makes the sum non-finite on all, so all skip together below.
       // Pipeline: each rank's gradients are those of its stages' parameters (zero elsewhere);
       // the loss comes from the last stage's rank alone.
-      comm.allreduce_sum(model.grads(), nparams);
+      reducer->allreduce_sum(model.grads(), nparams);
       comm.allreduce_sum(&loss, 1);
     }
     // Equal slices and micro-batches: the global mean is the mean of the ranks' micro means.
