@@ -227,19 +227,11 @@ struct CudaExec {
     depth<warp::DepthMixBackward>(f, f.m.dh(), n);
   }
   void launch(const rows::DepthMixPhase1& f, int64_t n) {
-    const int64_t dh = f.m.dh();
-    if (dh > 32 * warp::kWarp) return cuda::launch(f, n);  // wide slices: the reference
+    if (f.m.dh() > 32 * warp::kWarp) return cuda::launch(f, n);  // wide slices: the reference
     for (int64_t k0 = 0; k0 < f.K; k0 += warp::kQueries) {
       const int64_t kn = std::min<int64_t>(warp::kQueries, f.K - k0);
-      if (dh <= 8 * warp::kWarp) {
-        warps(warp::DepthMixPhase1<8>{f, k0, kn}, n, 4);
-      } else if (dh <= 16 * warp::kWarp) {
-        warps(warp::DepthMixPhase1<16>{f, k0, kn}, n, 4);
-      } else if (dh <= 24 * warp::kWarp) {
-        warps(warp::DepthMixPhase1<24>{f, k0, kn}, n, 4);
-      } else {
-        warps(warp::DepthMixPhase1<32>{f, k0, kn}, n, 4);
-      }
+      warp::with_tile<warp::DepthMixPhase1>(f.m.dh(), [&](const auto& b) { warps(b, n, 4); }, f, k0,
+                                             kn);
     }
   }
   void launch(const rows::DepthMixPhase2& f, int64_t n) { warps(warp::DepthMixPhase2{f}, n); }
@@ -252,15 +244,13 @@ struct CudaExec {
     warp::rows_kernel<<<static_cast<unsigned>(blocks), per_block * warp::kWarp>>>(body, rows);
     ATTNRES_CUDA_CHECK(cudaGetLastError());
   }
-  // The register tile that holds a (d/H)-channel slice: K channels per lane.
+  // The register tile that holds a (d/H)-channel slice; wider slices run the reference, one
+  // thread per slice.
   template <template <int> class Body, class F>
   void depth(const F& f, int64_t dh, int64_t rows) {
-    if (dh <= 4 * warp::kWarp) return warps(Body<4>{f}, rows, 4);
-    if (dh <= 8 * warp::kWarp) return warps(Body<8>{f}, rows, 4);
-    if (dh <= 16 * warp::kWarp) return warps(Body<16>{f}, rows, 4);
-    if (dh <= 24 * warp::kWarp) return warps(Body<24>{f}, rows, 4);
-    if (dh <= 32 * warp::kWarp) return warps(Body<32>{f}, rows, 4);
-    cuda::launch(f, rows);  // wider slices: the reference, one thread per slice
+    if (!warp::with_tile<Body>(dh, [&](const auto& b) { warps(b, rows, 4); }, f)) {
+      cuda::launch(f, rows);
+    }
   }
 
   // Row-major X (r, c) is column-major X^T; see the derivations beside each call.

@@ -3,14 +3,24 @@
 // 32nd channel, partial sums combined with warp shuffles. Same fields, same results to rounding;
 // CudaExec (backend_cuda.cu) runs these in place of the functor's own operator() and the functors
 // stay the reference: the cuda-host backend runs them on every machine, and the GPU tests compare
-// the cuda backend with the CPU ops. Included by backend_cuda.cu only.
+// the cuda backend with the CPU ops. Included by backend_cuda.cu, and by tests/test_warp_kernels.cpp,
+// which runs each kernel on 32 host threads standing in for a warp's lanes (tests/warp_emulation.hpp)
+// against its functor, so these kernels are tested on every machine too.
 #pragma once
 
+#if defined(__CUDACC__)
 #include <cuda_runtime.h>
+#endif
 
 #include <cmath>
 
 #include "cuda/row_kernels.hpp"
+
+#if defined(__CUDACC__)
+#define ATTNRES_UNROLL _Pragma("unroll")
+#else
+#define ATTNRES_UNROLL
+#endif
 
 namespace attnres::cuda::warp {
 
@@ -38,6 +48,18 @@ __global__ void rows_kernel(Body body, int64_t rows) {
        r += warps) {
     body(r, lane);
   }
+}
+
+// Calls run(Body<K>{args...}) with the smallest register tile K (channels per lane: 4, 8, 16, 24
+// or 32) that holds a dh-channel slice; false, without calling it, when dh > 1024.
+template <template <int> class Body, class Run, class... Args>
+bool with_tile(int64_t dh, const Run& run, const Args&... args) {
+  if (dh <= 4 * kWarp) return run(Body<4>{args...}), true;
+  if (dh <= 8 * kWarp) return run(Body<8>{args...}), true;
+  if (dh <= 16 * kWarp) return run(Body<16>{args...}), true;
+  if (dh <= 24 * kWarp) return run(Body<24>{args...}), true;
+  if (dh <= 32 * kWarp) return run(Body<32>{args...}), true;
+  return false;
 }
 
 struct RmsNormForward {
@@ -111,7 +133,7 @@ struct DepthMixForward {
     const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
     const float* qh = f.q + n * f.q_ld + h * dh;
     float q[kMaxPerLane], acc[kMaxPerLane];
-#pragma unroll
+ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       q[j] = c < dh ? qh[c] : 0.0f;
@@ -121,7 +143,7 @@ struct DepthMixForward {
     for (int64_t i = 0; i < f.S; i++) {
       const float* v = f.src[i].v + off;
       float vv[kMaxPerLane], dot = 0.0f;
-#pragma unroll
+ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
         const int64_t c = lane + j * kWarp;
         vv[j] = c < dh ? v[c] : 0.0f;
@@ -133,7 +155,7 @@ struct DepthMixForward {
       if (m.softmax) {
         if (s > mx) {
           const float scale = ::expf(mx - s);  // 0 for the first source
-#pragma unroll
+ATTNRES_UNROLL
           for (int j = 0; j < kMaxPerLane; j++) acc[j] *= scale;
           z *= scale;
           mx = s;
@@ -143,11 +165,11 @@ struct DepthMixForward {
       } else {
         w = rows::sigmoidf(s);
       }
-#pragma unroll
+ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) acc[j] += w * vv[j];
     }
     const float inv = m.softmax ? 1.0f / z : 1.0f;
-#pragma unroll
+ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       if (c < dh) f.x[off + c] = acc[j] * inv;
@@ -167,7 +189,7 @@ struct DepthMixBackward {
     const float* qh = f.q + n * f.q_ld + h * dh;
     float q[kMaxPerLane], g[kMaxPerLane], dq[kMaxPerLane];
     float D = 0.0f;
-#pragma unroll
+ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       q[j] = c < dh ? qh[c] : 0.0f;
@@ -180,7 +202,7 @@ struct DepthMixBackward {
     for (int64_t i = 0; i < f.S; i++) {
       const float* v = f.src[i].v + off;
       float vv[kMaxPerLane], dot = 0.0f, gv = 0.0f;
-#pragma unroll
+ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
         const int64_t c = lane + j * kWarp;
         vv[j] = c < dh ? v[c] : 0.0f;
@@ -196,16 +218,16 @@ struct DepthMixBackward {
       const float k = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
       if (f.src[i].dv) {
         float* dv = f.src[i].dv + off;
-#pragma unroll
+ATTNRES_UNROLL
         for (int j = 0; j < kMaxPerLane; j++) {
           const int64_t c = lane + j * kWarp;
           if (c < dh) dv[c] += a * g[j] + ds * (r * q[j] - k * vv[j]);
         }
       }
-#pragma unroll
+ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) dq[j] += ds * r * vv[j];
     }
-#pragma unroll
+ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       if (c < dh) f.dq[off + c] += dq[j];
@@ -224,28 +246,28 @@ struct DepthMixPhase1 {
     const rows::Mix& m = f.m;
     const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
     float acc[kQueries][kMaxPerLane], mx[kQueries], z[kQueries];
-#pragma unroll
+ATTNRES_UNROLL
     for (int k = 0; k < kQueries; k++) {
       mx[k] = -INFINITY;
       z[k] = 0.0f;
-#pragma unroll
+ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) acc[k][j] = 0.0f;
     }
     for (int64_t i = 0; i < f.S; i++) {
       const float* v = f.src[i].v + off;
       float vv[kMaxPerLane];
-#pragma unroll
+ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
         const int64_t c = lane + j * kWarp;
         vv[j] = c < dh ? v[c] : 0.0f;
       }
       const float r = m.key_norm ? f.src[i].rstd[idx] : 1.0f;
-#pragma unroll
+ATTNRES_UNROLL
       for (int k = 0; k < kQueries; k++) {
         if (k >= kn) break;  // uniform across the warp
         const float* qh = f.q[k0 + k] + h * dh;
         float dot = 0.0f;
-#pragma unroll
+ATTNRES_UNROLL
         for (int j = 0; j < kMaxPerLane; j++) {
           const int64_t c = lane + j * kWarp;
           if (c < dh) dot += qh[c] * vv[j];
@@ -253,23 +275,23 @@ struct DepthMixPhase1 {
         const float s = warp_sum(dot) * r;
         if (s > mx[k]) {
           const float scale = ::expf(mx[k] - s);
-#pragma unroll
+ATTNRES_UNROLL
           for (int j = 0; j < kMaxPerLane; j++) acc[k][j] *= scale;
           z[k] *= scale;
           mx[k] = s;
         }
         const float w = ::expf(s - mx[k]);
         z[k] += w;
-#pragma unroll
+ATTNRES_UNROLL
         for (int j = 0; j < kMaxPerLane; j++) acc[k][j] += w * vv[j];
       }
     }
-#pragma unroll
+ATTNRES_UNROLL
     for (int k = 0; k < kQueries; k++) {
       if (k >= kn) break;
       float* o = f.o[k0 + k] + off;
       const float inv = 1.0f / z[k];
-#pragma unroll
+ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
         const int64_t c = lane + j * kWarp;
         if (c < dh) o[c] = acc[k][j] * inv;

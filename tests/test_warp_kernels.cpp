@@ -1,0 +1,221 @@
+// The GPU's warp-per-row kernels (src/cuda/warp_kernels.cuh) run on the host, each warp's 32
+// lanes as 32 threads (tests/warp_emulation.hpp), against the one-thread-per-index functors they
+// replace (src/cuda/row_kernels.hpp, themselves checked against src/ops by test_cuda_rows): widths
+// below, at and above the 32 lanes and not multiples of them, every register tile size, and each
+// option of the depth mix. What this cannot see is the launch itself (grid, blocks, streams):
+// the GPU tests cover that.
+#include "warp_emulation.hpp"
+// (the emulation first: it defines what the kernels expect from CUDA)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda/row_kernels.hpp"
+#include "cuda/warp_kernels.cuh"
+#include "test_util.hpp"
+
+using namespace attnres::cuda;
+using attnres::testing::randn;
+using attnres::testing::rel_diff;
+using warp_emulation::run_warp;
+
+namespace {
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  return rel_diff(a.data(), b.data(), static_cast<int64_t>(a.size()));
+}
+
+// Runs Body<K> with the tile for dh, as the GPU launcher does; false when dh is too wide.
+template <template <int> class Body, class... Args>
+void run_tiled(int64_t dh, int64_t rows, const Args&... args) {
+  ASSERT_TRUE(warp::with_tile<Body>(dh, [&](const auto& b) { run_warp(b, rows); }, args...));
+}
+
+}  // namespace
+
+TEST(WarpKernels, RmsNormMatchesFunctor) {
+  for (int64_t C : {5, 32, 77, 768}) {
+    SCOPED_TRACE("C=" + std::to_string(C));
+    const int64_t N = 6;
+    const auto x = randn(N * C, 1, 2.0), g = randn(C, 2), dy = randn(N * C, 3);
+    std::vector<float> ya(N * C), yb(N * C), ra(N), rb(N);
+    rows::run_rows_host(rows::RmsNormForward{ya.data(), ra.data(), x.data(), g.data(), C, 1e-5f},
+                        N);
+    run_warp(warp::RmsNormForward{{yb.data(), rb.data(), x.data(), g.data(), C, 1e-5f}}, N);
+    EXPECT_LT(rel(yb, ya), 1e-6);
+    EXPECT_LT(rel(rb, ra), 1e-6);
+    std::vector<float> da = randn(N * C, 4), db = da;  // accumulates
+    rows::run_rows_host(
+        rows::RmsNormBackwardInput{da.data(), dy.data(), x.data(), g.data(), ra.data(), C}, N);
+    run_warp(warp::RmsNormBackwardInput{{db.data(), dy.data(), x.data(), g.data(), ra.data(), C}},
+             N);
+    EXPECT_LT(rel(db, da), 1e-5);
+  }
+}
+
+TEST(WarpKernels, CrossEntropyMatchesFunctor) {
+  for (int64_t V : {1, 3, 33, 1000}) {
+    SCOPED_TRACE("V=" + std::to_string(V));
+    const int64_t N = 5;
+    auto logits = randn(N * V, 5, 3.0);
+    if (V > 3) logits[V + 2] = -INFINITY;  // a masked logit adds nothing (and no NaN)
+    std::vector<int32_t> t(N);
+    for (int64_t n = 0; n < N; n++) t[n] = static_cast<int32_t>((7 * n + 1) % V);
+    std::vector<float> la(N), lb(N), sa(N), sb(N);
+    rows::run_rows_host(rows::CrossEntropyForward{la.data(), sa.data(), logits.data(), t.data(), V},
+                        N);
+    run_warp(warp::CrossEntropyForward{{lb.data(), sb.data(), logits.data(), t.data(), V}}, N);
+    EXPECT_LT(rel(sb, sa), 1e-6);
+    EXPECT_LT(rel(lb, la), 1e-5);
+  }
+}
+
+TEST(WarpKernels, AttentionSoftmaxMatchesFunctor) {
+  for (int64_t T : {1, 5, 33, 100}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    const int64_t R = 2 * T;  // two (b, h) rows of T query positions
+    const auto s = randn(R * T, 6, 2.0), dp = randn(R * T, 7);
+    std::vector<float> pa = s, pb = s;
+    rows::run_rows_host(rows::AttnSoftmaxForward{pa.data(), T}, R);
+    run_warp(warp::AttnSoftmaxForward{{pb.data(), T}}, R);
+    EXPECT_LT(rel(pb, pa), 1e-6);
+    std::vector<float> ga = dp, gb = dp;
+    rows::run_rows_host(rows::AttnSoftmaxBackward{ga.data(), pa.data(), T, 0.3f}, R);
+    run_warp(warp::AttnSoftmaxBackward{{gb.data(), pa.data(), T, 0.3f}}, R);
+    EXPECT_LT(rel(gb, ga), 1e-5);
+  }
+}
+
+// The depth mix forward and backward and the depth RMS for every register tile (dh from 5 to
+// 1000), 1 or 3 heads, softmax or sigmoid gate, key norm or none, shared or per-token queries
+// (every combination at dh 200, two opposite ones elsewhere: each emulated shuffle is costly).
+TEST(WarpKernels, DepthMixMatchesFunctor) {
+  const int64_t N = 3, S = 4;
+  for (int64_t dh : {5, 200, 500, 700, 1000}) {
+    for (int64_t H : {1, 3}) {
+      if (H > 1 && dh > 200) continue;
+      for (int opts = 0; opts < 8; opts++) {
+        if (dh != 200 && opts != 3 && opts != 4) continue;
+        const bool softmax = opts & 1, key_norm = opts & 2, dynamic = opts & 4;
+        SCOPED_TRACE("H=" + std::to_string(H) + " dh=" + std::to_string(dh) +
+                     (softmax ? " softmax" : " sigmoid") + (key_norm ? " rms" : " none") +
+                     (dynamic ? " dynamic" : " static"));
+        const int64_t d = dh * H;
+        rows::Mix m;
+        m.d = d;
+        m.H = H;
+        m.softmax = softmax;
+        m.key_norm = key_norm;
+        std::vector<std::vector<float>> v, r, dva, dvb;
+        for (int64_t i = 0; i < S; i++) {
+          v.push_back(randn(N * d, 10 + i, 1.0 + 0.3 * i));
+          r.emplace_back(N * H);
+          std::vector<float> rw(N * H);
+          rows::run_rows_host(rows::DepthRstd{r[i].data(), v[i].data(), d, H, 1e-5f}, N * H);
+          run_warp(warp::DepthRstd{{rw.data(), v[i].data(), d, H, 1e-5f}}, N * H);
+          EXPECT_LT(rel(rw, r[i]), 1e-6);
+          dva.push_back(randn(N * d, 20 + i));
+          dvb.push_back(dva.back());
+        }
+        std::vector<rows::Source> sa(S), sb(S);
+        for (int64_t i = 0; i < S; i++) {
+          sa[i] = {v[i].data(), r[i].data(), dva[i].data()};
+          sb[i] = {v[i].data(), r[i].data(), dvb[i].data()};
+        }
+        const int64_t q_ld = dynamic ? d : 0;
+        const auto q = randn(dynamic ? N * d : d, 30, 0.2);
+        std::vector<float> xa(N * d), xb(N * d, 9.0f), la(N * H), lb(N * H);
+        rows::run_rows_host(rows::DepthMixForward{xa.data(), la.data(), sa.data(), S, q.data(), q_ld, m},
+                            N * H);
+        run_tiled<warp::DepthMixForward>(
+            dh, N * H, rows::DepthMixForward{xb.data(), lb.data(), sb.data(), S, q.data(), q_ld, m});
+        EXPECT_LT(rel(xb, xa), 1e-5);
+        if (softmax) {
+          EXPECT_LT(rel(lb, la), 1e-6);
+        }
+        const auto dx = randn(N * d, 31);
+        std::vector<float> dqa(N * d, 0.5f), dqb = dqa;  // accumulates
+        rows::run_rows_host(rows::DepthMixBackward{dqa.data(), dx.data(), xa.data(), la.data(),
+                                                   sa.data(), S, q.data(), q_ld, m},
+                            N * H);
+        run_tiled<warp::DepthMixBackward>(
+            dh, N * H,
+            rows::DepthMixBackward{dqb.data(), dx.data(), xa.data(), la.data(), sb.data(), S,
+                                   q.data(), q_ld, m});
+        // (dq is a sum of terms that cancel: other summation orders differ by up to ~4e-5)
+        EXPECT_LT(rel(dqb, dqa), 2e-4);
+        for (int64_t i = 0; i < S; i++) EXPECT_LT(rel(dvb[i], dva[i]), 1e-5) << "source " << i;
+      }
+    }
+  }
+}
+
+// Two-phase Block AttnRes: phase 1 with 6 queries (groups of 4 and 2, as the launcher splits
+// them) and phase 2, for every tile size.
+TEST(WarpKernels, TwoPhaseMatchesFunctor) {
+  const int64_t N = 3, S = 3, K = 6;
+  for (int64_t H : {1, 2}) {
+    for (int64_t dh : {7, 200, 400, 640, 1000}) {
+      for (bool key_norm : {true, false}) {
+        if (H > 1 && dh > 200) continue;
+        SCOPED_TRACE("H=" + std::to_string(H) + " dh=" + std::to_string(dh) +
+                     (key_norm ? " rms" : " none"));
+        const int64_t d = dh * H;
+        rows::Mix m;
+        m.d = d;
+        m.H = H;
+        m.key_norm = key_norm;
+        std::vector<std::vector<float>> v, r;
+        for (int64_t i = 0; i <= S; i++) {  // source S: the partial sum of phase 2
+          v.push_back(randn(N * d, 40 + i, 1.0 + 0.5 * i));
+          r.emplace_back(N * H);
+          rows::run_rows_host(rows::DepthRstd{r[i].data(), v[i].data(), d, H, 1e-5f}, N * H);
+        }
+        std::vector<rows::Source> src(S);
+        for (int64_t i = 0; i < S; i++) src[i] = {v[i].data(), r[i].data(), nullptr};
+        std::vector<std::vector<float>> q, oa, ob, la, lb;
+        rows::DepthMixPhase1 fa{}, fb{};
+        for (int64_t k = 0; k < K; k++) {
+          q.push_back(randn(d, 50 + k, 0.3));
+          oa.emplace_back(N * d);
+          ob.emplace_back(N * d);
+          la.emplace_back(N * H);
+          lb.emplace_back(N * H);
+        }
+        for (int64_t k = 0; k < K; k++) {
+          fa.o[k] = oa[k].data();
+          fa.lse[k] = la[k].data();
+          fb.o[k] = ob[k].data();
+          fb.lse[k] = lb[k].data();
+          fa.q[k] = fb.q[k] = q[k].data();
+        }
+        fa.K = fb.K = K;
+        fa.src = fb.src = src.data();
+        fa.S = fb.S = S;
+        fa.m = fb.m = m;
+        rows::run_rows_host(fa, N * H);
+        for (int64_t k0 = 0; k0 < K; k0 += warp::kQueries) {
+          const int64_t kn = std::min<int64_t>(warp::kQueries, K - k0);
+          run_tiled<warp::DepthMixPhase1>(dh, N * H, fb, k0, kn);
+        }
+        for (int64_t k = 0; k < K; k++) {
+          EXPECT_LT(rel(ob[k], oa[k]), 1e-5) << "query " << k;
+          EXPECT_LT(rel(lb[k], la[k]), 1e-5) << "query " << k;
+        }
+        const rows::Source p{v[S].data(), r[S].data(), nullptr};
+        std::vector<float> xa(N * d), xb(N * d), ya(N * H), yb(N * H);
+        rows::run_rows_host(
+            rows::DepthMixPhase2{xa.data(), ya.data(), oa[1].data(), la[1].data(), p, q[1].data(), m},
+            N * H);
+        run_warp(warp::DepthMixPhase2{
+                     {xb.data(), yb.data(), oa[1].data(), la[1].data(), p, q[1].data(), m}},
+                 N * H);
+        EXPECT_LT(rel(xb, xa), 1e-6);
+        EXPECT_LT(rel(yb, ya), 1e-6);
+      }
+    }
+  }
+}
