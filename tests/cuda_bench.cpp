@@ -110,6 +110,16 @@ int main(int argc, char** argv) {
                 static_cast<long long>(N), static_cast<long long>(d), static_cast<long long>(S), f,
                 bytes_f / f / 1e6);
     std::printf("| depth mix backward | same | %.3f | %.0f GB/s |\n", bw, bytes_b / bw / 1e6);
+    // As tools/depth_mix_torch.py times PyTorch: the sources' key-norm RMS, forward, backward.
+    const double both = time_ms(be, [&] {
+      for (int64_t i = 0; i < S; i++) be.depth_rstd(r[i].data(), v[i].data(), N, d, 1, 1e-5f);
+      be.depth_mix_forward(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
+      be.depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), src.data(), S, q.data(),
+                            0, m, N);
+    });
+    std::printf("| depth mix fwd+bwd with the sources' RMS (cf. tools/depth_mix_torch.py) | same "
+                "| %.3f | %.0f GB/s at the minimum traffic |\n",
+                both, 4.0 * (2 * S + 1) * N * d / both / 1e6);
   }
   // Whole fp32 training steps: GPT-2 small shapes (124M parameters with its 50257-token
   // vocabulary), B x T tokens per step.
