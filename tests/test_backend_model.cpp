@@ -323,6 +323,37 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
   }
 }
 
+// `attnres eval --device`: the same loss as on the CPU (and within bf16 rounding of it).
+TEST_P(BackendRuns, EvalOnTheDeviceMatchesTheCpu) {
+  std::string why;
+  if (!backend_or_skip(GetParam(), &why)) GTEST_SKIP() << "no " << GetParam() << " test: " << why;
+  attnres::testing::TempDir td;
+  {
+    std::ofstream f(td.path + "/corpus.txt");
+    for (int i = 0; i < 200; i++) f << "a small corpus line number " << i << " for the eval.\n";
+  }
+  ModelConfig cfg = config_of(kCases[3]);  // full
+  cfg.vocab_size = 256;                    // the byte tokenizer's
+  cfg.max_seq_len = 16;
+  Model m(cfg);
+  const std::vector<float> w = test_weights(m);
+  m.params_from_host(w.data());
+  save_model(td.path + "/model.safetensors", m, {});
+  auto eval_loss = [&](const std::string& extra) {
+    const auto r = attnres::testing::run_cli("eval " + td.path + "/model.safetensors --data " +
+                                             td.path + "/corpus.txt --batches 2 " + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    const size_t at = r.out.find("| loss ");
+    EXPECT_NE(at, std::string::npos) << r.out;
+    return at == std::string::npos ? -1.0 : std::stod(r.out.substr(at + 7));
+  };
+  const double cpu = eval_loss("");
+  EXPECT_GT(cpu, 0.0);
+  EXPECT_NEAR(eval_loss("--device " + std::string(GetParam())), cpu, 1e-4);
+  EXPECT_NEAR(eval_loss("--device " + std::string(GetParam()) + " --precision bf16"), cpu,
+              1e-3 * cpu);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, BackendRuns, ::testing::ValuesIn(kDevices),
                          [](const auto& param_info) {
                            std::string n = param_info.param;

@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 t0=$SECONDS
 if [[ -x .devcarry/test_cuda ]]; then
   BIN=.devcarry
+  # The tests run the CLI from where it was built (build-cuda/attnres): put it there.
+  mkdir -p build-cuda && cp .devcarry/attnres build-cuda/attnres
   export LD_LIBRARY_PATH="$PWD/.devcarry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 else
   bash scripts/cuda_build.sh || { echo "device_check: the CUDA build failed"; exit 1; }

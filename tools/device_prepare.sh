@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 bash scripts/cuda_build.sh -DATTNRES_NATIVE=OFF
 rm -rf .devcarry && mkdir -p .devcarry/lib
 cp build-cuda/tests/test_cuda build-cuda/tests/test_backend build-cuda/tests/test_backend_model \
-  build-cuda/tests/cuda_bench .devcarry/
+  build-cuda/tests/cuda_bench build-cuda/attnres .devcarry/
 for lib in $(ldd build-cuda/tests/test_cuda | awk '/=>/ {print $3}'); do
   case "$(basename "$lib")" in
     libdnnl.so*|libOpenCL.so*|libgomp.so*|libsentencepiece*.so*|libprotobuf*.so*)

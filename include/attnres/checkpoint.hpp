@@ -23,9 +23,10 @@ void save_model(const std::string& path, const Model& model, const Metadata& met
 
 // Reads the config from `path`'s metadata, builds the model and loads its weights. Optionally
 // returns the metadata; max_seq_len > 0 overrides the saved context length (RoPE is relative, so
-// a longer context only costs memory). Throws Error naming the file and the problem.
+// a longer context only costs memory). The model lives on backend `be` (null: the CPU). Throws
+// Error naming the file and the problem.
 std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta = nullptr,
-                                  int64_t max_seq_len = 0);
+                                  int64_t max_seq_len = 0, std::shared_ptr<Backend> be = nullptr);
 
 // Copies every parameter of `model` from `r`, checking names, dtypes and shapes. With
 // allow_extra = false, a tensor in the file that the model does not have is an error too (it means

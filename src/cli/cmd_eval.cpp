@@ -10,6 +10,7 @@
 #include "attnres/train.hpp"
 #include "cli/commands.hpp"
 #include "cli/progress.hpp"
+#include "core/backend.hpp"
 
 namespace fs = std::filesystem;
 
@@ -18,14 +19,18 @@ namespace attnres::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model, data, split = "val";
+  std::string model, data, split = "val", device = "cpu", precision = "fp32";
   int64_t seq_len = 0, batch_size = 8, batches = 50;
   double val_fraction = -1;
 };
 
 void run_eval(const EvalArgs& a) {
   Metadata meta;
-  auto model = load_model(a.model, &meta);
+  check(a.precision == "fp32" || a.device != "cpu",
+        "--precision bf16 runs on --device cuda or cuda-host; the CPU evaluates in fp32");
+  std::shared_ptr<Backend> be = make_backend(a.device);
+  be->set_matmul_precision(parse_precision(a.precision));
+  auto model = load_model(a.model, &meta, 0, be);
   const fs::path dir = fs::path(a.model).parent_path();
   // Defaults from the run that produced the model, when its train_config.json is beside it.
   std::string data = a.data;
@@ -89,6 +94,12 @@ void add_eval(CLI::App& app) {
   s->add_option("--seq-len", a->seq_len, "Window length (default: the model's context)");
   s->add_option("--batch-size", a->batch_size, "Windows per batch")->capture_default_str();
   s->add_option("--batches", a->batches, "Most batches to evaluate")->capture_default_str();
+  s->add_option("--device", a->device, "Where the model runs: cpu, cuda, cuda-host")
+      ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
+      ->capture_default_str();
+  s->add_option("--precision", a->precision, "GEMM precision on a device: fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   s->callback([a] { run_eval(*a); });
 }
 

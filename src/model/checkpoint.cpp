@@ -50,7 +50,8 @@ void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra) {
   if (!model.on_cpu()) model.params_from_host(host.data());
 }
 
-std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta, int64_t max_seq_len) {
+std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta, int64_t max_seq_len,
+                                  std::shared_ptr<Backend> be) {
   SafetensorsReader r = SafetensorsReader::open(path);
   auto it = r.metadata().find("config");
   if (it == r.metadata().end()) {
@@ -82,7 +83,7 @@ std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta, int64
                   "; the config in its metadata and its tensors disagree (re-save the checkpoint)");
     }
   }
-  auto model = std::make_unique<Model>(cfg);
+  auto model = std::make_unique<Model>(cfg, std::move(be));
   load_weights(*model, r);
   if (meta) *meta = r.metadata();
   return model;
