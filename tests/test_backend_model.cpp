@@ -110,16 +110,24 @@ std::vector<float> logits_of(const Model& m, int64_t n) {
   return h;
 }
 
-class BackendModel : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
+// The backend of the test's name (skipped, with the reason, when unavailable here) and the
+// model configuration of its case.
+class BackendModel : public ::testing::TestWithParam<std::tuple<std::string, Case>> {
+ protected:
+  void SetUp() override {
+    const std::string& name = std::get<0>(GetParam());
+    std::string why;
+    be = backend_or_skip(name, &why);
+    if (!be) GTEST_SKIP() << "no " << name << " test: " << why;
+    cfg = config_of(std::get<1>(GetParam()));
+  }
+  std::shared_ptr<Backend> be;
+  ModelConfig cfg;
+};
 
 }  // namespace
 
 TEST_P(BackendModel, MatchesTheCpuModel) {
-  const auto& [name, c] = GetParam();
-  std::string why;
-  auto be = backend_or_skip(name, &why);
-  if (!be) GTEST_SKIP() << "no " << name << " test: " << why;
-  const ModelConfig cfg = config_of(c);
   Model cpu(cfg), dev(cfg, be);
   EXPECT_TRUE(cpu.on_cpu());
   EXPECT_FALSE(dev.on_cpu());
@@ -179,11 +187,6 @@ TEST_P(BackendModel, MatchesTheCpuModel) {
 // bf16 GEMMs (fp32 accumulation and master weights): the loss and gradients stay within bf16's
 // rounding of the fp32 CPU model's (the GEMMs themselves are checked exactly in test_backend).
 TEST_P(BackendModel, Bf16GemmsStayNearFp32) {
-  const auto& [name, c] = GetParam();
-  std::string why;
-  auto be = backend_or_skip(name, &why);
-  if (!be) GTEST_SKIP() << "no " << name << " test: " << why;
-  const ModelConfig cfg = config_of(c);
   Model cpu(cfg), dev(cfg, be);
   dev.backend().set_matmul_precision(MatmulPrecision::bf16);
   const std::vector<float> w = test_weights(cpu);
