@@ -12,6 +12,7 @@
 #include "attnres/backend.hpp"
 #include "attnres/error.hpp"
 #include "core/backend.hpp"
+#include "cuda/table_cache.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"
 
@@ -74,6 +75,41 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
 };
 
 }  // namespace
+
+// The pointer-table cache: one upload per distinct table, the same copy for equal bytes (even at
+// another host address), a fresh one when the bytes change.
+TEST(TableCache, UploadsEachDistinctTableOnce) {
+  struct CountingExec {
+    int uploads = 0, live = 0;
+    void* alloc(size_t bytes) {
+      live++;
+      return ::operator new(bytes);
+    }
+    void release(void* p, size_t) noexcept {
+      live--;
+      ::operator delete(p);
+    }
+    void upload(void* d, const void* h, size_t bytes) {
+      uploads++;
+      std::memcpy(d, h, bytes);
+    }
+    void synchronize() {}
+  } x;
+  {
+    cuda::TableCache<CountingExec> cache(x);
+    const std::vector<const float*> a = {nullptr, reinterpret_cast<const float*>(64)};
+    const std::vector<const float*> a2 = a, b = {nullptr, reinterpret_cast<const float*>(128)};
+    const void* da = cache.get(a.data(), sizeof(float*) * a.size());
+    EXPECT_EQ(cache.get(a2.data(), sizeof(float*) * a2.size()), da);
+    EXPECT_EQ(x.uploads, 1);
+    const void* db = cache.get(b.data(), sizeof(float*) * b.size());
+    EXPECT_NE(db, da);
+    EXPECT_EQ(x.uploads, 2);
+    EXPECT_EQ(std::memcmp(db, b.data(), sizeof(float*) * b.size()), 0);
+    EXPECT_EQ(cache.size(), 2u);
+  }
+  EXPECT_EQ(x.live, 0);  // everything released
+}
 
 TEST_P(BackendOps, MemoryAndElementwise) {
   // DevBuf: zeroed, resize keeps contents and zeroes the new part, round trips exactly.

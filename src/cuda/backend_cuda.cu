@@ -288,66 +288,17 @@ struct CudaExec {
                  int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     cuda::gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
   }
-  // Batched, with the operand order of gemm_bf16 above; the pointer arrays go to a device table
-  // with a copy queued on the stream.
+  // Batched, with the operand order of gemm_bf16 above; the pointer table is device memory.
   void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                    const float* const* A, int64_t lda, const float* const* B, int64_t ldb,
-                    float beta, float* const* C, int64_t ldc, int64_t count) {
+                    const float* const* table, int64_t lda, int64_t ldb, float beta, int64_t ldc,
+                    int64_t count) {
     if (count == 0 || M == 0 || N == 0) return;
     check(K > 0, "internal: batched GEMM with an empty inner dimension");
-    const int m = dim(N), n = dim(M), k = dim(K), c = dim(count);
-    if (3 * count > ptr_cap_) {
-      synchronize();  // no GEMM may still read the old table
-      if (ptrs_) cudaFree(ptrs_);
-      ptrs_ = nullptr;
-      ptr_cap_ = 0;
-      ATTNRES_CUDA_CHECK(cudaMalloc(&ptrs_, sizeof(void*) * 3 * count));
-      ptr_cap_ = 3 * count;
-    }
-    host_ptrs_.resize(static_cast<size_t>(3 * count));
-    for (int64_t i = 0; i < count; i++) {
-      host_ptrs_[i] = const_cast<float*>(B[i]);
-      host_ptrs_[count + i] = const_cast<float*>(A[i]);
-      host_ptrs_[2 * count + i] = C[i];
-    }
-    ATTNRES_CUDA_CHECK(cudaMemcpyAsync(ptrs_, host_ptrs_.data(), sizeof(void*) * 3 * count,
-                                       cudaMemcpyHostToDevice, 0));
     ATTNRES_CUBLAS_CHECK(cublasSgemmBatched(
-        blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha,
-        ptrs_, dim(ldb), ptrs_ + count, dim(lda), &beta, ptrs_ + 2 * count, dim(ldc), c));
+        blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M),
+        dim(K), &alpha, table + count, dim(ldb), table, dim(lda), &beta,
+        const_cast<float* const*>(table + 2 * count), dim(ldc), dim(count)));
   }
-
-  // The sources of a depth mix, copied into a device table with a copy queued on the stream
-  // (ordered after the kernels that read the previous contents; the host array may be reused at
-  // once: pageable copies are staged).
-  const rows::Source* sources(const ops::DepthSource* src, int64_t S) {
-    if (S > cap_) {
-      synchronize();  // no kernel may still read the old table
-      if (table_) cudaFree(table_);
-      table_ = nullptr;
-      cap_ = 0;
-      const int64_t cap = std::max<int64_t>(S, 64);
-      ATTNRES_CUDA_CHECK(cudaMalloc(&table_, sizeof(rows::Source) * cap));
-      cap_ = cap;
-    }
-    host_.resize(static_cast<size_t>(S));
-    for (int64_t i = 0; i < S; i++) host_[i] = {src[i].v, src[i].rstd, src[i].dv};
-    ATTNRES_CUDA_CHECK(cudaMemcpyAsync(table_, host_.data(), sizeof(rows::Source) * S,
-                                       cudaMemcpyHostToDevice, 0));
-    return table_;
-  }
-  ~CudaExec() {
-    cudaDeviceSynchronize();
-    if (table_) cudaFree(table_);
-    if (ptrs_) cudaFree(ptrs_);
-  }
-
-  rows::Source* table_ = nullptr;
-  int64_t cap_ = 0;
-  std::vector<rows::Source> host_;
-  float** ptrs_ = nullptr;  // device table: B pointers, A pointers, C pointers
-  int64_t ptr_cap_ = 0;
-  std::vector<float*> host_ptrs_;
 };
 
 }  // namespace

@@ -47,16 +47,17 @@ struct HostExec {
     ops::matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
   }
   void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                    const float* const* A, int64_t lda, const float* const* B, int64_t ldb,
-                    float beta, float* const* C, int64_t ldc, int64_t count) {
+                    const float* const* table, int64_t lda, int64_t ldb, float beta, int64_t ldc,
+                    int64_t count) {
     // On a GPU the products of one batch run concurrently: two writing one matrix would race.
     // Run here one after the other, they would not, so the contract is checked instead.
-    std::vector<float*> dst(C, C + count);
+    std::vector<const float*> dst(table + 2 * count, table + 3 * count);
     std::sort(dst.begin(), dst.end());
     check(std::adjacent_find(dst.begin(), dst.end()) == dst.end(),
           "internal: a batched GEMM has two products writing the same matrix");
     for (int64_t i = 0; i < count; i++) {
-      sgemm(ta, tb, M, N, K, alpha, A[i], lda, B[i], ldb, beta, C[i], ldc);
+      sgemm(ta, tb, M, N, K, alpha, table[i], lda, table[count + i], ldb, beta,
+            const_cast<float*>(table[2 * count + i]), ldc);
     }
   }
   // Tensor-core bf16 GEMMs multiply the bf16 values exactly and accumulate in fp32: the CPU sgemm
@@ -75,12 +76,6 @@ struct HostExec {
     sgemm(ta, tb, M, N, K, 1.0f, wa_.data(), lda, wb_.data(), ldb, beta, C, ldc);
   }
   std::vector<float> wa_, wb_;
-  const rows::Source* sources(const ops::DepthSource* src, int64_t S) {
-    table_.resize(static_cast<size_t>(S));
-    for (int64_t i = 0; i < S; i++) table_[i] = {src[i].v, src[i].rstd, src[i].dv};
-    return table_.data();
-  }
-  std::vector<rows::Source> table_;
 };
 
 }  // namespace

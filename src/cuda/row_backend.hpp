@@ -4,12 +4,13 @@
 //                               host memory and the CPU GEMMs ("cuda-host": tests everywhere)
 // An executor provides: name(); alloc (zeroed) / release / upload / download / copy / zero /
 // synchronize on bytes; launch(functor, n) calling functor(i) for i in [0, n); matmul_forward /
-// matmul_backward with the semantics of src/ops; gemm_batched(ta, tb, M, N, K, alpha, A, lda, B, ldb,
-// beta, C, ldc, count): for each i, C[i] = alpha op(A[i]) op(B[i]) + beta C[i] with the row-major
-// contract of attnres::sgemm (src/core/blas.hpp), pointer arrays on the host; gemm_bf16(ta, tb, M,
-// N, K, A, lda, B, ldb, beta, C, ldc): C (fp32) = op(A) op(B) + beta C with A, B bf16 (uint16_t
-// bits), fp32 accumulation, the same contract; sources(src, S): a table of S rows::Source the
-// kernels can read, valid until the next call.
+// matmul_backward with the semantics of src/ops; gemm_batched(ta, tb, M, N, K, alpha, table, lda,
+// ldb, beta, ldc, count): for each i < count, C[i] = alpha op(A[i]) op(B[i]) + beta C[i] with the
+// row-major contract of attnres::sgemm (src/core/blas.hpp), where the executor-memory table holds
+// A[0..count), B[0..count), C[0..count); gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc):
+// C (fp32) = op(A) op(B) + beta C with A, B bf16 (uint16_t bits), fp32 accumulation, the same
+// contract. Pointer tables come from a TableCache (table_cache.hpp): uploaded once, reused by every
+// later step that passes the same pointers.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "attnres/error.hpp"
 #include "core/backend.hpp"
 #include "cuda/row_kernels.hpp"
+#include "cuda/table_cache.hpp"
 
 namespace attnres::cuda {
 
@@ -168,8 +170,7 @@ class RowBackend final : public Backend {
         b.add(q(qkv, s, i, h), k(qkv, s, i, h), att + (i * s.H + h) * T * T);
       }
     }
-    x_.gemm_batched(false, true, T, T, s.hd, scale, b.a.data(), ld, b.b.data(), ld, 0.0f,
-                    b.c.data(), T, b.size());
+    gemm(b, false, true, T, T, s.hd, scale, ld, ld, 0.0f, T);
     x_.launch(rows::AttnSoftmaxForward{att, T}, s.B * s.H * T);
     b.clear();
     for (int64_t i = 0; i < s.B; i++) {
@@ -177,8 +178,7 @@ class RowBackend final : public Backend {
         b.add(att + (i * s.H + h) * T * T, v(qkv, s, i, h), out + i * T * HD + h * s.hd);
       }
     }
-    x_.gemm_batched(false, false, T, s.hd, T, 1.0f, b.a.data(), T, b.b.data(), ld, 0.0f,
-                    b.c.data(), HD, b.size());
+    gemm(b, false, false, T, s.hd, T, 1.0f, T, ld, 0.0f, HD);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const ops::AttnShape& s) override {
@@ -193,8 +193,7 @@ class RowBackend final : public Backend {
       for (int64_t h = 0; h < s.H; h++) b.add(dO(i, h), v(qkv, s, i, h), dS(i, h));
     }
     // dP_bh (T,T) = dout_bh v_bh^T, then dS in place
-    x_.gemm_batched(false, true, T, T, s.hd, 1.0f, b.a.data(), HD, b.b.data(), ld, 0.0f,
-                    b.c.data(), T, b.size());
+    gemm(b, false, true, T, T, s.hd, 1.0f, HD, ld, 0.0f, T);
     x_.launch(rows::AttnSoftmaxBackward{scratch, att, T, scale}, s.B * s.H * T);
     b.clear();
     for (int64_t i = 0; i < s.B; i++) {
@@ -203,8 +202,7 @@ class RowBackend final : public Backend {
       }
     }
     // dq_bh (T,hd) += dS_bh k_bh
-    x_.gemm_batched(false, false, T, s.hd, T, 1.0f, b.a.data(), T, b.b.data(), ld, 1.0f,
-                    b.c.data(), ld, b.size());
+    gemm(b, false, false, T, s.hd, T, 1.0f, T, ld, 1.0f, ld);
     // The query heads of one kv head add into the same dk / dv: one batched call per head of the
     // group, so no call has two products writing one destination.
     for (int64_t g = 0; g < G; g++) {
@@ -216,8 +214,7 @@ class RowBackend final : public Backend {
         }
       }
       // dk (T,hd) += dS_bh^T q_bh
-      x_.gemm_batched(true, false, T, s.hd, T, 1.0f, b.a.data(), T, b.b.data(), ld, 1.0f,
-                      b.c.data(), ld, b.size());
+      gemm(b, true, false, T, s.hd, T, 1.0f, T, ld, 1.0f, ld);
       b.clear();
       for (int64_t i = 0; i < s.B; i++) {
         for (int64_t kh = 0; kh < s.Hkv; kh++) {
@@ -226,8 +223,7 @@ class RowBackend final : public Backend {
         }
       }
       // dv (T,hd) += att_bh^T dout_bh
-      x_.gemm_batched(true, false, T, s.hd, T, 1.0f, b.a.data(), T, b.b.data(), HD, 1.0f,
-                      b.c.data(), ld, b.size());
+      gemm(b, true, false, T, s.hd, T, 1.0f, T, HD, 1.0f, ld);
     }
   }
   void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) override {
@@ -259,12 +255,12 @@ class RowBackend final : public Backend {
   void depth_mix_forward(float* x, float* lse, const ops::DepthSource* src, int64_t S,
                          const float* qg, int64_t q_ld, const ops::DepthMix& m,
                          int64_t N) override {
-    x_.launch(rows::DepthMixForward{x, lse, x_.sources(src, S), S, qg, q_ld, mix(m)}, N * m.H);
+    x_.launch(rows::DepthMixForward{x, lse, sources(src, S), S, qg, q_ld, mix(m)}, N * m.H);
   }
   void depth_mix_backward(float* dqg, const float* dx, const float* x, const float* lse,
                           const ops::DepthSource* src, int64_t S, const float* qg, int64_t q_ld,
                           const ops::DepthMix& m, int64_t N) override {
-    const rows::Source* s = x_.sources(src, S);
+    const rows::Source* s = sources(src, S);
     if (q_ld != 0) {  // per-token queries: each (row, head) slice owns its gradient
       x_.launch(rows::DepthMixBackward{dqg, dx, x, lse, s, S, qg, q_ld, mix(m)}, N * m.H);
       return;
@@ -281,7 +277,7 @@ class RowBackend final : public Backend {
   void depth_mix_phase1(float* const* o, float* const* lse, const ops::DepthSource* src, int64_t S,
                         const float* const* qg, int64_t K, const ops::DepthMix& m,
                         int64_t N) override {
-    const rows::Source* s = x_.sources(src, S);
+    const rows::Source* s = sources(src, S);
     constexpr int64_t kMax = rows::DepthMixPhase1::kMaxQueries;
     for (int64_t k0 = 0; k0 < K; k0 += kMax) {  // up to kMax queries per launch
       rows::DepthMixPhase1 f{};
@@ -328,6 +324,35 @@ class RowBackend final : public Backend {
     }
     return s.p;
   }
+  // The operand pointers of one batched GEMM, gathered on the host.
+  struct Batch {
+    std::vector<const float*> a, b;
+    std::vector<float*> c;
+    void clear() { a.clear(), b.clear(), c.clear(); }
+    void add(const float* x, const float* y, float* z) {
+      a.push_back(x);
+      b.push_back(y);
+      c.push_back(z);
+    }
+    int64_t size() const { return static_cast<int64_t>(c.size()); }
+  };
+  // Runs the batch's products through the executor with a device table of its pointers, laid out
+  // A[0..n) B[0..n) C[0..n); see gemm_batched in the executor contract above.
+  void gemm(const Batch& b, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+            int64_t lda, int64_t ldb, float beta, int64_t ldc) {
+    flat_.assign(b.a.begin(), b.a.end());
+    flat_.insert(flat_.end(), b.b.begin(), b.b.end());
+    flat_.insert(flat_.end(), b.c.begin(), b.c.end());
+    const auto* table = static_cast<const float* const*>(
+        tables_.get(flat_.data(), sizeof(const float*) * flat_.size()));
+    x_.gemm_batched(ta, tb, M, N, K, alpha, table, lda, ldb, beta, ldc, b.size());
+  }
+  // The kernels' table of the S depth sources.
+  const rows::Source* sources(const ops::DepthSource* src, int64_t S) {
+    src_.resize(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; i++) src_[i] = {src[i].v, src[i].rstd, src[i].dv};
+    return static_cast<const rows::Source*>(tables_.get(src_.data(), sizeof(rows::Source) * S));
+  }
   // x (n floats) rounded to bf16 into scratch s.
   const uint16_t* bf16(Scratch& s, const float* x, int64_t n) {
     auto* out = static_cast<uint16_t*>(scratch(s, sizeof(uint16_t) * n));
@@ -343,18 +368,6 @@ class RowBackend final : public Backend {
     return r;
   }
 
-  // The operand pointers of one batched GEMM (host arrays; the executor copies them over).
-  struct Batch {
-    std::vector<const float*> a, b;
-    std::vector<float*> c;
-    void clear() { a.clear(), b.clear(), c.clear(); }
-    void add(const float* x, const float* y, float* z) {
-      a.push_back(x);
-      b.push_back(y);
-      c.push_back(z);
-    }
-    int64_t size() const { return static_cast<int64_t>(c.size()); }
-  };
   // Sequence i's head h of q / its kv head's k, v in a (B,T,ld) q|k|v buffer (rows stride ld).
   template <class F>
   static F* q(F* x, const ops::AttnShape& s, int64_t i, int64_t h) {
@@ -372,6 +385,9 @@ class RowBackend final : public Backend {
   static constexpr int64_t kRowsPerChunk = 64;  // column sums: rows per partial sum
 
   Exec x_;
+  TableCache<Exec> tables_{x_};
+  std::vector<const float*> flat_;
+  std::vector<rows::Source> src_;
   Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, ids_;
   std::vector<int32_t> host_ids_, host_perm_, host_groups_;
   Batch batch_;
