@@ -5,6 +5,7 @@
 // on the host) runs everywhere; "cuda" needs a GPU and is skipped, with the reason, without one.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -324,6 +325,62 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--device cpu"), std::string::npos) << e.what();
   }
+}
+
+// A run stopped on the device resumes on the CPU (the checkpoint files are the same) and goes on
+// as the uninterrupted device run does, to rounding.
+TEST_P(BackendRuns, ADeviceRunResumesOnTheCpu) {
+  std::string why;
+  if (!backend_or_skip(GetParam(), &why)) GTEST_SKIP() << "no " << GetParam() << " test: " << why;
+  attnres::testing::TempDir td;
+  {
+    std::ofstream f(td.path + "/corpus.txt");
+    for (int i = 0; i < 300; i++) f << "resume the run " << i % 11 << " on another device.\n";
+  }
+  auto config = [&](const std::string& out, const std::string& device) {
+    TrainConfig c;
+    c.data_path = td.path + "/corpus.txt";
+    c.out_dir = td.path + "/" + out;
+    c.data_dir = td.path + "/data";
+    c.model.n_layer = 2;
+    c.model.d_model = 32;
+    c.model.n_head = 4;
+    c.model.residual.mode = "full";
+    c.batch_size = 4;
+    c.seq_len = 16;
+    c.steps = 6;
+    c.adamw.lr = 5e-3;
+    c.eval_every = 0;
+    c.eval_batches = 2;
+    c.device = device;
+    return c;
+  };
+  std::vector<double> whole, resumed;
+  TrainEvents ev;
+  ev.loss_hook = [&whole](int64_t, double loss) {
+    whole.push_back(loss);
+    return loss;
+  };
+  train(config("whole", GetParam()), ev);
+  std::atomic<bool> stop{false};
+  TrainEvents first;  // the same run, stopped after step 3 (a checkpoint is saved)
+  first.stop = &stop;
+  first.on_step = [&stop](const StepInfo& si) {
+    if (si.step == 3) stop = true;
+  };
+  const TrainResult r1 = train(config("split", GetParam()), first);
+  EXPECT_TRUE(r1.interrupted);
+  TrainConfig again = config("split", "cpu");
+  again.resume = true;
+  TrainEvents second;
+  second.loss_hook = [&resumed](int64_t, double loss) {
+    resumed.push_back(loss);
+    return loss;
+  };
+  train(again, second);
+  ASSERT_EQ(whole.size(), 6u);
+  ASSERT_EQ(resumed.size(), 3u);  // steps 4..6
+  for (size_t i = 0; i < 3; i++) EXPECT_NEAR(resumed[i], whole[3 + i], 1e-4 * whole[3 + i]);
 }
 
 // `attnres eval --device`: the same loss as on the CPU (and within bf16 rounding of it).
