@@ -59,6 +59,9 @@ TEST(Cli, VersionSaysWhatTheBuildSupports) {
   std::string why;
   if (attnres::cuda::device_count(&why) == 0) {
     EXPECT_NE(r.out.find(why), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("devices (--device): cpu, cuda-host\n"), std::string::npos) << r.out;
+  } else {
+    EXPECT_NE(r.out.find("devices (--device): cpu, cuda-host, cuda\n"), std::string::npos) << r.out;
   }
 }
 

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
                (attnres::dist::mpi_compiled() ? "yes" : "no (built without MPI)") + "\n  CUDA: " +
                (gpus > 0 ? std::to_string(gpus) + " GPU(s); " + attnres::cuda::describe_device()
                          : why) +
+               "\n  devices (--device): cpu, cuda-host" + (gpus > 0 ? ", cuda" : "") +
                "\n  CPU kernels: " +
 #ifdef ATTNRES_RUNTIME_DISPATCH
                "portable build, the best of AVX-512/AVX2/baseline chosen at run time";
