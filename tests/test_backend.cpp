@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attnres/backend.hpp"
+#include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 #include "core/backend.hpp"
 #include "cuda/table_cache.hpp"
@@ -109,6 +110,30 @@ TEST(TableCache, UploadsEachDistinctTableOnce) {
     EXPECT_EQ(cache.size(), 2u);
   }
   EXPECT_EQ(x.live, 0);  // everything released
+}
+
+// The gradient reducer: direct for host memory, staged on request, NCCL refused for host memory.
+TEST(DeviceReducer, PicksAMethodForTheMemory) {
+  dist::SingleCommunicator comm;
+  auto host = make_backend("cuda-host");
+  EXPECT_EQ(dist::make_device_reducer(comm, *host)->method(), "direct");
+  EXPECT_EQ(dist::make_device_reducer(comm, *cpu_backend())->method(), "direct");
+  ::setenv("ATTNRES_DEVICE_REDUCE", "staged", 1);
+  auto staged = dist::make_device_reducer(comm, *host);
+  EXPECT_EQ(staged->method(), "staged");
+  std::vector<float> x = {1, 2, 3};
+  staged->allreduce_sum(x.data(), 3);  // one rank: unchanged
+  EXPECT_EQ(x, (std::vector<float>{1, 2, 3}));
+  ::setenv("ATTNRES_DEVICE_REDUCE", "nccl", 1);
+  try {
+    dist::make_device_reducer(comm, *host);
+    ADD_FAILURE() << "NCCL on host memory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs GPU memory"), std::string::npos) << e.what();
+  }
+  ::setenv("ATTNRES_DEVICE_REDUCE", "fast", 1);
+  EXPECT_THROW(dist::make_device_reducer(comm, *host), Error);
+  ::unsetenv("ATTNRES_DEVICE_REDUCE");
 }
 
 TEST_P(BackendOps, MemoryAndElementwise) {

@@ -44,11 +44,16 @@ class DevBuf {
   ~DevBuf() { reset(); }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
-  DevBuf(DevBuf&& o) noexcept { swap(o); }
+  // A moved-from buffer is empty and stays on its backend.
+  DevBuf(DevBuf&& o) noexcept {
+    swap(o);
+    o.be_ = be_;
+  }
   DevBuf& operator=(DevBuf&& o) noexcept {
     if (this != &o) {
       reset();
       swap(o);
+      o.be_ = be_;
     }
     return *this;
   }

@@ -9,8 +9,9 @@
 namespace attnres {
 
 const std::shared_ptr<Backend>& cpu_backend() {
-  static const std::shared_ptr<Backend> be = make_cpu_backend();
-  return be;
+  // Never destroyed: a CPU DevBuf in a static object may be released after any other static.
+  static const auto* be = new std::shared_ptr<Backend>(make_cpu_backend());
+  return *be;
 }
 
 std::shared_ptr<Backend> make_backend(const std::string& name) {
@@ -36,7 +37,7 @@ MatmulPrecision parse_precision(const std::string& s) {
 
 void Backend::set_matmul_precision(MatmulPrecision p) {
   if (p == MatmulPrecision::fp32) {
-    precision_ = p;
+    if (precision_ != p) precision_ = p;  // no write to the shared CPU backend when unchanged
     return;
   }
   throw Error("bf16 matmuls are not available on device " + name() +

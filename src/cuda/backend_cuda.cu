@@ -148,8 +148,10 @@ namespace {
 
 // cuBLAS takes int dimensions.
 int dim(int64_t x) {
-  check(x >= 0 && x <= INT_MAX, "matrix dimension " + std::to_string(x) +
-                                    " is outside cuBLAS's int range; use smaller batches");
+  if (x < 0 || x > INT_MAX) {
+    throw Error("matrix dimension " + std::to_string(x) +
+                " is outside cuBLAS's int range; use smaller batches");
+  }
   return static_cast<int>(x);
 }
 

@@ -20,13 +20,13 @@ class TableCache {
 
   // The executor-memory copy of `bytes` bytes at `host`.
   const void* get(const void* host, size_t bytes) {
-    std::string key(static_cast<const char*>(host), bytes);
-    auto it = tables_.find(key);
+    key_.assign(static_cast<const char*>(host), bytes);  // reuses its capacity: no allocation
+    auto it = tables_.find(key_);
     if (it != tables_.end()) return it->second;
     if (tables_.size() >= kMaxTables) clear();  // shapes keep changing: start over
     void* d = x_.alloc(bytes);
     x_.upload(d, host, bytes);
-    tables_.emplace(std::move(key), d);
+    tables_.emplace(key_, d);
     return d;
   }
   void clear() {
@@ -41,6 +41,7 @@ class TableCache {
   static constexpr size_t kMaxTables = 4096;
   Exec& x_;
   std::unordered_map<std::string, void*> tables_;
+  std::string key_;
 };
 
 }  // namespace attnres::cuda

@@ -60,7 +60,7 @@ void SingleCommunicator::abort(int code) {
 
 int local_rank() {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
-                          "PMIX_LOCAL_RANK"}) {
+                          "PMIX_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK"}) {
     if (const char* v = std::getenv(var)) {
       const int n = std::atoi(v);
       if (n >= 0) return n;

@@ -52,6 +52,9 @@ std::unique_ptr<DeviceReducer> make_device_reducer(Communicator& comm, Backend& 
   if (const char* v = std::getenv("ATTNRES_DEVICE_REDUCE")) want = v;
   check(want.empty() || want == "direct" || want == "staged" || want == "nccl",
         "ATTNRES_DEVICE_REDUCE must be direct, staged or nccl, got '" + want + "'");
+  check(want != "nccl" || !be.host_memory(),
+        "ATTNRES_DEVICE_REDUCE=nccl needs GPU memory; device " + be.name() +
+            " keeps its tensors in host memory (unset it, or use direct or staged)");
   if (want == "direct" || (want.empty() && be.host_memory())) {
     check(be.host_memory(), "ATTNRES_DEVICE_REDUCE=direct needs host memory; device " + be.name() +
                                 " has its own");

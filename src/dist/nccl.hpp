@@ -1,5 +1,5 @@
 // The NCCL method of make_device_reducer (attnres/dist.hpp): src/cuda/nccl_reducer.cpp in CUDA
-// builds, a stub (src/cuda/cuda_stub.cpp) otherwise.
+// builds that found nccl.h, a stub (src/dist/nccl_stub.cpp) otherwise.
 #pragma once
 
 #include <memory>

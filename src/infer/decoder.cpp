@@ -14,6 +14,7 @@ namespace attnres {
 
 Decoder::Decoder(const Model& model, int64_t max_len) : model_(model), max_len_(max_len) {
   const ModelConfig& c = model.config();
+  check(model.on_cpu(), "generation runs on the CPU (for now): load the model with --device cpu");
   check(max_len >= 1 && max_len <= c.max_seq_len,
         "decoder length " + std::to_string(max_len) + " must be in [1, max_seq_len = " +
             std::to_string(c.max_seq_len) + "]");

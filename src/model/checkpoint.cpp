@@ -95,7 +95,7 @@ void save_optimizer(const std::string& path, const Model& model, AdamW& opt, con
   for (const auto& [k, v] : meta) w.set_metadata(k, v);
   w.set_metadata("format", kOptimFormat);
   w.set_metadata("adam_steps", std::to_string(opt.steps_taken()));
-  const bool host = model.on_cpu();  // else the moments are written from host copies
+  const bool host = opt.m().backend() == nullptr;  // else written from host copies (a device)
   const std::vector<float> hm = host ? std::vector<float>() : opt.m().download();
   const std::vector<float> hv = host ? std::vector<float>() : opt.v().download();
   const float* m = host ? opt.m().data() : hm.data();
@@ -116,7 +116,7 @@ Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt)
     throw Error("'" + path + "' is not an attnres optimizer state (format '" +
                 std::string(kOptimFormat) + "' expected)");
   }
-  const bool host = model.on_cpu();  // else read into host copies, uploaded at the end
+  const bool host = opt.m().backend() == nullptr;  // else read into host copies, then uploaded
   std::vector<float> hm(host ? 0 : opt.m().size()), hv(host ? 0 : opt.v().size());
   for (const ParamEntry& e : model.layout().entries()) {
     for (const char* k : {"m.", "v."}) {

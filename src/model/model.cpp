@@ -174,10 +174,13 @@ const float* Model::param(const std::string& name) const {
 
 void Model::init_weights(uint64_t seed) {
   const double std_w = 0.02, std_out = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
-  std::vector<float> host(layout_.total(), 0.0f);  // initialised on the host, then uploaded
+  // Initialised in place on the CPU; on a device on the host, then uploaded.
+  std::vector<float> host(on_cpu() ? 0 : layout_.total(), 0.0f);
+  float* P = on_cpu() ? params_.data() : host.data();
+  std::fill(P, P + layout_.total(), 0.0f);
   for (size_t k = 0; k < layout_.entries().size(); k++) {
     const ParamEntry& e = layout_.entries()[k];
-    float* w = host.data() + e.offset;
+    float* w = P + e.offset;
     // Each tensor gets its own stream derived from (seed, index), so adding a tensor later never
     // changes the others' values.
     Rng rng(splitmix64(seed) ^ splitmix64(0x5EED0000ull + k));
@@ -190,8 +193,8 @@ void Model::init_weights(uint64_t seed) {
     const double sd = is_out_proj ? std_out : std_w;
     for (int64_t i = 0; i < e.numel; i++) w[i] = static_cast<float>(sd * rng.normal());
   }
-  main_->router->init_params(host.data());
-  params_from_host(host.data());
+  main_->router->init_params(P);
+  if (!on_cpu()) params_from_host(host.data());
 }
 
 void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {

@@ -50,7 +50,7 @@ class AttnResRouter final : public DepthRouter {
     by_source_ = S_ == 1 && !dynamic_ && (window_ == 0 || window_ >= L_);
     if (!be_.is_cpu()) {
       check(!dynamic_, "residual query 'dynamic' runs on the CPU only (for now); use --device cpu "
-                       "or --residual-query static on " + be_.name());
+                       "or --attnres-query static on " + be_.name());
       by_source_ = false;
     }
     last_ = L_;
@@ -74,7 +74,11 @@ class AttnResRouter final : public DepthRouter {
     by_source_ = false;  // later readers of a source live on other ranks: backward by mixer
   }
 
-  void bind_store(SourceStore* store) override { st_ = store ? store : &own_; }
+  void bind_store(SourceStore* store) override {
+    st_ = store ? store : &own_;
+    check((st_->be ? st_->be : cpu_backend().get()) == &be_,
+          "internal: a depth-source store on another backend than its router");
+  }
 
   void add_params(ParamLayout& layout) override {
     for (int64_t m = 0; m <= L_; m++) {

@@ -286,7 +286,8 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
             std::to_string((cfg.batch_size / ranks + 1) * ranks) + ") or another rank count");
   comm.require_same(fnv1a64(cfg.to_json() + (zero1 ? "+zero1" : "") + "+pipeline" +
                             std::to_string(cfg.pipeline) + "x" +
-                            std::to_string(cfg.virtual_stages) + cfg.pipeline_comm),
+                            std::to_string(cfg.virtual_stages) + cfg.pipeline_comm + "+device" +
+                            cfg.device + "+precision" + cfg.precision),
                     "training options",
                     "start every rank with the same command line");
   fs::create_directories(cfg.out_dir);
@@ -329,15 +330,21 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   cfg.model.validate();
   // Several ranks on GPUs: each takes the GPU of its index on its host.
   std::string device = cfg.device;
+  int gpu = 0;
   if (device == "cuda" && ranks > 1) {
     const int gpus = cuda::device_count();
-    if (gpus > 0) device = "cuda:" + std::to_string(dist::local_rank() % gpus);
+    gpu = dist::local_rank();
+    check(gpus == 0 || gpu < gpus,
+          "rank " + std::to_string(comm.rank()) + " is rank " + std::to_string(gpu) +
+              " on its host, which has " + std::to_string(gpus) +
+              " GPU(s): start at most one rank per GPU on each host");
+    device = "cuda:" + std::to_string(gpu);
   }
   Model model(cfg.model, make_backend(device));
   model.backend().set_matmul_precision(parse_precision(cfg.precision));
   model.init_weights(cfg.seed);
   const std::string gemms = cfg.precision == "bf16" ? "; bf16 GEMMs, fp32 master weights" : "";
-  if (cfg.device == "cuda") msg("device: cuda, " + cuda::describe_device(0) + gemms);
+  if (cfg.device == "cuda") msg("device: " + device + ", " + cuda::describe_device(gpu) + gemms);
   if (cfg.device == "cuda-host") {
     msg("device: cuda-host (the CUDA kernels emulated on the CPU)" + gemms);
   }
