@@ -5,7 +5,6 @@
 
 #include "attnres/buffer.hpp"
 #include "core/backend.hpp"
-#include "core/parallel.hpp"
 
 namespace attnres {
 
@@ -56,14 +55,7 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; i++) x[i] *= s;
   }
-  double sum_squares(const float* x, int64_t n) override {
-    constexpr int64_t kChunk = 4096;
-    return deterministic_sum((n + kChunk - 1) / kChunk, [&](int64_t c) {
-      double s = 0;
-      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); i++) s += double(x[i]) * x[i];
-      return s;
-    });
-  }
+  double sum_squares(const float* x, int64_t n) override { return ops::sum_squares(x, n); }
 
   void embedding_forward(float* out, const int32_t* ids, const float* wte, int64_t N,
                          int64_t C) override {

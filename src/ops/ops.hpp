@@ -150,6 +150,11 @@ void scalar_mix_forward(float* out, const float* const* src, const float* w, int
 void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout, const float* const* src,
                          const float* w, int64_t S, int64_t n);
 
+// ---- gradient norm (adamw.cpp) ----  sum of x[i]^2 over n floats: chunks of 4096 in float with
+// several vector accumulators, chunks combined in double in a fixed order (deterministic for a
+// given thread count). grad_norm (attnres/optim.hpp) is its square root.
+double sum_squares(const float* x, int64_t n);
+
 // ---- AdamW (adamw.cpp) ----  torch.optim.AdamW's update (attnres/optim.hpp) of one tensor:
 // step_size = lr / (1 - b1^t), inv_bc2_sqrt = 1 / sqrt(1 - b2^t); decay = 1 - lr wd or 1.
 struct AdamStep {

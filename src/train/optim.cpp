@@ -6,8 +6,6 @@
 #include <string>
 
 #include "attnres/error.hpp"
-#include "core/parallel.hpp"
-#include "core/simd.hpp"
 #include "core/backend.hpp"
 #include "ops/ops.hpp"
 
@@ -44,17 +42,8 @@ double lr_at(const ScheduleConfig& s, double base_lr, int64_t step) {
   return lr_min + 0.5 * (base_lr - lr_min) * (1.0 + std::cos(M_PI * p));
 }
 
-double grad_norm(const float* grads, int64_t n) {
-  // Chunks of 4096 summed in float with several vector accumulators (the squares are all
-  // positive: relative error ~1e-7), chunks combined in double in a fixed order.
-  constexpr int64_t kChunk = 4096;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  const double ss = deterministic_sum(chunks, [&](int64_t c) {
-    const int64_t c0 = c * kChunk, len = std::min(kChunk, n - c0);
-    return static_cast<double>(simd::dot(grads + c0, grads + c0, len));
-  });
-  return std::sqrt(ss);
-}
+// (the squares are all positive: the float chunk sums err by ~1e-7 relative)
+double grad_norm(const float* grads, int64_t n) { return std::sqrt(ops::sum_squares(grads, n)); }
 
 float clip_scale(double norm, double max_norm) {
   if (max_norm <= 0) return 1.0f;

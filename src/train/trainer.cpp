@@ -521,9 +521,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     const bool eval_now = (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last;
     std::vector<double> grad_norms;
     if (eval_now && root) grad_norms = model.sublayer_grad_norms();  // before clipping
-    const double gnorm = model.on_cpu()
-                             ? grad_norm(model.grads(), nparams)
-                             : std::sqrt(model.backend().sum_squares(model.grads(), nparams));
+    const double gnorm = std::sqrt(model.backend().sum_squares(model.grads(), nparams));
     const double lr = lr_at(cfg.schedule, cfg.adamw.lr, step);
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       res.skipped_steps++;
