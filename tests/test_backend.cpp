@@ -4,6 +4,7 @@
 // in builds without CUDA and on machines without a usable GPU). Whole models: test_backend_model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -448,6 +449,87 @@ TEST_P(BackendOps, AttentionAndAdamWMatchCpu) {
   EXPECT_LT(rel(gp.download(), p), 1e-6);
   EXPECT_LT(rel(gm.download(), m), 1e-6);
   EXPECT_LT(rel(gv.download(), v), 1e-6);
+}
+
+// Attention with bf16 GEMM operands against a direct loop reference that rounds where the bf16
+// path does: q, k, v, dout, the probabilities P and the score gradients dS are rounded to bf16 as
+// GEMM operands, every product accumulates in fp32/double, the softmax and its backward stay fp32.
+// Rounding P or dS can land on the other side of a tie by the order of additions: 1e-4.
+TEST_P(BackendOps, Bf16AttentionMatchesRoundedReference) {
+  const ops::AttnShape s{2, 24, 4, 2, 16};
+  const int64_t T = s.T, ld = s.ld(), HD = s.H * s.hd, G = s.H / s.Hkv, N = s.B * T;
+  const int64_t att_n = s.B * s.H * T * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+  const auto qkv = randn(N * ld, 70), dout = randn(N * HD, 71), dqkv0 = randn(N * ld, 72);
+  auto R = [](float f) { return cuda_bf16_round(f); };
+  // Element c of head h's q / kv head's k, v at (b, t).
+  auto Q = [&](const std::vector<float>& x, int64_t b, int64_t t, int64_t h, int64_t c) -> float {
+    return x[(b * T + t) * ld + h * s.hd + c];
+  };
+  auto koff = [&](int64_t h) { return (s.H + h / G) * s.hd; };
+  auto voff = [&](int64_t h) { return (s.H + s.Hkv + h / G) * s.hd; };
+  std::vector<float> P(att_n, 0.0f), out(N * HD, 0.0f), dqkv = dqkv0;
+  for (int64_t b = 0; b < s.B; b++) {
+    for (int64_t h = 0; h < s.H; h++) {
+      float* p = P.data() + (b * s.H + h) * T * T;
+      for (int64_t t = 0; t < T; t++) {
+        std::vector<float> row(t + 1);
+        float mx = -INFINITY, z = 0.0f;
+        for (int64_t u = 0; u <= t; u++) {
+          double acc = 0.0;
+          for (int64_t c = 0; c < s.hd; c++) {
+            acc += double(R(Q(qkv, b, t, h, c))) * R(qkv[(b * T + u) * ld + koff(h) + c]);
+          }
+          row[u] = scale * static_cast<float>(acc);
+          mx = std::max(mx, row[u]);
+        }
+        for (int64_t u = 0; u <= t; u++) z += row[u] = std::exp(row[u] - mx);
+        for (int64_t u = 0; u <= t; u++) p[t * T + u] = row[u] / z;
+        for (int64_t c = 0; c < s.hd; c++) {  // out = round(P) round(v)
+          double acc = 0.0;
+          for (int64_t u = 0; u <= t; u++) {
+            acc += double(R(p[t * T + u])) * R(qkv[(b * T + u) * ld + voff(h) + c]);
+          }
+          out[(b * T + t) * HD + h * s.hd + c] = static_cast<float>(acc);
+        }
+      }
+      // Backward: dP = round(dout) round(v)^T; dS = scale P (dP - sum P dP); dq += round(dS)
+      // round(k), dk += round(dS)^T round(q), dv += round(P)^T round(dout).
+      for (int64_t t = 0; t < T; t++) {
+        std::vector<float> dp(t + 1);
+        float dot = 0.0f;
+        for (int64_t u = 0; u <= t; u++) {
+          double acc = 0.0;
+          for (int64_t c = 0; c < s.hd; c++) {
+            acc += double(R(dout[(b * T + t) * HD + h * s.hd + c])) *
+                   R(qkv[(b * T + u) * ld + voff(h) + c]);
+          }
+          dp[u] = static_cast<float>(acc);
+          dot += p[t * T + u] * dp[u];
+        }
+        for (int64_t u = 0; u <= t; u++) {
+          const float ds = R(scale * p[t * T + u] * (dp[u] - dot)), pr = R(p[t * T + u]);
+          for (int64_t c = 0; c < s.hd; c++) {
+            dqkv[(b * T + t) * ld + h * s.hd + c] += ds * R(qkv[(b * T + u) * ld + koff(h) + c]);
+            dqkv[(b * T + u) * ld + koff(h) + c] += ds * R(Q(qkv, b, t, h, c));
+            dqkv[(b * T + u) * ld + voff(h) + c] += pr * R(dout[(b * T + t) * HD + h * s.hd + c]);
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> out32(N * HD), att32(att_n);
+  ops::attention_forward(out32.data(), att32.data(), qkv.data(), s);
+  Buf gqkv(qkv), gout(N * HD), gatt(att_n), gdout(dout), gdqkv(dqkv0), gscratch(att_n);
+  be->set_matmul_precision(MatmulPrecision::bf16);
+  be->attention_forward(gout.data(), gatt.data(), gqkv.data(), s);
+  be->attention_backward(gdqkv.data(), gscratch.data(), gdout.data(), gqkv.data(), gatt.data(), s);
+  be->set_matmul_precision(MatmulPrecision::fp32);
+  EXPECT_LT(rel(gatt.download(), P), 1e-5);
+  EXPECT_LT(rel(gout.download(), out), 1e-4);
+  EXPECT_LT(rel(gdqkv.download(), dqkv), 1e-4);
+  EXPECT_LT(rel(gout.download(), out32), 2e-2);
+  EXPECT_GT(rel(gout.download(), out32), 1e-4);  // it did round
 }
 
 

@@ -292,14 +292,27 @@ struct CudaExec {
   }
   // Batched, with the operand order of gemm_bf16 above; the pointer table is device memory.
   void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                    const float* const* table, int64_t lda, int64_t ldb, float beta, int64_t ldc,
+                    const void* const* table, int64_t lda, int64_t ldb, float beta, int64_t ldc,
                     int64_t count) {
     if (count == 0 || M == 0 || N == 0) return;
     check(K > 0, "internal: batched GEMM with an empty inner dimension");
+    const auto* t = reinterpret_cast<const float* const*>(table);
     ATTNRES_CUBLAS_CHECK(cublasSgemmBatched(
         blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M),
-        dim(K), &alpha, table + count, dim(ldb), table, dim(lda), &beta,
-        const_cast<float* const*>(table + 2 * count), dim(ldc), dim(count)));
+        dim(K), &alpha, t + count, dim(ldb), t, dim(lda), &beta,
+        const_cast<float* const*>(t + 2 * count), dim(ldc), dim(count)));
+  }
+  // The same with bf16 operands and fp32 results, accumulated in fp32 on the tensor cores.
+  void gemm_batched_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const void* const* table, int64_t lda, int64_t ldb, float beta,
+                         int64_t ldc, int64_t count) {
+    if (count == 0 || M == 0 || N == 0) return;
+    check(K > 0, "internal: batched GEMM with an empty inner dimension");
+    ATTNRES_CUBLAS_CHECK(cublasGemmBatchedEx(
+        blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M),
+        dim(K), &alpha, table + count, CUDA_R_16BF, dim(ldb), table, CUDA_R_16BF, dim(lda), &beta,
+        const_cast<void* const*>(table + 2 * count), CUDA_R_32F, dim(ldc), dim(count),
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 };
 

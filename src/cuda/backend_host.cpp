@@ -47,33 +47,53 @@ struct HostExec {
     ops::matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
   }
   void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                    const float* const* table, int64_t lda, int64_t ldb, float beta, int64_t ldc,
+                    const void* const* table, int64_t lda, int64_t ldb, float beta, int64_t ldc,
                     int64_t count) {
-    // On a GPU the products of one batch run concurrently: two writing one matrix would race.
-    // Run here one after the other, they would not, so the contract is checked instead.
-    std::vector<const float*> dst(table + 2 * count, table + 3 * count);
-    std::sort(dst.begin(), dst.end());
-    check(std::adjacent_find(dst.begin(), dst.end()) == dst.end(),
-          "internal: a batched GEMM has two products writing the same matrix");
+    check_distinct_outputs(table, count);
     for (int64_t i = 0; i < count; i++) {
-      sgemm(ta, tb, M, N, K, alpha, table[i], lda, table[count + i], ldb, beta,
-            const_cast<float*>(table[2 * count + i]), ldc);
+      sgemm(ta, tb, M, N, K, alpha, static_cast<const float*>(table[i]), lda,
+            static_cast<const float*>(table[count + i]), ldb, beta, output(table, count, i), ldc);
+    }
+  }
+  void gemm_batched_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const void* const* table, int64_t lda, int64_t ldb, float beta,
+                         int64_t ldc, int64_t count) {
+    check_distinct_outputs(table, count);
+    for (int64_t i = 0; i < count; i++) {
+      widen(wa_, static_cast<const uint16_t*>(table[i]), ta ? K : M, ta ? M : K, lda);
+      widen(wb_, static_cast<const uint16_t*>(table[count + i]), tb ? N : K, tb ? K : N, ldb);
+      sgemm(ta, tb, M, N, K, alpha, wa_.data(), lda, wb_.data(), ldb, beta,
+            output(table, count, i), ldc);
     }
   }
   // Tensor-core bf16 GEMMs multiply the bf16 values exactly and accumulate in fp32: the CPU sgemm
   // on the values widened back to fp32 computes the same up to the order of the additions.
   void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                  int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-    // The stored (rows, cols) matrix with leading dimension ld: (rows - 1) ld + cols elements.
-    auto widen = [](std::vector<float>& dst, const uint16_t* src, int64_t rows, int64_t cols,
-                    int64_t ld) {
-      const int64_t n = (rows - 1) * ld + cols;
-      dst.resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; i++) dst[i] = rows::bf16_bits_to_float(src[i]);
-    };
     widen(wa_, A, ta ? K : M, ta ? M : K, lda);
     widen(wb_, B, tb ? N : K, tb ? K : N, ldb);
     sgemm(ta, tb, M, N, K, 1.0f, wa_.data(), lda, wb_.data(), ldb, beta, C, ldc);
+  }
+
+ private:
+  // On a GPU the products of one batch run concurrently: two writing one matrix would race.
+  // Run here one after the other, they would not, so the contract is checked instead.
+  static void check_distinct_outputs(const void* const* table, int64_t count) {
+    std::vector<const void*> dst(table + 2 * count, table + 3 * count);
+    std::sort(dst.begin(), dst.end());
+    check(std::adjacent_find(dst.begin(), dst.end()) == dst.end(),
+          "internal: a batched GEMM has two products writing the same matrix");
+  }
+  static float* output(const void* const* table, int64_t count, int64_t i) {
+    return static_cast<float*>(const_cast<void*>(table[2 * count + i]));
+  }
+  // The stored (rows, cols) bf16 matrix with leading dimension ld ((rows - 1) ld + cols elements)
+  // widened to fp32 into dst.
+  static void widen(std::vector<float>& dst, const uint16_t* src, int64_t rows, int64_t cols,
+                    int64_t ld) {
+    const int64_t n = (rows - 1) * ld + cols;
+    dst.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; i++) dst[i] = rows::bf16_bits_to_float(src[i]);
   }
   std::vector<float> wa_, wb_;
 };

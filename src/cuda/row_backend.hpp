@@ -7,7 +7,8 @@
 // matmul_backward with the semantics of src/ops; gemm_batched(ta, tb, M, N, K, alpha, table, lda,
 // ldb, beta, ldc, count): for each i < count, C[i] = alpha op(A[i]) op(B[i]) + beta C[i] with the
 // row-major contract of attnres::sgemm (src/core/blas.hpp), where the executor-memory table holds
-// A[0..count), B[0..count), C[0..count); gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc):
+// A[0..count), B[0..count), C[0..count) (void pointers; A, B, C fp32); gemm_batched_bf16, the same
+// with A, B bf16 (uint16_t bits) and C fp32, fp32 accumulation; gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc):
 // C (fp32) = op(A) op(B) + beta C with A, B bf16 (uint16_t bits), fp32 accumulation, the same
 // contract. Pointer tables come from a TableCache (table_cache.hpp): uploaded once, reused by every
 // later step that passes the same pointers.
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,7 +34,7 @@ class RowBackend final : public Backend {
   template <class... Args>
   explicit RowBackend(Args&&... args) : x_(std::forward<Args>(args)...) {}
   ~RowBackend() override {
-    for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &ids_}) {
+    for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &bf_d_, &ids_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
@@ -158,73 +160,19 @@ class RowBackend final : public Backend {
               B * T * n_heads * (hd / 2));
   }
   // Causal attention as batched GEMMs (one per (b, h), or per (b, kv head) where GQA heads share
-  // a destination) around the softmax row kernels; see row_kernels.hpp.
+  // a destination) around the softmax row kernels (fp32; see row_kernels.hpp). With bf16 matmul
+  // precision every product's operands are bf16 copies (tensor cores) and its results fp32.
   void attention_forward(float* out, float* att, const float* qkv,
                          const ops::AttnShape& s) override {
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
-    const int64_t T = s.T, ld = s.ld(), HD = s.H * s.hd;
-    Batch& b = batch_;
-    b.clear();
-    for (int64_t i = 0; i < s.B; i++) {
-      for (int64_t h = 0; h < s.H; h++) {  // att_bh (T,T) = scale q_bh k_bh^T
-        b.add(q(qkv, s, i, h), k(qkv, s, i, h), att + (i * s.H + h) * T * T);
-      }
-    }
-    gemm(b, false, true, T, T, s.hd, scale, ld, ld, 0.0f, T);
-    x_.launch(rows::AttnSoftmaxForward{att, T}, s.B * s.H * T);
-    b.clear();
-    for (int64_t i = 0; i < s.B; i++) {
-      for (int64_t h = 0; h < s.H; h++) {  // out_bh (T,hd) = att_bh v_bh
-        b.add(att + (i * s.H + h) * T * T, v(qkv, s, i, h), out + i * T * HD + h * s.hd);
-      }
-    }
-    gemm(b, false, false, T, s.hd, T, 1.0f, T, ld, 0.0f, HD);
+    if (precision_ == MatmulPrecision::bf16) return attention_forward_as<uint16_t>(out, att, qkv, s);
+    attention_forward_as<float>(out, att, qkv, s);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                           const float* att, const ops::AttnShape& s) override {
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
-    const int64_t T = s.T, ld = s.ld(), HD = s.H * s.hd, G = s.H / s.Hkv;
-    auto P = [&](int64_t i, int64_t h) { return att + (i * s.H + h) * T * T; };
-    auto dS = [&](int64_t i, int64_t h) { return scratch + (i * s.H + h) * T * T; };
-    auto dO = [&](int64_t i, int64_t h) { return dout + i * T * HD + h * s.hd; };
-    Batch& b = batch_;
-    b.clear();
-    for (int64_t i = 0; i < s.B; i++) {
-      for (int64_t h = 0; h < s.H; h++) b.add(dO(i, h), v(qkv, s, i, h), dS(i, h));
+    if (precision_ == MatmulPrecision::bf16) {
+      return attention_backward_as<uint16_t>(dqkv, scratch, dout, qkv, att, s);
     }
-    // dP_bh (T,T) = dout_bh v_bh^T, then dS in place
-    gemm(b, false, true, T, T, s.hd, 1.0f, HD, ld, 0.0f, T);
-    x_.launch(rows::AttnSoftmaxBackward{scratch, att, T, scale}, s.B * s.H * T);
-    b.clear();
-    for (int64_t i = 0; i < s.B; i++) {
-      for (int64_t h = 0; h < s.H; h++) {
-        b.add(dS(i, h), k(qkv, s, i, h), q(dqkv, s, i, h));
-      }
-    }
-    // dq_bh (T,hd) += dS_bh k_bh
-    gemm(b, false, false, T, s.hd, T, 1.0f, T, ld, 1.0f, ld);
-    // The query heads of one kv head add into the same dk / dv: one batched call per head of the
-    // group, so no call has two products writing one destination.
-    for (int64_t g = 0; g < G; g++) {
-      b.clear();
-      for (int64_t i = 0; i < s.B; i++) {
-        for (int64_t kh = 0; kh < s.Hkv; kh++) {
-          const int64_t h = kh * G + g;
-          b.add(dS(i, h), q(qkv, s, i, h), k(dqkv, s, i, h));
-        }
-      }
-      // dk (T,hd) += dS_bh^T q_bh
-      gemm(b, true, false, T, s.hd, T, 1.0f, T, ld, 1.0f, ld);
-      b.clear();
-      for (int64_t i = 0; i < s.B; i++) {
-        for (int64_t kh = 0; kh < s.Hkv; kh++) {
-          const int64_t h = kh * G + g;
-          b.add(P(i, h), dO(i, h), v(dqkv, s, i, h));
-        }
-      }
-      // dv (T,hd) += att_bh^T dout_bh
-      gemm(b, true, false, T, s.hd, T, 1.0f, T, HD, 1.0f, ld);
-    }
+    attention_backward_as<float>(dqkv, scratch, dout, qkv, att, s);
   }
   void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) override {
     x_.launch(rows::SwigluForward{out, h13, F}, N * F);
@@ -326,26 +274,116 @@ class RowBackend final : public Backend {
   }
   // The operand pointers of one batched GEMM, gathered on the host.
   struct Batch {
-    std::vector<const float*> a, b;
-    std::vector<float*> c;
+    std::vector<const void*> a, b;
+    std::vector<void*> c;
     void clear() { a.clear(), b.clear(), c.clear(); }
-    void add(const float* x, const float* y, float* z) {
+    void add(const void* x, const void* y, float* z) {
       a.push_back(x);
       b.push_back(y);
       c.push_back(z);
     }
     int64_t size() const { return static_cast<int64_t>(c.size()); }
   };
-  // Runs the batch's products through the executor with a device table of its pointers, laid out
-  // A[0..n) B[0..n) C[0..n); see gemm_batched in the executor contract above.
+  // Runs the batch's products (operands of type E: float or bf16 bits) through the executor with
+  // a device table of its pointers, laid out A[0..n) B[0..n) C[0..n); see gemm_batched in the
+  // executor contract above.
+  template <class E>
   void gemm(const Batch& b, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
             int64_t lda, int64_t ldb, float beta, int64_t ldc) {
     flat_.assign(b.a.begin(), b.a.end());
     flat_.insert(flat_.end(), b.b.begin(), b.b.end());
     flat_.insert(flat_.end(), b.c.begin(), b.c.end());
-    const auto* table = static_cast<const float* const*>(
-        tables_.get(flat_.data(), sizeof(const float*) * flat_.size()));
-    x_.gemm_batched(ta, tb, M, N, K, alpha, table, lda, ldb, beta, ldc, b.size());
+    const auto* table = static_cast<const void* const*>(
+        tables_.get(flat_.data(), sizeof(const void*) * flat_.size()));
+    if constexpr (std::is_same_v<E, float>) {
+      x_.gemm_batched(ta, tb, M, N, K, alpha, table, lda, ldb, beta, ldc, b.size());
+    } else {
+      x_.gemm_batched_bf16(ta, tb, M, N, K, alpha, table, lda, ldb, beta, ldc, b.size());
+    }
+  }
+  // attention_forward / attention_backward with GEMM operands of type E: float, or uint16_t (bf16
+  // bits: each operand rounded into a scratch copy first).
+  template <class E>
+  void attention_forward_as(float* out, float* att, const float* qkv, const ops::AttnShape& s) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+    const int64_t T = s.T, ld = s.ld(), HD = s.H * s.hd, TT = T * T;
+    const E* x = operand<E>(bf_a_, qkv, s.B * T * ld);  // q|k|v (B,T,ld)
+    Batch& b = batch_;
+    b.clear();
+    for (int64_t i = 0; i < s.B; i++) {
+      for (int64_t h = 0; h < s.H; h++) {  // att_bh (T,T) = scale q_bh k_bh^T
+        b.add(q(x, s, i, h), k(x, s, i, h), att + (i * s.H + h) * TT);
+      }
+    }
+    gemm<E>(b, false, true, T, T, s.hd, scale, ld, ld, 0.0f, T);
+    x_.launch(rows::AttnSoftmaxForward{att, T}, s.B * s.H * T);
+    const E* p = operand<E>(bf_b_, att, s.B * s.H * TT);  // att (B,H,T,T)
+    b.clear();
+    for (int64_t i = 0; i < s.B; i++) {
+      for (int64_t h = 0; h < s.H; h++) {  // out_bh (T,hd) = att_bh v_bh
+        b.add(p + (i * s.H + h) * TT, v(x, s, i, h), out + i * T * HD + h * s.hd);
+      }
+    }
+    gemm<E>(b, false, false, T, s.hd, T, 1.0f, T, ld, 0.0f, HD);
+  }
+  template <class E>
+  void attention_backward_as(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                             const float* att, const ops::AttnShape& s) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+    const int64_t T = s.T, ld = s.ld(), HD = s.H * s.hd, G = s.H / s.Hkv, TT = T * T;
+    const E* x = operand<E>(bf_a_, qkv, s.B * T * ld);   // q|k|v (B,T,ld)
+    const E* go = operand<E>(bf_c_, dout, s.B * T * HD);  // dout (B,T,HD)
+    auto dO = [&](int64_t i, int64_t h) { return go + i * T * HD + h * s.hd; };
+    Batch& b = batch_;
+    b.clear();
+    for (int64_t i = 0; i < s.B; i++) {
+      for (int64_t h = 0; h < s.H; h++) b.add(dO(i, h), v(x, s, i, h), scratch + (i * s.H + h) * TT);
+    }
+    // dP_bh (T,T) = dout_bh v_bh^T, then dS in place (fp32)
+    gemm<E>(b, false, true, T, T, s.hd, 1.0f, HD, ld, 0.0f, T);
+    x_.launch(rows::AttnSoftmaxBackward{scratch, att, T, scale}, s.B * s.H * T);
+    const E* ds = operand<E>(bf_b_, scratch, s.B * s.H * TT);  // dS (B,H,T,T)
+    const E* p = operand<E>(bf_d_, att, s.B * s.H * TT);       // att (B,H,T,T)
+    auto dS = [&](int64_t i, int64_t h) { return ds + (i * s.H + h) * TT; };
+    auto P = [&](int64_t i, int64_t h) { return p + (i * s.H + h) * TT; };
+    b.clear();
+    for (int64_t i = 0; i < s.B; i++) {
+      for (int64_t h = 0; h < s.H; h++) b.add(dS(i, h), k(x, s, i, h), q(dqkv, s, i, h));
+    }
+    // dq_bh (T,hd) += dS_bh k_bh
+    gemm<E>(b, false, false, T, s.hd, T, 1.0f, T, ld, 1.0f, ld);
+    // The query heads of one kv head add into the same dk / dv: one batched call per head of the
+    // group, so no call has two products writing one destination.
+    for (int64_t g = 0; g < G; g++) {
+      b.clear();
+      for (int64_t i = 0; i < s.B; i++) {
+        for (int64_t kh = 0; kh < s.Hkv; kh++) {
+          const int64_t h = kh * G + g;
+          b.add(dS(i, h), q(x, s, i, h), k(dqkv, s, i, h));
+        }
+      }
+      // dk (T,hd) += dS_bh^T q_bh
+      gemm<E>(b, true, false, T, s.hd, T, 1.0f, T, ld, 1.0f, ld);
+      b.clear();
+      for (int64_t i = 0; i < s.B; i++) {
+        for (int64_t kh = 0; kh < s.Hkv; kh++) {
+          const int64_t h = kh * G + g;
+          b.add(P(i, h), dO(i, h), v(dqkv, s, i, h));
+        }
+      }
+      // dv (T,hd) += att_bh^T dout_bh
+      gemm<E>(b, true, false, T, s.hd, T, 1.0f, T, HD, 1.0f, ld);
+    }
+  }
+  // A GEMM operand of type E for the n floats at x: x itself, or its bf16 copy in scratch s.
+  template <class E>
+  const E* operand(Scratch& s, const float* x, int64_t n) {
+    if constexpr (std::is_same_v<E, float>) {
+      (void)s, (void)n;
+      return x;
+    } else {
+      return bf16(s, x, n);
+    }
   }
   // The kernels' table of the S depth sources.
   const rows::Source* sources(const ops::DepthSource* src, int64_t S) {
@@ -386,9 +424,9 @@ class RowBackend final : public Backend {
 
   Exec x_;
   TableCache<Exec> tables_{x_};
-  std::vector<const float*> flat_;
+  std::vector<const void*> flat_;
   std::vector<rows::Source> src_;
-  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, ids_;
+  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_;
   std::vector<int32_t> host_ids_, host_perm_, host_groups_;
   Batch batch_;
 };
