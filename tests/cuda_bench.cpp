@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -84,6 +85,44 @@ int main(int argc, char** argv) {
                 static_cast<long long>(n), ms, 2.0 * n * n * n / ms / 1e9);
   }
 #endif
+  {
+    // Causal attention at the training steps' shape below, three ways (ATTNRES_FLASH_ATTENTION
+    // picks flash kernels or batched GEMMs for bf16). FLOPs as FlashAttention reports them: the
+    // causal half of QK^T and PV forward (2 B H T^2 hd), 2.5 times that backward.
+    const ops::AttnShape s{dry ? 2 : 8, dry ? 32 : 512, dry ? 4 : 12, dry ? 4 : 12, 64};
+    const int64_t N = s.B * s.T, HD = s.H * s.hd;
+    const double flop = 2.0 * s.B * s.H * s.T * s.T * s.hd;
+    const char* old = std::getenv("ATTNRES_FLASH_ATTENTION");
+    const std::string keep = old ? old : "";
+    for (const char* way : {"fp32", "bf16 0", "bf16 1"}) {
+      const std::string w = way;
+      setenv("ATTNRES_FLASH_ATTENTION", w.size() > 4 ? w.substr(5).c_str() : "0", 1);
+      auto b = make_backend(dry ? "cuda-host" : "cuda");
+      b->set_matmul_precision(parse_precision(w.substr(0, 4)));
+      const int64_t st = b->attention_state_floats(s);
+      const bool flash = st == s.B * s.H * s.T;
+      auto qkv = buffer(*b, N * s.ld()), out = buffer(*b, N * HD), att = buffer(*b, st),
+           scr = buffer(*b, st), dout = buffer(*b, N * HD), dqkv = buffer(*b, N * s.ld());
+      auto fwd = [&] { b->attention_forward(out.data(), att.data(), qkv.data(), s); };
+      const double f = time_ms(*b, fwd);
+      const double fb = time_ms(*b, [&] {
+        fwd();
+        b->attention_backward(dqkv.data(), scr.data(), dout.data(), qkv.data(), out.data(),
+                              att.data(), s);
+      });
+      std::printf("| attention fwd / fwd+bwd, %s %s | B %lld, T %lld, H %lld, hd %lld | %.3f / "
+                  "%.3f | %.1f / %.1f TFLOP/s (causal) |\n",
+                  w.substr(0, 4).c_str(), flash ? "flash kernels" : "batched GEMMs",
+                  static_cast<long long>(s.B), static_cast<long long>(s.T),
+                  static_cast<long long>(s.H), static_cast<long long>(s.hd), f, fb,
+                  flop / f / 1e9, 3.5 * flop / fb / 1e9);
+    }
+    if (old) {
+      setenv("ATTNRES_FLASH_ATTENTION", keep.c_str(), 1);
+    } else {
+      unsetenv("ATTNRES_FLASH_ATTENTION");
+    }
+  }
   {
     // 8 sequences of 1024 tokens, d 1024, 9 sources
     const int64_t N = dry ? 64 : 8192, d = dry ? 64 : 1024, S = 9;

@@ -432,7 +432,7 @@ TEST_P(BackendOps, AttentionAndAdamWMatchCpu) {
     EXPECT_LT(rel(gatt.download(), att), 1e-5);
     ops::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), s);
     be->attention_backward(gdqkv.data(), gscratch.data(), gdout.data(), gqkv.data(),
-                                  gatt.data(), gs);
+                           gout.data(), gatt.data(), gs);
     EXPECT_LT(rel(gdqkv.download(), dqkv), 1e-5);
   }
   const int64_t n = 10000;
@@ -518,18 +518,27 @@ TEST_P(BackendOps, Bf16AttentionMatchesRoundedReference) {
       }
     }
   }
-  std::vector<float> out32(N * HD), att32(att_n);
+  std::vector<float> out32(N * HD), att32(att_n), scratch32(att_n), dqkv32 = dqkv0;
   ops::attention_forward(out32.data(), att32.data(), qkv.data(), s);
+  ops::attention_backward(dqkv32.data(), scratch32.data(), dout.data(), qkv.data(), att32.data(),
+                          s);
   Buf gqkv(qkv), gout(N * HD), gatt(att_n), gdout(dout), gdqkv(dqkv0), gscratch(att_n);
   be->set_matmul_precision(MatmulPrecision::bf16);
+  // The GPU keeps the rows' log-sum-exp instead (flash attention: other rounding points, so only
+  // bf16 tolerances against fp32; its kernels' own test is test_flash_attention).
+  const bool flash = be->attention_state_floats(s) == s.B * s.H * T;
   be->attention_forward(gout.data(), gatt.data(), gqkv.data(), s);
-  be->attention_backward(gdqkv.data(), gscratch.data(), gdout.data(), gqkv.data(), gatt.data(), s);
+  be->attention_backward(gdqkv.data(), gscratch.data(), gdout.data(), gqkv.data(), gout.data(),
+                         gatt.data(), s);
   be->set_matmul_precision(MatmulPrecision::fp32);
-  EXPECT_LT(rel(gatt.download(), P), 1e-5);
-  EXPECT_LT(rel(gout.download(), out), 1e-4);
-  EXPECT_LT(rel(gdqkv.download(), dqkv), 1e-4);
+  if (!flash) {
+    EXPECT_LT(rel(gatt.download(), P), 1e-5);
+    EXPECT_LT(rel(gout.download(), out), 1e-4);
+    EXPECT_LT(rel(gdqkv.download(), dqkv), 1e-4);
+  }
   EXPECT_LT(rel(gout.download(), out32), 2e-2);
   EXPECT_GT(rel(gout.download(), out32), 1e-4);  // it did round
+  EXPECT_LT(rel(gdqkv.download(), dqkv32), 2e-2);
 }
 
 

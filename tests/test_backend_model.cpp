@@ -187,14 +187,17 @@ TEST_P(BackendModel, MatchesTheCpuModel) {
 
 // bf16 GEMMs (fp32 accumulation and master weights): the loss and gradients stay within bf16's
 // rounding of the fp32 CPU model's (the GEMMs themselves are checked exactly in test_backend).
+// Head dimension 16, so on a GPU attention runs the flash kernels.
 TEST_P(BackendModel, Bf16GemmsStayNearFp32) {
-  Model cpu(cfg), dev(cfg, be);
+  ModelConfig c16 = cfg;
+  c16.d_model = 64;
+  Model cpu(c16), dev(c16, be);
   dev.backend().set_matmul_precision(MatmulPrecision::bf16);
   const std::vector<float> w = test_weights(cpu);
   cpu.params_from_host(w.data());
   dev.params_from_host(w.data());
   const int64_t B = 2, T = 11;
-  const TokenBatch batch(B * T, cfg.vocab_size, 4);
+  const TokenBatch batch(B * T, c16.vocab_size, 4);
   cpu.zero_grad();
   dev.zero_grad();
   const double lc = cpu.forward(batch.tok.data(), batch.tgt.data(), B, T);

@@ -8,7 +8,12 @@ then the backward of sum(x * dx) into the sources and the query. Prints one tabl
 variant (eager; torch.compile with --compile) with the median of the timed runs in ms and the
 bytes moved at the minimum (read S sources and dx, write S source gradients) per ms.
 
+With --attention it also times PyTorch's causal scaled_dot_product_attention (its flash or cuDNN
+kernel) in bf16, forward and forward + backward, at the shape cuda_bench's attention rows use
+(B 8, T 512, H 12, hd 64), with the same FLOP count (2 B H T^2 hd forward, 2.5 times that back).
+
 Usage: tools/depth_mix_torch.py [--device cuda] [--n 8192] [--d 1024] [--sources 9] [--compile]
+                                [--attention]
        (--device cpu --n 64 --d 64 checks the script on a machine without a GPU)
 """
 import argparse
@@ -53,6 +58,7 @@ def main():
     p.add_argument("--sources", type=int, default=9)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--attention", action="store_true")
     a = p.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         print("depth_mix_torch: no CUDA device for PyTorch")
@@ -76,6 +82,33 @@ def main():
         ms = timed(step, a.device, a.reps)
         print(f"| {name} ({torch.__version__}, {a.device}) | same | {ms:.3f} | "
               f"{bytes_min / ms / 1e6:.0f} |")
+    if a.attention:
+        attention(a)
+
+
+def attention(a):
+    if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        print(f"| attention: torch {torch.__version__} has no scaled_dot_product_attention | | | |")
+        return
+    B, T, H, hd = (8, 512, 12, 64) if a.device == "cuda" else (2, 32, 4, 64)
+    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
+    q, k, v = (torch.randn(B, H, T, hd, device=a.device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    do = torch.randn(B, H, T, hd, device=a.device, dtype=dtype)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def fwd():
+        with torch.no_grad():
+            sdpa(q, k, v, is_causal=True)
+
+    def both():
+        q.grad = k.grad = v.grad = None
+        sdpa(q, k, v, is_causal=True).backward(do)
+    f, fb = timed(fwd, a.device, a.reps), timed(both, a.device, a.reps)
+    flop = 2.0 * B * H * T * T * hd
+    print(f"| attention fwd / fwd+bwd, PyTorch SDPA causal ({torch.__version__}, {dtype}) | "
+          f"B {B}, T {T}, H {H}, hd {hd} | {f:.3f} / {fb:.3f} | "
+          f"{flop / f / 1e9:.1f} / {3.5 * flop / fb / 1e9:.1f} TFLOP/s (causal) |")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ done
 timeout 240 "$BIN/cuda_bench" > "$LOG/cuda_bench.txt" 2>&1
 bench_rc=$?
 # PyTorch eager / torch.compile on the same depth-mix shape (the machine's python3 has torch).
-timeout 120 python3 tools/depth_mix_torch.py --compile > "$LOG/torch_depth_mix.txt" 2>&1 ||
+timeout 120 python3 tools/depth_mix_torch.py --compile --attention > "$LOG/torch_depth_mix.txt" 2>&1 ||
   echo "depth_mix_torch.py failed (exit $?)" >> "$LOG/torch_depth_mix.txt"
 cat "$LOG/test_cuda.txt" | grep -E "^\[  (FAILED|SKIPPED) |Expected|actual|Which is" | head -40
 echo
@@ -39,7 +39,7 @@ echo "tests: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$LOG/test_
      "(failed: $tests_rc); skipped: $skipped"
 echo "bench (exit $bench_rc):"
 cat "$LOG/cuda_bench.txt"
-echo "PyTorch on the same depth mix:"
+echo "PyTorch on the same depth mix and attention:"
 cat "$LOG/torch_depth_mix.txt"
 # On the GPU machine a skipped GPU test means the GPU was not usable: that is a failed check.
 if (( skipped > 0 )); then echo "device_check: FAILED: GPU tests skipped (no usable GPU)"; exit 1; fi

@@ -61,10 +61,18 @@ class Backend {
                             int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) = 0;
   virtual void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t B,
                              int64_t T, int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) = 0;
+  // Causal attention: out (B,T,H*hd) from qkv (B,T,ld); att keeps what the backward needs, in
+  // attention_state_floats(s) floats: the probabilities (B,H,T,T), or less where the backend
+  // recomputes them (flash attention keeps the rows' log-sum-exp, (B,H,T)). The backward adds
+  // into dqkv (B,T,ld) from dout and the forward's out; scratch has as many floats as att.
+  virtual int64_t attention_state_floats(const ops::AttnShape& s) const {
+    return s.B * s.H * s.T * s.T;
+  }
   virtual void attention_forward(float* out, float* att, const float* qkv,
                                  const ops::AttnShape& s) = 0;
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                                  const float* att, const ops::AttnShape& s) = 0;
+                                  const float* out, const float* att,
+                                  const ops::AttnShape& s) = 0;
   virtual void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) = 0;
   virtual void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N,
                                int64_t F) = 0;

@@ -94,7 +94,8 @@ class CpuBackend final : public Backend {
     ops::attention_forward(out, att, qkv, s);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                          const float* att, const ops::AttnShape& s) override {
+                          const float* /*out*/, const float* att,
+                          const ops::AttnShape& s) override {
     ops::attention_backward(dqkv, scratch, dout, qkv, att, s);
   }
   void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) override {

@@ -12,6 +12,7 @@
 #include "attnres/cuda.hpp"
 #include "attnres/error.hpp"
 #include "cuda/device.hpp"
+#include "cuda/flash_attention.cuh"
 #include "cuda/row_backend.hpp"
 #include "cuda/row_kernels.hpp"
 #include "cuda/warp_kernels.cuh"
@@ -63,6 +64,55 @@ void launch(const F& f, int64_t n) {
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 13);
   rows_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(f, n);
   ATTNRES_CUDA_CHECK(cudaGetLastError());
+}
+
+// Flash attention (flash_attention.cuh): one warp per unit, kFlashWarps warps per block, each with
+// its own slice of dynamic shared memory. Pass 0 forward, 1 dK/dV, 2 dQ.
+constexpr int kFlashWarps = 4;
+template <int HD, int Pass>
+__global__ void flash_kernel(flash::Args a, int64_t units) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int w = threadIdx.x / warp::kWarp, lane = threadIdx.x % warp::kWarp;
+  const int64_t u = static_cast<int64_t>(blockIdx.x) * kFlashWarps + w;
+  if (u >= units) return;  // the whole warp: the kernels synchronise warps only
+  flash::Smem<HD>& m = reinterpret_cast<flash::Smem<HD>*>(smem)[w];
+  if constexpr (Pass == 0) flash::forward_warp<HD>(a, u, lane, m);
+  if constexpr (Pass == 1) flash::backward_kv_warp<HD>(a, u, lane, m);
+  if constexpr (Pass == 2) flash::backward_q_warp<HD>(a, u, lane, m);
+}
+template <int HD, int Pass>
+void launch_flash(const flash::Args& a, int64_t units) {
+  if (units == 0) return;
+  constexpr size_t bytes = sizeof(flash::Smem<HD>) * kFlashWarps;
+  static const bool sized = [] {  // above the default 48 KiB of dynamic shared memory
+    ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HD, Pass>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(bytes)));
+    return true;
+  }();
+  (void)sized;
+  const int64_t blocks = (units + kFlashWarps - 1) / kFlashWarps;
+  check(blocks <= INT_MAX, "internal: too many attention tiles for one launch");
+  flash_kernel<HD, Pass><<<static_cast<unsigned>(blocks), kFlashWarps * warp::kWarp, bytes>>>(
+      a, units);
+  ATTNRES_CUDA_CHECK(cudaGetLastError());
+}
+template <int Pass>
+void run_flash(const flash::Args& a, int64_t hd, int64_t units) {
+  switch (hd) {
+    case 16: return launch_flash<16, Pass>(a, units);
+    case 32: return launch_flash<32, Pass>(a, units);
+    case 64: return launch_flash<64, Pass>(a, units);
+    case 128: return launch_flash<128, Pass>(a, units);
+    default: throw Error("internal: flash attention has no kernel for head dimension " + std::to_string(hd));
+  }
+}
+flash::Args flash_args(const float* qkv, const ops::AttnShape& s) {
+  flash::Args a{};
+  a.qkv = qkv;
+  a.B = s.B, a.T = s.T, a.H = s.H, a.Hkv = s.Hkv, a.ld = s.ld();
+  a.scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+  return a;
 }
 
 }  // namespace
@@ -174,6 +224,27 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t
 struct CudaExec {
   static const char* name() { return "cuda"; }
   static constexpr bool kHostMemory = false;
+  static constexpr bool kFlashAttention = true;
+  static bool flash_attention_supported(int64_t hd) { return flash::supported(hd); }
+  // out (B,T,H*hd), lse (B,H,T) from q|k|v (B,T,ld).
+  void flash_attention_forward(float* out, float* lse, const float* qkv, const ops::AttnShape& s) {
+    flash::Args a = flash_args(qkv, s);
+    a.out = out;
+    a.lse = lse;
+    run_flash<0>(a, s.hd, flash::query_units(a));
+  }
+  // dqkv (B,T,ld) += from dout (B,T,H*hd), q|k|v, the forward's lse and D = rowsum(dout o out)
+  // (both (B,H,T)).
+  void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                const float* dsum, const ops::AttnShape& s) {
+    flash::Args a = flash_args(qkv, s);
+    a.dout = dout;
+    a.dqkv = dqkv;
+    a.lse = const_cast<float*>(lse);
+    a.dsum = dsum;
+    run_flash<1>(a, s.hd, flash::key_units(a));
+    run_flash<2>(a, s.hd, flash::query_units(a));
+  }
   explicit CudaExec(int device) { ATTNRES_CUDA_CHECK(cudaSetDevice(device)); }
   void* alloc(size_t bytes) {
     if (bytes == 0) return nullptr;

@@ -18,6 +18,9 @@ namespace {
 struct HostExec {
   static const char* name() { return "cuda-host"; }
   static constexpr bool kHostMemory = true;
+  // Flash attention's warp kernels run on the host only in tests/test_flash_attention.cpp.
+  static constexpr bool kFlashAttention = false;
+  static bool flash_attention_supported(int64_t) { return false; }
   void* alloc(size_t bytes) {
     if (bytes == 0) return nullptr;
     void* p = std::calloc(1, bytes);

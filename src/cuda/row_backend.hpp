@@ -7,15 +7,18 @@
 // matmul_backward with the semantics of src/ops; gemm_batched(ta, tb, M, N, K, alpha, table, lda,
 // ldb, beta, ldc, count): for each i < count, C[i] = alpha op(A[i]) op(B[i]) + beta C[i] with the
 // row-major contract of attnres::sgemm (src/core/blas.hpp), where the executor-memory table holds
-// A[0..count), B[0..count), C[0..count) (void pointers; A, B, C fp32); gemm_batched_bf16, the same
-// with A, B bf16 (uint16_t bits) and C fp32, fp32 accumulation; gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc):
-// C (fp32) = op(A) op(B) + beta C with A, B bf16 (uint16_t bits), fp32 accumulation, the same
-// contract. Pointer tables come from a TableCache (table_cache.hpp): uploaded once, reused by every
-// later step that passes the same pointers.
+// A[0..count), B[0..count), C[0..count) (void pointers; A, B, C fp32); gemm_batched_bf16, the
+// same with A, B bf16 (uint16_t bits), C fp32 and fp32 accumulation; gemm_bf16(ta, tb, M, N, K,
+// A, lda, B, ldb, beta, C, ldc): C (fp32) = op(A) op(B) + beta C with A, B bf16, fp32
+// accumulation, the same contract; kFlashAttention, and where true flash_attention_supported(hd),
+// flash_attention_forward(out, lse, qkv, shape) and flash_attention_backward(dqkv, dout, qkv,
+// lse, D, shape) (flash_attention.cuh). Pointer tables come from a TableCache (table_cache.hpp):
+// uploaded once, reused by every later step that passes the same pointers.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -32,7 +35,15 @@ template <class Exec>
 class RowBackend final : public Backend {
  public:
   template <class... Args>
-  explicit RowBackend(Args&&... args) : x_(std::forward<Args>(args)...) {}
+  explicit RowBackend(Args&&... args) : x_(std::forward<Args>(args)...) {
+    // ATTNRES_FLASH_ATTENTION=0: bf16 attention as batched GEMMs even where flash kernels exist
+    // (to compare the two, or to step around a suspect kernel).
+    if (const char* v = std::getenv("ATTNRES_FLASH_ATTENTION")) {
+      const std::string s = v;
+      check(s == "0" || s == "1", "ATTNRES_FLASH_ATTENTION must be 0 or 1, got '" + s + "'");
+      flash_enabled_ = s == "1";
+    }
+  }
   ~RowBackend() override {
     for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &bf_d_, &ids_}) {
       if (s->p) x_.release(s->p, s->bytes);
@@ -159,16 +170,30 @@ class RowBackend final : public Backend {
     x_.launch(rows::Rope{dx, cos_t, sin_t, T, n_heads, hd, ld, pos0, -1.0f},
               B * T * n_heads * (hd / 2));
   }
-  // Causal attention as batched GEMMs (one per (b, h), or per (b, kv head) where GQA heads share
-  // a destination) around the softmax row kernels (fp32; see row_kernels.hpp). With bf16 matmul
-  // precision every product's operands are bf16 copies (tensor cores) and its results fp32.
+  // Causal attention. With bf16 matmul precision on an executor with flash attention
+  // (flash_attention.cuh; head dimensions 16, 32, 64, 128): fused kernels that keep only the rows'
+  // log-sum-exp in att. Otherwise batched GEMMs (one per (b, h), or per (b, kv head) where GQA
+  // heads share a destination) around the softmax row kernels (fp32; see row_kernels.hpp), with
+  // bf16 precision on bf16 copies of the operands (tensor cores) and fp32 results.
+  int64_t attention_state_floats(const ops::AttnShape& s) const override {
+    return flash(s) ? s.B * s.H * s.T : s.B * s.H * s.T * s.T;
+  }
   void attention_forward(float* out, float* att, const float* qkv,
                          const ops::AttnShape& s) override {
+    if constexpr (Exec::kFlashAttention) {
+      if (flash(s)) return x_.flash_attention_forward(out, att, qkv, s);
+    }
     if (precision_ == MatmulPrecision::bf16) return attention_forward_as<uint16_t>(out, att, qkv, s);
     attention_forward_as<float>(out, att, qkv, s);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                          const float* att, const ops::AttnShape& s) override {
+                          const float* out, const float* att, const ops::AttnShape& s) override {
+    if constexpr (Exec::kFlashAttention) {
+      if (flash(s)) {  // D = rowsum(dout o out) (B,H,T) into scratch
+        x_.launch(rows::AttnRowDot{scratch, out, dout, s.T, s.H, s.hd}, s.B * s.T * s.H);
+        return x_.flash_attention_backward(dqkv, dout, qkv, att, scratch, s);
+      }
+    }
     if (precision_ == MatmulPrecision::bf16) {
       return attention_backward_as<uint16_t>(dqkv, scratch, dout, qkv, att, s);
     }
@@ -301,6 +326,10 @@ class RowBackend final : public Backend {
       x_.gemm_batched_bf16(ta, tb, M, N, K, alpha, table, lda, ldb, beta, ldc, b.size());
     }
   }
+  bool flash(const ops::AttnShape& s) const {
+    return Exec::kFlashAttention && flash_enabled_ && precision_ == MatmulPrecision::bf16 &&
+           Exec::flash_attention_supported(s.hd);
+  }
   // attention_forward / attention_backward with GEMM operands of type E: float, or uint16_t (bf16
   // bits: each operand rounded into a scratch copy first).
   template <class E>
@@ -423,6 +452,7 @@ class RowBackend final : public Backend {
   static constexpr int64_t kRowsPerChunk = 64;  // column sums: rows per partial sum
 
   Exec x_;
+  bool flash_enabled_ = true;
   TableCache<Exec> tables_{x_};
   std::vector<const void*> flat_;
   std::vector<rows::Source> src_;

@@ -449,6 +449,23 @@ struct AttnSoftmaxBackward {
   }
 };
 
+// index i = (b T + t) H + h of (B,T,H): d (B,H,T) at (b H + h) T + t = sum over c of
+// g o (the row's hd-channel slice of head h in (B,T,H*hd) tensors; flash attention's D).
+struct AttnRowDot {
+  float* d;
+  const float* o;
+  const float* g;
+  int64_t T, H, hd;
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t h = i % H, bt = i / H, b = bt / T, t = bt % T;
+    const float* x = o + i * hd;
+    const float* y = g + i * hd;
+    float s = 0.0f;
+    for (int64_t c = 0; c < hd; c++) s += x[c] * y[c];
+    d[(b * H + h) * T + t] = s;
+  }
+};
+
 // ---- AdamW ----  torch.optim.AdamW's update of one element (see attnres/optim.hpp):
 // step_size = lr / (1 - b1^t), inv_bc2_sqrt = 1 / sqrt(1 - b2^t), decay = 1 - lr wd (or 1).
 struct AdamW {

@@ -208,7 +208,7 @@ void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
   const int64_t N = B * T, nl = a.nl, d = cfg_.d_model, V = cfg_.vocab_size;
   const int64_t H = cfg_.n_head, hd = cfg_.head_dim(), F = cfg_.ffn_hidden;
   const int64_t QKV = (H + 2 * cfg_.n_kv_head) * hd;
-  const int64_t att = B * H * T * T;
+  const int64_t att = be_->attention_state_floats({B, T, H, cfg_.n_kv_head, hd});
   if (N <= a.cap_rows && att <= a.cap_att) return;
   a.cap_rows = std::max(a.cap_rows, N);
   a.cap_att = std::max(a.cap_att, att);
@@ -485,7 +485,7 @@ void Model::run_backward(StagePass& p) {
       {
         prof::Scope ps(prof::kAttention, prof::kBackward);
         be.attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + j * N * QKV,
-                                a.att.data() + j * a.cap_att, as);
+                              a.atty.data() + j * N * HD, a.att.data() + j * a.cap_att, as);
       }
       {
         prof::Scope ps(prof::kRope, prof::kBackward);
