@@ -451,6 +451,30 @@ TEST_P(BackendOps, AttentionAndAdamWMatchCpu) {
   EXPECT_LT(rel(gv.download(), v), 1e-6);
 }
 
+// The decoder's ops: attention of new queries against a KV cache, and strided row copies.
+TEST_P(BackendOps, DecodeOpsMatchCpu) {
+  for (int64_t hd : {16, 64}) {
+    const int64_t H = 4, Hkv = 2, n = 3, pos0 = 6, P = pos0 + n;
+    const auto q = randn(n * H * hd, 80, 2.0), kc = randn(P * Hkv * hd, 81),
+               vc = randn(P * Hkv * hd, 82);
+    std::vector<float> out(n * H * hd);
+    ops::attention_decode(out.data(), q.data(), kc.data(), vc.data(), n, pos0, H, Hkv, hd);
+    Buf gq(q), gk(kc), gv(vc), gout(n * H * hd);
+    be->attention_decode(gout.data(), gq.data(), gk.data(), gv.data(), n, pos0, H, Hkv, hd);
+    EXPECT_LT(rel(gout.download(), out), 1e-5);
+  }
+  const int64_t rows = 5, src_ld = 11, dst_ld = 7, w = 4;
+  const auto src = randn(rows * src_ld, 83);
+  std::vector<float> dst = randn(rows * dst_ld, 84);
+  Buf gsrc(src), gdst(dst);
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t c = 0; c < w; c++) dst[r * dst_ld + 2 + c] = src[r * src_ld + 3 + c];
+  }
+  be->copy_rows(gdst.data() + 2, sizeof(float) * dst_ld, gsrc.data() + 3, sizeof(float) * src_ld,
+                sizeof(float) * w, rows);
+  EXPECT_EQ(gdst.download(), dst);
+}
+
 // Attention with bf16 GEMM operands against a direct loop reference that rounds where the bf16
 // path does: q, k, v, dout, the probabilities P and the score gradients dS are rounded to bf16 as
 // GEMM operands, every product accumulates in fp32/double, the softmax and its backward stay fp32.

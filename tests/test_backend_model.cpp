@@ -17,6 +17,7 @@
 #include "attnres/checkpoint.hpp"
 #include "attnres/error.hpp"
 #include "attnres/model.hpp"
+#include "attnres/generate.hpp"
 #include "attnres/optim.hpp"
 #include "attnres/train.hpp"
 #include "core/backend.hpp"
@@ -210,6 +211,39 @@ TEST_P(BackendModel, Bf16GemmsStayNearFp32) {
   EXPECT_LT(rel_diff(gd.data(), gc.data(), cpu.num_params()), 5e-2);  // measured 0.3-1.4 %
 }
 
+// KV-cache decoding on the device (a prefill of 3 tokens, then one at a time) gives the CPU
+// decoder's logits, and both give the full forward's last-position logits; with bf16 GEMMs, within
+// bf16's rounding.
+TEST_P(BackendModel, DecoderMatchesTheCpuDecoder) {
+  Model cpu(cfg), dev(cfg, be);
+  const std::vector<float> w = test_weights(cpu);
+  cpu.params_from_host(w.data());
+  dev.params_from_host(w.data());
+  const int64_t T = 9, V = cfg.vocab_size;
+  const TokenBatch batch(T, V, 5);
+  auto run = [&](const Model& m) {
+    Decoder dec(m, T);
+    std::vector<float> all;
+    const float* l = dec.feed(batch.tok.data(), 3);
+    all.insert(all.end(), l, l + 3 * V);
+    for (int64_t t = 3; t < T; t++) {
+      l = dec.feed(&batch.tok[t], 1);
+      all.insert(all.end(), l, l + V);
+    }
+    return all;
+  };
+  const std::vector<float> lc = run(cpu), ld = run(dev);
+  EXPECT_LT(rel_diff(ld.data(), lc.data(), T * V), 1e-5);
+  cpu.forward(batch.tok.data(), batch.tgt.data(), 1, T);
+  const std::vector<float> full = logits_of(cpu, T * V);
+  EXPECT_LT(rel_diff(full.data(), lc.data(), T * V), 1e-5);
+  dev.backend().set_matmul_precision(MatmulPrecision::bf16);
+  const std::vector<float> lb = run(dev);
+  dev.backend().set_matmul_precision(MatmulPrecision::fp32);
+  EXPECT_LT(rel_diff(lb.data(), lc.data(), T * V), 2e-2);
+  EXPECT_GT(rel_diff(lb.data(), lc.data(), T * V), 1e-6);  // the GEMMs did round
+}
+
 INSTANTIATE_TEST_SUITE_P(All, BackendModel,
                          ::testing::Combine(::testing::Values("cuda-host", "cuda"),
                                             ::testing::ValuesIn(kCases)),
@@ -387,7 +421,7 @@ TEST_P(BackendRuns, ADeviceRunResumesOnTheCpu) {
 }
 
 // `attnres eval --device`: the same loss as on the CPU (and within bf16 rounding of it).
-TEST_P(BackendRuns, EvalOnTheDeviceMatchesTheCpu) {
+TEST_P(BackendRuns, EvalAndGenerateOnTheDeviceMatchTheCpu) {
   std::string why;
   if (!backend_or_skip(GetParam(), &why)) GTEST_SKIP() << "no " << GetParam() << " test: " << why;
   attnres::testing::TempDir td;
@@ -415,6 +449,21 @@ TEST_P(BackendRuns, EvalOnTheDeviceMatchesTheCpu) {
   EXPECT_NEAR(eval_loss("--device " + std::string(GetParam())), cpu, 1e-4);
   EXPECT_NEAR(eval_loss("--device " + std::string(GetParam()) + " --precision bf16"), cpu,
               1e-3 * cpu);
+  // Greedy generation: the same tokens.
+  auto gen = [&](const std::string& extra) {
+    const auto r = attnres::testing::run_cli("generate " + td.path +
+                                             "/model.safetensors --prompt 'a small' -n 12 "
+                                             "--temperature 0 " + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.out;
+  };
+  const std::string text = gen("");
+  EXPECT_GT(text.size(), std::string("a small").size());
+  EXPECT_EQ(gen("--device " + std::string(GetParam())), text);
+  const auto bad = attnres::testing::run_cli("generate " + td.path +
+                                             "/model.safetensors --prompt x --precision bf16");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--device cuda"), std::string::npos) << bad.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, BackendRuns, ::testing::ValuesIn(kDevices),

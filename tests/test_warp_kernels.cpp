@@ -89,6 +89,22 @@ TEST(WarpKernels, AttentionSoftmaxMatchesFunctor) {
   }
 }
 
+// KV-cache decoding: head dimensions below, at and above 32 lanes up to the 256-channel register
+// tile, GQA, a prefill chunk at a later position (scores far apart: the online max moves).
+TEST(WarpKernels, AttentionDecodeMatchesFunctor) {
+  for (int64_t hd : {8, 32, 50, 256}) {
+    SCOPED_TRACE("hd=" + std::to_string(hd));
+    const int64_t H = 4, Hkv = 2, n = 3, pos0 = 5, P = pos0 + n;
+    const auto q = randn(n * H * hd, 8, 3.0), kc = randn(P * Hkv * hd, 9),
+               vc = randn(P * Hkv * hd, 10);
+    std::vector<float> a(n * H * hd), b(n * H * hd, 9.0f);
+    rows::run_rows_host(rows::AttnDecode{a.data(), q.data(), kc.data(), vc.data(), pos0, H, Hkv, hd},
+                        n * H);
+    run_warp(warp::AttnDecode{{b.data(), q.data(), kc.data(), vc.data(), pos0, H, Hkv, hd}}, n * H);
+    EXPECT_LT(rel(b, a), 1e-5);
+  }
+}
+
 // The depth mix forward and backward and the depth RMS for every register tile (dh from 5 to
 // 1000), 1 or 3 heads, softmax or sigmoid gate, key norm or none, shared or per-token queries
 // (every combination at dh 200, two opposite ones elsewhere: each emulated shuffle is costly).

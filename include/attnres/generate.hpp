@@ -13,8 +13,9 @@ namespace attnres {
 class DepthRouter;
 
 // Incremental inference over one sequence: each feed() runs only the new tokens, attending to the
-// cached keys/values of earlier positions. Reads the model's parameters; the model must outlive
-// the decoder and not change while it is used.
+// cached keys/values of earlier positions. Runs on the model's backend (the cache lives there;
+// the logits come back to host memory) with its matmul precision. Reads the model's parameters;
+// the model must outlive the decoder and not change while it is used.
 class Decoder {
  public:
   // max_len: most positions this sequence may reach (<= the model's max_seq_len).
@@ -22,20 +23,23 @@ class Decoder {
   ~Decoder();
   // Forgets the sequence (position back to 0).
   void reset();
-  // Runs tokens[0..n) at positions position()..position()+n-1 (a prompt "prefill" or one decoded
-  // token). Returns logits (n, V) for those positions, valid until the next call. Throws Error if
-  // the sequence would exceed max_len.
+  // Runs tokens[0..n) (host memory) at positions position()..position()+n-1 (a prompt "prefill"
+  // or one decoded token). Returns logits (n, V) in host memory for those positions, valid until
+  // the next call. Throws Error if the sequence would exceed max_len.
   const float* feed(const int32_t* tokens, int64_t n);
   int64_t position() const { return pos_; }
   int64_t max_len() const { return max_len_; }
 
  private:
   const Model& model_;
+  Backend& be_;
   int64_t max_len_, pos_ = 0;
   std::unique_ptr<DepthRouter> router_;
-  std::vector<float> kcache_, vcache_;  // (n_layer, max_len, Hkv*hd)
-  std::vector<float> rope_cos_, rope_sin_;
-  std::vector<float> emb_, xn_, qkv_, q_, atty_, h13_, gate_, xf_, logits_;
+  DevBuf<float> kcache_, vcache_;  // (n_layer, max_len, Hkv*hd)
+  DevBuf<float> rope_cos_, rope_sin_;
+  DevBuf<int32_t> tokens_;
+  DevBuf<float> emb_, xn_, qkv_, q_, atty_, h13_, gate_, xf_, logits_;
+  std::vector<float> host_logits_;  // where the backend's memory is not the host's
 };
 
 struct SamplingConfig {

@@ -3,24 +3,30 @@
 #include <filesystem>
 
 #include "attnres/checkpoint.hpp"
+#include "attnres/error.hpp"
 #include "attnres/generate.hpp"
 #include "attnres/tokenizer.hpp"
 #include "cli/commands.hpp"
+#include "core/backend.hpp"
 
 namespace attnres::cli {
 
 namespace {
 
 struct GenArgs {
-  std::string model, prompt;
+  std::string model, prompt, device = "cpu", precision = "fp32";
   int64_t max_new = 200;
   SamplingConfig sc;
 };
 
 void run_generate(const GenArgs& a) {
   a.sc.validate();
+  check(a.precision == "fp32" || a.device != "cpu",
+        "--precision bf16 runs on --device cuda or cuda-host; the CPU generates in fp32");
+  std::shared_ptr<Backend> be = make_backend(a.device);
+  be->set_matmul_precision(parse_precision(a.precision));
   Metadata meta;
-  auto model = load_model(a.model, &meta);
+  auto model = load_model(a.model, &meta, 0, be);
   auto it = meta.find("tokenizer");
   auto tok = load_tokenizer(it == meta.end() ? "byte" : it->second,
                             std::filesystem::path(a.model).parent_path().string());
@@ -60,6 +66,12 @@ void add_generate(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--top-p", a->sc.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
   s->add_option("--seed", a->sc.seed, "Sampling seed")->capture_default_str();
+  s->add_option("--device", a->device, "Where the model runs: cpu, cuda, cuda-host")
+      ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
+      ->capture_default_str();
+  s->add_option("--precision", a->precision, "GEMM precision on a device: fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   s->callback([a] { run_generate(*a); });
 }
 

@@ -30,6 +30,9 @@ class Backend {
   virtual void download(void* host, const void* src, size_t bytes) = 0;  // waits for queued work
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void zero(void* p, size_t bytes) = 0;
+  // rows rows of row_bytes bytes each, from src (rows src_pitch bytes apart) to dst (dst_pitch).
+  virtual void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                         size_t row_bytes, int64_t rows) = 0;
   virtual void synchronize() {}
   // The precision of matmul_forward / matmul_backward (attnres/backend.hpp). Error when the
   // backend does not offer it (the CPU: fp32 only).
@@ -73,6 +76,10 @@ class Backend {
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* out, const float* att,
                                   const ops::AttnShape& s) = 0;
+  // KV-cache decoding: out (n,H*hd) for the n new queries q (n,H*hd) at positions pos0.. against
+  // the cached keys and values kc, vc (rows of Hkv*hd; query t sees positions [0, pos0 + t]).
+  virtual void attention_decode(float* out, const float* q, const float* kc, const float* vc,
+                                int64_t n, int64_t pos0, int64_t H, int64_t Hkv, int64_t hd) = 0;
   virtual void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) = 0;
   virtual void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N,
                                int64_t F) = 0;

@@ -40,6 +40,13 @@ class CpuBackend final : public Backend {
   void zero(void* p, size_t bytes) override {
     if (bytes) std::memset(p, 0, bytes);
   }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                 int64_t rows) override {
+    for (int64_t r = 0; r < rows; r++) {
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch,
+                  static_cast<const char*>(src) + r * src_pitch, row_bytes);
+    }
+  }
 
   void add(float* dst, const float* a, const float* b, int64_t n) override {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
@@ -97,6 +104,10 @@ class CpuBackend final : public Backend {
                           const float* /*out*/, const float* att,
                           const ops::AttnShape& s) override {
     ops::attention_backward(dqkv, scratch, dout, qkv, att, s);
+  }
+  void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
+                        int64_t pos0, int64_t H, int64_t Hkv, int64_t hd) override {
+    ops::attention_decode(out, q, kc, vc, n, pos0, H, Hkv, hd);
   }
   void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) override {
     ops::swiglu_forward(out, h13, N, F);

@@ -272,6 +272,11 @@ struct CudaExec {
     ATTNRES_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
   }
   void zero(void* p, size_t bytes) { ATTNRES_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0)); }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                 int64_t rows) {
+    ATTNRES_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes,
+                                         static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, 0));
+  }
   void synchronize() { ATTNRES_CUDA_CHECK(cudaDeviceSynchronize()); }
   // A functor with no faster kernel runs one thread per index; the row reductions run one warp
   // per row (warp_kernels.cuh).
@@ -308,6 +313,10 @@ struct CudaExec {
     }
   }
   void launch(const rows::DepthMixPhase2& f, int64_t n) { warps(warp::DepthMixPhase2{f}, n); }
+  void launch(const rows::AttnDecode& f, int64_t n) {
+    if (f.hd > warp::AttnDecode::kMaxHead) return cuda::launch(f, n);  // the reference
+    warps(warp::AttnDecode{f}, n);
+  }
   // per_block warps per block: 8, or 4 for the register-heavy depth kernels (~170 registers per
   // thread: smaller blocks let more of them share a multiprocessor).
   template <class Body>

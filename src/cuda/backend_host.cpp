@@ -36,6 +36,13 @@ struct HostExec {
   }
   void copy(void* dst, const void* src, size_t bytes) { std::memmove(dst, src, bytes); }
   void zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                 int64_t rows) {
+    for (int64_t r = 0; r < rows; r++) {
+      std::memmove(static_cast<char*>(dst) + r * dst_pitch,
+                   static_cast<const char*>(src) + r * src_pitch, row_bytes);
+    }
+  }
   void synchronize() {}
   template <class F>
   void launch(const F& f, int64_t n) {

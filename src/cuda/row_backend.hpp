@@ -65,6 +65,10 @@ class RowBackend final : public Backend {
   void zero(void* p, size_t bytes) override {
     if (bytes) x_.zero(p, bytes);
   }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                 int64_t rows) override {
+    if (rows > 0 && row_bytes > 0) x_.copy_rows(dst, dst_pitch, src, src_pitch, row_bytes, rows);
+  }
   void synchronize() override { x_.synchronize(); }
 
   // ---- elementwise ----
@@ -198,6 +202,10 @@ class RowBackend final : public Backend {
       return attention_backward_as<uint16_t>(dqkv, scratch, dout, qkv, att, s);
     }
     attention_backward_as<float>(dqkv, scratch, dout, qkv, att, s);
+  }
+  void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
+                        int64_t pos0, int64_t H, int64_t Hkv, int64_t hd) override {
+    x_.launch(rows::AttnDecode{out, q, kc, vc, pos0, H, Hkv, hd}, n * H);
   }
   void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) override {
     x_.launch(rows::SwigluForward{out, h13, F}, N * F);

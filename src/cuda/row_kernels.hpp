@@ -449,6 +449,42 @@ struct AttnSoftmaxBackward {
   }
 };
 
+// KV-cache decoding (src/ops attention_decode): index i = t H + h of the n new queries q (n,H,hd)
+// at positions pos0 + t against the cached kc, vc (rows of Hkv*hd, positions [0, pos0 + t]);
+// out (n,H*hd). One pass with an online softmax: the running output is rescaled when the max grows.
+struct AttnDecode {
+  float* out;
+  const float* q;
+  const float* kc;
+  const float* vc;
+  int64_t pos0, H, Hkv, hd;
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t t = i / H, h = i % H, kv = (h / (H / Hkv)) * hd, ld = Hkv * hd;
+    const float scale = 1.0f / ::sqrtf(static_cast<float>(hd));
+    const float* qh = q + i * hd;
+    float* o = out + i * hd;
+    for (int64_t c = 0; c < hd; c++) o[c] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t u = 0; u <= pos0 + t; u++) {
+      const float* k = kc + u * ld + kv;
+      const float* v = vc + u * ld + kv;
+      float s = 0.0f;
+      for (int64_t c = 0; c < hd; c++) s += qh[c] * k[c];
+      s *= scale;
+      if (s > m) {
+        const float r = ::expf(m - s);
+        l *= r;
+        for (int64_t c = 0; c < hd; c++) o[c] *= r;
+        m = s;
+      }
+      const float p = ::expf(s - m);
+      l += p;
+      for (int64_t c = 0; c < hd; c++) o[c] += p * v[c];
+    }
+    for (int64_t c = 0; c < hd; c++) o[c] /= l;
+  }
+};
+
 // index i = (b T + t) H + h of (B,T,H): d (B,H,T) at (b H + h) T + t = sum over c of
 // g o (the row's hd-channel slice of head h in (B,T,H*hd) tensors; flash attention's D).
 struct AttnRowDot {

@@ -355,4 +355,55 @@ struct AttnSoftmaxBackward {
   }
 };
 
+// KV-cache decoding: one warp per (new query t, head h), lanes over the head's channels (the
+// query and the running output in registers), one warp sum per cached key.
+struct AttnDecode {  // row i = t H + h
+  static constexpr int kPerLane = 8;
+  static constexpr int64_t kMaxHead = kPerLane * kWarp;  // wider heads: the reference
+  rows::AttnDecode f;
+  __device__ void operator()(int64_t i, int lane) const {
+    const int64_t t = i / f.H, h = i % f.H, hd = f.hd, kv = (h / (f.H / f.Hkv)) * hd;
+    const int64_t ld = f.Hkv * hd;
+    const float scale = 1.0f / ::sqrtf(static_cast<float>(hd));
+    float q[kPerLane], o[kPerLane];
+    ATTNRES_UNROLL
+    for (int k = 0; k < kPerLane; k++) {
+      const int64_t c = lane + k * kWarp;
+      q[k] = c < hd ? f.q[i * hd + c] : 0.0f;
+      o[k] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t u = 0; u <= f.pos0 + t; u++) {
+      const float* kr = f.kc + u * ld + kv;
+      const float* vr = f.vc + u * ld + kv;
+      float s = 0.0f;
+      ATTNRES_UNROLL
+      for (int k = 0; k < kPerLane; k++) {
+        const int64_t c = lane + k * kWarp;
+        if (c < hd) s += q[k] * kr[c];
+      }
+      s = warp_sum(s) * scale;
+      if (s > m) {  // every lane has the same s, m and l
+        const float r = ::expf(m - s);
+        l *= r;
+        ATTNRES_UNROLL
+        for (int k = 0; k < kPerLane; k++) o[k] *= r;
+        m = s;
+      }
+      const float p = ::expf(s - m);
+      l += p;
+      ATTNRES_UNROLL
+      for (int k = 0; k < kPerLane; k++) {
+        const int64_t c = lane + k * kWarp;
+        if (c < hd) o[k] += p * vr[c];
+      }
+    }
+    ATTNRES_UNROLL
+    for (int k = 0; k < kPerLane; k++) {
+      const int64_t c = lane + k * kWarp;
+      if (c < hd) f.out[i * hd + c] = o[k] / l;
+    }
+  }
+};
+
 }  // namespace attnres::cuda::warp

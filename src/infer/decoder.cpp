@@ -8,26 +8,33 @@
 #include "attnres/generate.hpp"
 #include "attnres/residual.hpp"
 #include "model/layer_views.hpp"
+#include "core/backend.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres {
 
-Decoder::Decoder(const Model& model, int64_t max_len) : model_(model), max_len_(max_len) {
+Decoder::Decoder(const Model& model, int64_t max_len)
+    : model_(model), be_(model.backend()), max_len_(max_len) {
   const ModelConfig& c = model.config();
-  check(model.on_cpu(), "generation runs on the CPU (for now): load the model with --device cpu");
   check(max_len >= 1 && max_len <= c.max_seq_len,
         "decoder length " + std::to_string(max_len) + " must be in [1, max_seq_len = " +
             std::to_string(c.max_seq_len) + "]");
-  router_ = make_router(c);
+  router_ = make_router(c, &be_);
   // The router only reads its parameters during forward; no gradients here.
   router_->bind(model.layout(), const_cast<float*>(model.params()), nullptr);
+  for (DevBuf<float>* b : {&kcache_, &vcache_, &rope_cos_, &rope_sin_, &emb_, &xn_, &qkv_, &q_,
+                           &atty_, &h13_, &gate_, &xf_, &logits_}) {
+    b->on(&be_);
+  }
+  tokens_.on(&be_);
   const int64_t kv = c.n_kv_head * c.head_dim();
-  kcache_.assign(c.n_layer * max_len * kv, 0.0f);
-  vcache_.assign(c.n_layer * max_len * kv, 0.0f);
+  kcache_.resize(static_cast<size_t>(c.n_layer * max_len * kv));
+  vcache_.resize(static_cast<size_t>(c.n_layer * max_len * kv));
   const int64_t half = c.head_dim() / 2;
-  rope_cos_.resize(max_len * half);
-  rope_sin_.resize(max_len * half);
-  ops::rope_table(rope_cos_.data(), rope_sin_.data(), max_len, c.head_dim(), c.rope_theta);
+  std::vector<float> cos_t(max_len * half), sin_t(max_len * half);
+  ops::rope_table(cos_t.data(), sin_t.data(), max_len, c.head_dim(), c.rope_theta);
+  rope_cos_.upload(cos_t.data(), cos_t.size());
+  rope_sin_.upload(sin_t.data(), sin_t.size());
 }
 
 Decoder::~Decoder() = default;
@@ -48,50 +55,57 @@ const float* Decoder::feed(const int32_t* tokens, int64_t n) {
     check(tokens[t] >= 0 && tokens[t] < V,
           "token id " + std::to_string(tokens[t]) + " is outside the vocabulary");
   }
-  emb_.resize(n * d);
-  xn_.resize(n * d);
-  qkv_.resize(n * QKV);
-  q_.resize(n * HD);
-  atty_.resize(n * HD);
-  h13_.resize(n * 2 * F);
-  gate_.resize(n * F);
-  xf_.resize(n * d);
-  logits_.resize(n * V);
+  auto fit = [](DevBuf<float>& b, int64_t size) {
+    if (static_cast<int64_t>(b.size()) < size) b.resize(static_cast<size_t>(size));
+  };
+  fit(emb_, n * d);
+  fit(xn_, n * d);
+  fit(qkv_, n * QKV);
+  fit(q_, n * HD);
+  fit(atty_, n * HD);
+  fit(h13_, n * 2 * F);
+  fit(gate_, n * F);
+  fit(xf_, n * d);
+  fit(logits_, n * V);
+  tokens_.upload(tokens, static_cast<size_t>(n));
+  Backend& be = be_;
+  const size_t f = sizeof(float);
 
   const float* wte = model_.param("tok_embeddings.weight");
-  ops::embedding_forward(emb_.data(), tokens, wte, n, d);
+  be.embedding_forward(emb_.data(), tokens_.data(), wte, n, d);
   router_->begin(emb_.data(), n);
   for (int64_t i = 0; i < c.n_layer; i++) {
     const LayerViews w = layer_views(model_.layout(), model_.params(), i);
-    ops::rmsnorm_forward(xn_.data(), nullptr, router_->input(2 * i), w.attn_norm, n, d, eps);
-    ops::matmul_forward(qkv_.data(), xn_.data(), w.wqkv, n, d, QKV);
-    ops::rope_forward(qkv_.data(), rope_cos_.data(), rope_sin_.data(), 1, n, H, hd, QKV, pos_);
-    ops::rope_forward(qkv_.data() + HD, rope_cos_.data(), rope_sin_.data(), 1, n, Hkv, hd, QKV,
-                      pos_);
+    float* qkv = qkv_.data();
+    be.rmsnorm_forward(xn_.data(), nullptr, router_->input(2 * i), w.attn_norm, n, d, eps);
+    be.matmul_forward(qkv, xn_.data(), w.wqkv, n, d, QKV);
+    be.rope_forward(qkv, rope_cos_.data(), rope_sin_.data(), 1, n, H, hd, QKV, pos_);
+    be.rope_forward(qkv + HD, rope_cos_.data(), rope_sin_.data(), 1, n, Hkv, hd, QKV, pos_);
+    // q (n,HD) and the cache rows of positions pos_.. (KV each) from the q|k|v rows (n,QKV).
     float* kc = kcache_.data() + i * max_len_ * KV;
     float* vc = vcache_.data() + i * max_len_ * KV;
-    for (int64_t t = 0; t < n; t++) {
-      const float* row = qkv_.data() + t * QKV;
-      std::memcpy(q_.data() + t * HD, row, sizeof(float) * HD);
-      std::memcpy(kc + (pos_ + t) * KV, row + HD, sizeof(float) * KV);
-      std::memcpy(vc + (pos_ + t) * KV, row + HD + KV, sizeof(float) * KV);
-    }
-    ops::attention_decode(atty_.data(), q_.data(), kc, vc, n, pos_, H, Hkv, hd);
-    ops::matmul_forward(router_->output_slot(2 * i), atty_.data(), w.wo, n, HD, d);
+    be.copy_rows(q_.data(), f * HD, qkv, f * QKV, f * HD, n);
+    be.copy_rows(kc + pos_ * KV, f * KV, qkv + HD, f * QKV, f * KV, n);
+    be.copy_rows(vc + pos_ * KV, f * KV, qkv + HD + KV, f * QKV, f * KV, n);
+    be.attention_decode(atty_.data(), q_.data(), kc, vc, n, pos_, H, Hkv, hd);
+    be.matmul_forward(router_->output_slot(2 * i), atty_.data(), w.wo, n, HD, d);
     router_->commit_output(2 * i);
 
-    ops::rmsnorm_forward(xn_.data(), nullptr, router_->input(2 * i + 1), w.ffn_norm, n, d, eps);
-    ops::matmul_forward(h13_.data(), xn_.data(), w.w13, n, d, 2 * F);
-    ops::swiglu_forward(gate_.data(), h13_.data(), n, F);
-    ops::matmul_forward(router_->output_slot(2 * i + 1), gate_.data(), w.w2, n, F, d);
+    be.rmsnorm_forward(xn_.data(), nullptr, router_->input(2 * i + 1), w.ffn_norm, n, d, eps);
+    be.matmul_forward(h13_.data(), xn_.data(), w.w13, n, d, 2 * F);
+    be.swiglu_forward(gate_.data(), h13_.data(), n, F);
+    be.matmul_forward(router_->output_slot(2 * i + 1), gate_.data(), w.w2, n, F, d);
     router_->commit_output(2 * i + 1);
   }
-  ops::rmsnorm_forward(xf_.data(), nullptr, router_->final_hidden(), model_.param("norm.weight"),
-                       n, d, eps);
+  be.rmsnorm_forward(xf_.data(), nullptr, router_->final_hidden(), model_.param("norm.weight"), n,
+                     d, eps);
   const float* wout = c.tied ? wte : model_.param("output.weight");
-  ops::matmul_forward(logits_.data(), xf_.data(), wout, n, d, V);
+  be.matmul_forward(logits_.data(), xf_.data(), wout, n, d, V);
   pos_ += n;
-  return logits_.data();
+  if (be.host_memory()) return logits_.data();
+  host_logits_.resize(static_cast<size_t>(n * V));
+  be.download(host_logits_.data(), logits_.data(), f * host_logits_.size());
+  return host_logits_.data();
 }
 
 }  // namespace attnres
