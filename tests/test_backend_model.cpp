@@ -1,7 +1,7 @@
 // Whole models on every backend other than the CPU against the same model on the CPU: the loss,
 // logits and every parameter's gradient of one forward/backward, then a few AdamW steps (losses
-// and weights track), checkpoints written from and read into a device model, and a short
-// `train --device` run whose losses track the CPU run's. "cuda-host" (the CUDA kernels emulated
+// and weights track), KV-cache decoding, checkpoints written from and read into a device model,
+// and `train`/`eval`/`generate`/`compare --device` runs that track the CPU's. "cuda-host" (the CUDA kernels emulated
 // on the host) runs everywhere; "cuda" needs a GPU and is skipped, with the reason, without one.
 #include <gtest/gtest.h>
 
@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -16,8 +17,8 @@
 #include "attnres/backend.hpp"
 #include "attnres/checkpoint.hpp"
 #include "attnres/error.hpp"
-#include "attnres/model.hpp"
 #include "attnres/generate.hpp"
+#include "attnres/model.hpp"
 #include "attnres/optim.hpp"
 #include "attnres/train.hpp"
 #include "core/backend.hpp"
@@ -464,6 +465,40 @@ TEST_P(BackendRuns, EvalAndGenerateOnTheDeviceMatchTheCpu) {
                                              "/model.safetensors --prompt x --precision bf16");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--device cuda"), std::string::npos) << bad.out;
+}
+
+// `attnres compare --device`: the same validation losses as on the CPU, and the report says where
+// it trained.
+TEST_P(BackendRuns, CompareOnTheDeviceMatchesTheCpu) {
+  std::string why;
+  if (!backend_or_skip(GetParam(), &why)) GTEST_SKIP() << "no " << GetParam() << " test: " << why;
+  attnres::testing::TempDir td;
+  {
+    std::ofstream f(td.path + "/corpus.txt");
+    for (int i = 0; i < 300; i++) f << "the cat sees the river " << i % 7 << ". a dog likes hats.\n";
+  }
+  auto losses = [&](const std::string& name, const std::string& extra) {
+    const auto r = attnres::testing::run_cli(
+        "compare --preset tiny --modes prenorm,block --seeds 1 --steps 8 --no-plots --data " +
+        td.path + "/corpus.txt --out " + td.path + "/" + name + " " + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::ifstream f(td.path + "/" + name + "/results.json");
+    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    std::vector<double> v;
+    if (j.is_discarded()) {
+      ADD_FAILURE() << "no results.json: " << r.out;
+      return std::make_pair(v, std::string());
+    }
+    for (const auto& g : j.at("groups")) v.push_back(g.at("val_loss_mean").get<double>());
+    return std::make_pair(v, j.at("hardware").value("device", std::string()));
+  };
+  const auto cpu = losses("cpu", "");
+  const auto dev = losses("dev", "--device " + std::string(GetParam()));
+  EXPECT_EQ(cpu.second, "cpu");
+  EXPECT_EQ(dev.second, GetParam());
+  ASSERT_EQ(dev.first.size(), 2u);
+  ASSERT_EQ(cpu.first.size(), 2u);
+  for (size_t i = 0; i < 2; i++) EXPECT_NEAR(dev.first[i], cpu.first[i], 1e-4 * cpu.first[i]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, BackendRuns, ::testing::ValuesIn(kDevices),

@@ -20,6 +20,7 @@
 #include "cli/commands.hpp"
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
+#include "core/backend.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -92,7 +93,9 @@ struct Group {
 
 // Seconds per optimizer step of cfg, timed on random tokens (after one warm-up step).
 double time_step(const TrainConfig& cfg) {
-  Model m(cfg.model);
+  std::shared_ptr<Backend> be = make_backend(cfg.device);
+  be->set_matmul_precision(parse_precision(cfg.precision));
+  Model m(cfg.model, be);
   m.init_weights(1);
   const int64_t n = cfg.batch_size * cfg.seq_len;
   std::vector<int32_t> tok(n);
@@ -102,6 +105,7 @@ double time_step(const TrainConfig& cfg) {
     const auto t0 = std::chrono::steady_clock::now();
     m.forward(tok.data(), tok.data(), cfg.batch_size, cfg.seq_len);
     m.backward();
+    be->synchronize();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::min(best, s);
   }
@@ -397,7 +401,11 @@ void run_compare(CompareArgs& a) {
       {"format", "attnres-compare/1"},
       {"command", a.command_line},
       {"created", now_iso()},
-      {"hardware", {{"cpu", cpu_name()}, {"threads", omp_get_max_threads()}}},
+      {"hardware",
+       {{"cpu", cpu_name()},
+        {"threads", omp_get_max_threads()},
+        {"device", b.device},
+        {"precision", b.precision}}},
       {"wall_time_s", wall},
       {"preset", a.preset},
       {"data",

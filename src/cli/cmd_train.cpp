@@ -181,18 +181,6 @@ void add_train(CLI::App& app) {
                 "every time)")
       ->check(CLI::IsMember({"cached", "naive"}))
       ->capture_default_str();
-  s->add_option("--device", a->cfg.device,
-                "Where the model trains: cpu; cuda (an NVIDIA GPU, in a build with "
-                "-DATTNRES_CUDA=ON); cuda-host (the CUDA kernels emulated on the CPU: slow, for "
-                "tests). Not cpu: no --pipeline or --zero1; under mpirun each rank takes one GPU "
-                "and gradients are summed with NCCL")
-      ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
-      ->capture_default_str();
-  s->add_option("--precision", a->cfg.precision,
-                "GEMM precision of the linear layers: fp32, or bf16 (bf16 inputs on the tensor "
-                "cores, fp32 accumulation and master weights; --device cuda or cuda-host)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
   s->add_option("--dist-timeout", d->timeout_s,
                 "Multi-process runs: seconds a rank may wait for the others in one collective "
                 "before the job is aborted (0 = wait forever)")

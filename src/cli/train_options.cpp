@@ -95,6 +95,19 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
   s->add_option("--vocab-size", c.bpe_vocab, "BPE vocabulary size")->capture_default_str();
   s->add_option("--val-fraction", c.val_fraction, "Held-out fraction of the tokens")
       ->capture_default_str();
+  s->add_option("--device", c.device,
+                "Where the model trains: cpu; cuda (an NVIDIA GPU, in a build with "
+                "-DATTNRES_CUDA=ON); cuda-host (the CUDA kernels emulated on the CPU: slow, for "
+                "tests). Not cpu: no --pipeline or --zero1; under mpirun each rank takes one GPU "
+                "and gradients are summed with NCCL")
+      ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
+      ->capture_default_str();
+  s->add_option("--precision", c.precision,
+                "Matrix-product precision: fp32, or bf16 (bf16 operands on the tensor cores for "
+                "the linear layers and attention, fp32 accumulation and master weights; --device "
+                "cuda or cuda-host)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   // model
   s->add_option("--n-layer", c.model.n_layer, "Transformer blocks")->capture_default_str();
   s->add_option("--n-head", c.model.n_head, "Attention heads")->capture_default_str();

@@ -48,8 +48,14 @@ void write_report(const std::string& run_dir) {
     md << "Generated from `results.json` by `attnres report " << run_dir << "`.\n\n";
     md << "* Command: `" << r.at("command").get<std::string>() << "`\n";
     md << "* Date: " << r.at("created").get<std::string>() << "\n";
-    md << "* Hardware: " << r.at("hardware").at("cpu").get<std::string>() << ", "
-       << r.at("hardware").at("threads").get<int>() << " threads\n";
+    const nlohmann::json& hw = r.at("hardware");
+    md << "* Hardware: " << hw.at("cpu").get<std::string>() << ", " << hw.at("threads").get<int>()
+       << " threads";
+    if (hw.contains("device") && hw.at("device").get<std::string>() != "cpu") {  // older files: cpu
+      md << "; trained on " << hw.at("device").get<std::string>() << " ("
+         << hw.value("precision", std::string("fp32")) << ")";
+    }
+    md << "\n";
     md << "* Wall time: " << fmt("%.1f", r.at("wall_time_s").get<double>() / 60.0)
        << " min for " << r.at("runs").size() << " runs\n\n";
 
