@@ -501,6 +501,38 @@ TEST_P(BackendRuns, CompareOnTheDeviceMatchesTheCpu) {
   for (size_t i = 0; i < 2; i++) EXPECT_NEAR(dev.first[i], cpu.first[i], 1e-4 * cpu.first[i]);
 }
 
+// `attnres bench --device`: every mode runs there, with the CPU's initial losses.
+TEST_P(BackendRuns, BenchOnTheDeviceMatchesTheCpu) {
+  std::string why;
+  if (!backend_or_skip(GetParam(), &why)) GTEST_SKIP() << "no " << GetParam() << " test: " << why;
+  attnres::testing::TempDir td;
+  auto bench = [&](const std::string& name, const std::string& extra) {
+    const std::string js = td.path + "/" + name + ".json";
+    const auto r = attnres::testing::run_cli(
+        "bench --d-model 32 --n-layer 2 --n-head 2 --seq-len 32 --batch-size 2 --vocab 64 "
+        "--steps 1 --warmup 0 --decode-tokens 4 --json " + js + " " + extra);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::ifstream f(js);
+    return nlohmann::json::parse(f, nullptr, false);
+  };
+  const auto cpu = bench("cpu", ""), dev = bench("dev", "--device " + std::string(GetParam()));
+  ASSERT_FALSE(cpu.is_discarded());
+  ASSERT_FALSE(dev.is_discarded());
+  EXPECT_EQ(dev.at("device"), GetParam());
+  ASSERT_EQ(dev.at("modes").size(), 3u);
+  for (size_t i = 0; i < 3; i++) {
+    const auto& c = cpu.at("modes")[i];
+    const auto& d = dev.at("modes")[i];
+    EXPECT_EQ(d.at("mode"), c.at("mode"));
+    EXPECT_NEAR(d.at("loss0").get<double>(), c.at("loss0").get<double>(), 1e-5);
+    EXPECT_GT(d.at("tokens_per_s").get<double>(), 0.0);
+    EXPECT_GT(d.at("decode_ms_per_token").get<double>(), 0.0);
+  }
+  const auto bad = attnres::testing::run_cli("bench --precision bf16 --steps 1");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--device cuda"), std::string::npos) << bad.out;
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, BackendRuns, ::testing::ValuesIn(kDevices),
                          [](const auto& param_info) {
                            std::string n = param_info.param;

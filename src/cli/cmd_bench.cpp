@@ -24,6 +24,7 @@
 #include "attnres/train.hpp"
 #include "cli/commands.hpp"
 #include "cli/progress.hpp"
+#include "core/backend.hpp"
 #include "core/blas.hpp"
 #include "core/profile.hpp"
 #include "core/rng.hpp"
@@ -46,7 +47,14 @@ struct BenchArgs {
   std::string child_mode;     // internal: run one mode and print its JSON
   std::string torch_pythons;  // comma-separated interpreters for tools/bench_torch.py
   std::string weights_out;    // internal: child writes weights + batch here (for PyTorch)
+  std::string device = "cpu", precision = "fp32";
 };
+
+std::shared_ptr<Backend> bench_backend(const BenchArgs& a) {
+  std::shared_ptr<Backend> be = make_backend(a.device);
+  be->set_matmul_precision(parse_precision(a.precision));
+  return be;
+}
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -83,10 +91,33 @@ double sgemm_gflops(int64_t n) {
   return best;
 }
 
+// The same on a device: the backend's own GEMM as the model calls it (bf16 precision: with the
+// operands' conversion), best of 5.
+double device_gemm_gflops(Backend& be, int64_t n) {
+  DevBuf<float> A, B, C;
+  A.on(&be).resize(static_cast<size_t>(n * n));
+  B.on(&be).resize(static_cast<size_t>(n * n));
+  C.on(&be).resize(static_cast<size_t>(n * n));
+  double best = 0;
+  for (int r = 0; r < 6; r++) {
+    be.synchronize();
+    const auto t0 = Clock::now();
+    be.matmul_forward(C.data(), A.data(), B.data(), n, n, n);
+    be.synchronize();
+    const double s = secs(t0);
+    if (r > 0) best = std::max(best, 2.0 * n * n * n / s / 1e9);
+  }
+  return best;
+}
+
 // One mode, in this (child) process.
 json bench_one(const BenchArgs& a, const std::string& mode) {
   const ModelConfig c = bench_config(a, mode);
-  Model m(c);
+  std::shared_ptr<Backend> be = bench_backend(a);
+  if (!be->is_cpu()) {  // profiled scopes wait for the device, so they time its work
+    prof::set_synchronizer([](void* b) { static_cast<Backend*>(b)->synchronize(); }, be.get());
+  }
+  Model m(c, be);
   m.init_weights(1);
   const int64_t B = a.batch, T = a.seq_len, N = B * T;
   std::vector<int32_t> tok(N), tgt(N);
@@ -98,20 +129,22 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
   if (!a.weights_out.empty()) {  // the same weights and batch for the PyTorch side
     SafetensorsWriter w;
     w.set_metadata("config", c.to_json());
-    for (const ParamEntry& e : m.layout().entries()) w.add_f32(e.name, e.shape, m.params() + e.offset);
+    const std::vector<float> host = m.params_to_host();
+    for (const ParamEntry& e : m.layout().entries()) w.add_f32(e.name, e.shape, host.data() + e.offset);
     w.add_i32("tokens", {B, T}, tok.data());
     w.add_i32("targets", {B, T}, tgt.data());
     w.write(a.weights_out);
   }
-  AdamW opt(m.layout(), AdamWConfig{});
+  AdamW opt(m.layout(), AdamWConfig{}, be.get());
   const double loss0 = m.forward(tok.data(), tgt.data(), B, T);
   auto step = [&] {
     m.forward(tok.data(), tgt.data(), B, T);
     m.zero_grad();
     m.backward();
     prof::Scope ps(prof::kOptimizer, prof::kForward);  // clipping is part of the update
-    const float clip = clip_scale(grad_norm(m.grads(), m.layout().total()), 1.0);
-    opt.step(m.params(), m.grads(), 1e-4, clip);
+    const double norm = std::sqrt(be->sum_squares(m.grads(), m.layout().total()));
+    opt.step(m.params(), m.grads(), 1e-4, clip_scale(norm, 1.0));
+    be->synchronize();
   };
   for (int64_t i = 0; i < a.warmup; i++) step();
   std::vector<double> times;
@@ -174,8 +207,9 @@ json inference_interleaved(const BenchArgs& a, const std::vector<std::string>& m
   const int64_t T = a.seq_len, P = std::max<int64_t>(1, T / 2);
   std::vector<std::unique_ptr<Model>> models;
   std::vector<std::unique_ptr<Decoder>> decs;
+  std::shared_ptr<Backend> be = bench_backend(a);
   for (const auto& mode : modes) {
-    models.push_back(std::make_unique<Model>(bench_config(a, mode)));
+    models.push_back(std::make_unique<Model>(bench_config(a, mode), be));
     models.back()->init_weights(1);
     decs.push_back(std::make_unique<Decoder>(*models.back(), models.back()->config().max_seq_len));
   }
@@ -214,12 +248,14 @@ std::string self_args(const BenchArgs& a) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "--d-model %lld --n-layer %lld --n-head %lld --seq-len %lld --batch-size %lld "
-                "--vocab %lld --block-size %lld --steps %lld --warmup %lld --decode-tokens %lld",
+                "--vocab %lld --block-size %lld --steps %lld --warmup %lld --decode-tokens %lld "
+                "--device %s --precision %s",
                 static_cast<long long>(a.d_model), static_cast<long long>(a.n_layer),
                 static_cast<long long>(a.n_head), static_cast<long long>(a.seq_len),
                 static_cast<long long>(a.batch), static_cast<long long>(a.vocab),
                 static_cast<long long>(a.block_size), static_cast<long long>(a.steps),
-                static_cast<long long>(a.warmup), static_cast<long long>(a.decode_tokens));
+                static_cast<long long>(a.warmup), static_cast<long long>(a.decode_tokens),
+                a.device.c_str(), a.precision.c_str());
   return buf;
 }
 
@@ -249,7 +285,12 @@ void run_bench(const BenchArgs& a) {
     std::printf("%s\n", bench_one(a, a.child_mode).dump().c_str());
     return;
   }
+  check(a.precision == "fp32" || a.device != "cpu",
+        "--precision bf16 runs on --device cuda or cuda-host; the CPU benchmarks fp32");
+  check(a.torch_pythons.empty() || a.device == "cpu",
+        "--torch compares with PyTorch on the CPU: drop --torch, or use --device cpu");
   const ModelConfig probe = bench_config(a, "prenorm");
+  const bool on_cpu = a.device == "cpu";
   std::printf("attnres bench: d %lld, %lld layers, %lld heads, T %lld, B %lld, vocab %lld, "
               "%d threads; %lld timed steps after %lld warm-up (medians)\n",
               static_cast<long long>(a.d_model), static_cast<long long>(a.n_layer),
@@ -257,14 +298,27 @@ void run_bench(const BenchArgs& a) {
               static_cast<long long>(a.batch), static_cast<long long>(a.vocab),
               omp_get_max_threads(), static_cast<long long>(a.steps),
               static_cast<long long>(a.warmup));
-  std::fflush(stdout);
-  const double ceiling = sgemm_gflops(2048);
-  std::printf("sgemm ceiling (2048^3, oneDNN): %.1f GFLOP/s\n\n", ceiling);
+  double ceiling = 0;
+  if (on_cpu) {
+    std::fflush(stdout);
+    ceiling = sgemm_gflops(2048);
+    std::printf("sgemm ceiling (2048^3, oneDNN): %.1f GFLOP/s\n\n", ceiling);
+  } else {
+    std::shared_ptr<Backend> be = bench_backend(a);
+    const int64_t n = a.device == "cuda-host" ? 256 : 4096;  // the emulation is slow
+    std::printf("device %s, %s matrix products\n", be->name().c_str(), a.precision.c_str());
+    std::fflush(stdout);
+    ceiling = device_gemm_gflops(*be, n);
+    std::printf("sgemm ceiling (%lld^3, the device's GEMM at %s): %.1f GFLOP/s\n\n",
+                static_cast<long long>(n), a.precision.c_str(), ceiling);
+  }
   std::fflush(stdout);
   json results = {{"config", json::parse(probe.to_json())},
                   {"batch_size", a.batch},
                   {"seq_len", a.seq_len},
                   {"threads", omp_get_max_threads()},
+                  {"device", a.device},
+                  {"precision", a.precision},
                   {"sgemm_gflops", ceiling},
                   {"modes", json::array()}};
   std::vector<std::string> modes;
@@ -323,6 +377,7 @@ void run_bench(const BenchArgs& a) {
                 base ? mem / (*base)["peak_rss_mib"].get<double>() : 0.0,
                 r["prefill_tokens_per_s"].get<double>(), r["decode_ms_per_token"].get<double>());
   }
+  if (!on_cpu) std::printf("(peak MiB: the host process's resident memory, not the device's)\n");
   // Where the time goes (one profiled step; forward / backward ms per op family).
   std::printf("\nper-op time of one step, ms (forward / backward):\n%-20s", "op");
   for (const auto& r : results["modes"]) std::printf(" %17s", r["mode"].get<std::string>().c_str());
@@ -431,6 +486,14 @@ void add_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   s->add_option("--json", a->json_out, "Also write the results as JSON to this file");
+  s->add_option("--device", a->device,
+                "Where the models run: cpu, cuda, cuda-host (the CUDA kernels emulated on the CPU: "
+                "slow, for tests)")
+      ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
+      ->capture_default_str();
+  s->add_option("--precision", a->precision, "Matrix-product precision on a device: fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   s->add_option("--torch", a->torch_pythons,
                 "Python interpreter(s) with PyTorch, comma-separated, to run tools/bench_torch.py "
                 "on the same weights and batch (e.g. /usr/bin/python3)");
