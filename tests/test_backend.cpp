@@ -451,6 +451,62 @@ TEST_P(BackendOps, AttentionAndAdamWMatchCpu) {
   EXPECT_LT(rel(gv.download(), v), 1e-6);
 }
 
+// The static and DenseFormer residuals' scalar mixes (more sources than one launch takes, more
+// elements than partial sums) and the dynamic queries' row-broadcast and column-sum helpers.
+TEST_P(BackendOps, ScalarMixAndRowHelpersMatchCpu) {
+  const int64_t S = 40, n = 10007;
+  std::vector<std::vector<float>> src, dsrc;
+  std::vector<Buf> gsrc, gdsrc;
+  for (int64_t i = 0; i < S; i++) {
+    src.push_back(randn(n, 90 + i));
+    dsrc.push_back(randn(n, 190 + i));
+    gsrc.emplace_back(src.back());
+    gdsrc.emplace_back(dsrc.back());
+  }
+  const auto w = randn(S, 89), dout = randn(n, 88);
+  std::vector<const float*> sp, gsp;
+  std::vector<float*> dp, gdp;
+  for (int64_t i = 0; i < S; i++) {
+    sp.push_back(src[i].data());
+    gsp.push_back(gsrc[i].data());
+    dp.push_back(i == 3 ? nullptr : dsrc[i].data());  // a source with no gradient
+    gdp.push_back(i == 3 ? nullptr : gdsrc[i].data());
+  }
+  std::vector<float> out(n);
+  Buf gout(n), gdout(dout);
+  ops::scalar_mix_forward(out.data(), sp.data(), w.data(), S, n);
+  be->scalar_mix_forward(gout.data(), gsp.data(), w.data(), S, n);
+  EXPECT_LT(rel(gout.download(), out), 1e-5);
+  std::vector<double> dw(S, 0.5), gdw(S, 0.5);
+  ops::scalar_mix_backward(dp.data(), dw.data(), dout.data(), sp.data(), w.data(), S, n);
+  be->scalar_mix_backward(gdp.data(), gdw.data(), gdout.data(), gsp.data(), w.data(), S, n);
+  for (int64_t i = 0; i < S; i++) {
+    EXPECT_NEAR(gdw[i], dw[i], 1e-9 * (1 + std::abs(dw[i]))) << i;
+    EXPECT_LT(rel(gdsrc[i].download(), dsrc[i]), 1e-6) << i;
+  }
+  const int64_t N = 150, C = 33;
+  const auto x = randn(N * C, 60), row = randn(C, 61);
+  std::vector<float> y = x, z(N * C), cs = randn(C, 62);
+  Buf gy(x), gz(N * C), grow(row), gcs(cs);
+  for (int64_t r = 0; r < N; r++) {
+    for (int64_t c = 0; c < C; c++) {
+      y[r * C + c] += row[c];
+      z[r * C + c] = y[r * C + c] * row[c];
+    }
+  }
+  for (int64_t c = 0; c < C; c++) {
+    double s = 0;
+    for (int64_t r = 0; r < N; r++) s += z[r * C + c];
+    cs[c] += static_cast<float>(s);
+  }
+  be->add_row(gy.data(), grow.data(), N, C);
+  be->mul_row(gz.data(), gy.data(), grow.data(), N, C);
+  be->column_sum_add(gcs.data(), gz.data(), N, C);
+  EXPECT_LT(rel(gy.download(), y), 1e-7);
+  EXPECT_LT(rel(gz.download(), z), 1e-7);
+  EXPECT_LT(rel(gcs.download(), cs), 1e-5);
+}
+
 // The decoder's ops: attention of new queries against a KV cache, and strided row copies.
 TEST_P(BackendOps, DecodeOpsMatchCpu) {
   for (int64_t hd : {16, 64}) {

@@ -43,7 +43,12 @@ class Backend {
   virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a + b
   virtual void mul(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a * b
   virtual void add_product(float* dst, const float* a, const float* b, int64_t n) = 0;  // += a*b
-  virtual void scale(float* x, float s, int64_t n) = 0;                                // x *= s
+  virtual void scale(float* x, float s, int64_t n) = 0;
+  // Row vectors broadcast over the N rows of (N,C): x += row; dst = src * row (dst may be src).
+  virtual void add_row(float* x, const float* row, int64_t N, int64_t C) = 0;
+  virtual void mul_row(float* dst, const float* src, const float* row, int64_t N, int64_t C) = 0;
+  // dst (C) += the column sums of x (N,C) (fp32; deterministic).
+  virtual void column_sum_add(float* dst, const float* x, int64_t N, int64_t C) = 0;                                // x *= s
   // sum of x^2, accumulated in double (gradient norms).
   virtual double sum_squares(const float* x, int64_t n) = 0;
 
@@ -76,6 +81,14 @@ class Backend {
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* out, const float* att,
                                   const ops::AttnShape& s) = 0;
+  // Scalar mixes (static and DenseFormer residuals): out (n) = sum_{i<S} w[i] src[i] (n each),
+  // the S weights in host memory; the backward adds w[i] dout into dsrc[i] (null: skipped) and
+  // sum_k dout[k] src[i][k] into dw[i] (host, double).
+  virtual void scalar_mix_forward(float* out, const float* const* src, const float* w, int64_t S,
+                                  int64_t n) = 0;
+  virtual void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
+                                   const float* const* src, const float* w, int64_t S,
+                                   int64_t n) = 0;
   // KV-cache decoding: out (n,H*hd) for the n new queries q (n,H*hd) at positions pos0.. against
   // the cached keys and values kc, vc (rows of Hkv*hd; query t sees positions [0, pos0 + t]).
   virtual void attention_decode(float* out, const float* q, const float* kc, const float* vc,

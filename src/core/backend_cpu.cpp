@@ -62,6 +62,27 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; i++) x[i] *= s;
   }
+  void add_row(float* x, const float* row, int64_t N, int64_t C) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < N; r++) {
+      for (int64_t c = 0; c < C; c++) x[r * C + c] += row[c];
+    }
+  }
+  void mul_row(float* dst, const float* src, const float* row, int64_t N, int64_t C) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < N; r++) {
+      for (int64_t c = 0; c < C; c++) dst[r * C + c] = src[r * C + c] * row[c];
+    }
+  }
+  // Each column summed over the rows in order from zero, then added (threads split columns).
+  void column_sum_add(float* dst, const float* x, int64_t N, int64_t C) override {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < C; c++) {
+      float s = 0.0f;
+      for (int64_t r = 0; r < N; r++) s += x[r * C + c];
+      dst[c] += s;
+    }
+  }
   double sum_squares(const float* x, int64_t n) override { return ops::sum_squares(x, n); }
 
   void embedding_forward(float* out, const int32_t* ids, const float* wte, int64_t N,
@@ -104,6 +125,15 @@ class CpuBackend final : public Backend {
                           const float* /*out*/, const float* att,
                           const ops::AttnShape& s) override {
     ops::attention_backward(dqkv, scratch, dout, qkv, att, s);
+  }
+  void scalar_mix_forward(float* out, const float* const* src, const float* w, int64_t S,
+                          int64_t n) override {
+    ops::scalar_mix_forward(out, src, w, S, n);
+  }
+  void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
+                           const float* const* src, const float* w, int64_t S,
+                           int64_t n) override {
+    ops::scalar_mix_backward(dsrc, dw, dout, src, w, S, n);
   }
   void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
                         int64_t pos0, int64_t H, int64_t Hkv, int64_t hd) override {

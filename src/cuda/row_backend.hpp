@@ -82,6 +82,20 @@ class RowBackend final : public Backend {
     x_.launch(rows::AddProduct{dst, a, b}, n);
   }
   void scale(float* x, float s, int64_t n) override { x_.launch(rows::Scale{x, s}, n); }
+  void add_row(float* x, const float* row, int64_t N, int64_t C) override {
+    x_.launch(rows::AddRow{x, row, C}, N * C);
+  }
+  void mul_row(float* dst, const float* src, const float* row, int64_t N, int64_t C) override {
+    x_.launch(rows::MulRow{dst, src, row, C}, N * C);
+  }
+  // Partial sums of 64-row chunks, then the chunks added in order (deterministic).
+  void column_sum_add(float* dst, const float* x, int64_t N, int64_t C) override {
+    if (N == 0 || C == 0) return;
+    const int64_t K = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+    auto* part = static_cast<float*>(scratch(cols_, sizeof(float) * K * C));
+    x_.launch(rows::ColumnPartial{part, x, N, C, kRowsPerChunk}, K * C);
+    x_.launch(rows::ColumnSumAdd{dst, part, K, C}, C);
+  }
   double sum_squares(const float* x, int64_t n) override {
     const int64_t P = std::min<int64_t>(n, int64_t{1} << 16);  // partial sums
     if (P == 0) return 0.0;
@@ -202,6 +216,58 @@ class RowBackend final : public Backend {
       return attention_backward_as<uint16_t>(dqkv, scratch, dout, qkv, att, s);
     }
     attention_backward_as<float>(dqkv, scratch, dout, qkv, att, s);
+  }
+  // In chunks of rows::kMaxMix sources (pointers and weights by value: no table to copy).
+  void scalar_mix_forward(float* out, const float* const* src, const float* w, int64_t S,
+                          int64_t n) override {
+    constexpr int64_t kMax = rows::kMaxMix;
+    if (S == 0) return zero(out, sizeof(float) * n);
+    for (int64_t i0 = 0; i0 < S; i0 += kMax) {
+      rows::ScalarMix f{};
+      f.out = out;
+      f.S = std::min(kMax, S - i0);
+      f.accumulate = i0 > 0;
+      for (int64_t i = 0; i < f.S; i++) {
+        f.src[i] = src[i0 + i];
+        f.w[i] = w[i0 + i];
+      }
+      x_.launch(f, n);
+    }
+  }
+  // The weights' gradients: P partial sums per source (threads stride over the elements, so
+  // reads coalesce), added on the host in order (deterministic).
+  void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
+                           const float* const* src, const float* w, int64_t S,
+                           int64_t n) override {
+    constexpr int64_t kMax = rows::kMaxMix;
+    const int64_t P = std::max<int64_t>(1, std::min<int64_t>(n, 4096));
+    std::vector<double> h;
+    for (int64_t i0 = 0; i0 < S; i0 += kMax) {
+      const int64_t s = std::min(kMax, S - i0);
+      rows::ScalarMixGrad g{};
+      rows::ScalarMixDot dot{};
+      g.dout = dot.dout = dout;
+      g.S = s;
+      dot.n = n;
+      dot.P = P;
+      for (int64_t i = 0; i < s; i++) {
+        g.dsrc[i] = dsrc[i0 + i];
+        g.w[i] = w[i0 + i];
+        dot.src[i] = src[i0 + i];
+      }
+      if (n == 0) continue;
+      auto* part = static_cast<double*>(scratch(partials_, sizeof(double) * s * P));
+      dot.part = part;
+      x_.launch(dot, s * P);
+      x_.launch(g, n);
+      h.resize(static_cast<size_t>(s * P));
+      x_.download(h.data(), part, sizeof(double) * h.size());
+      for (int64_t i = 0; i < s; i++) {
+        double acc = 0.0;
+        for (int64_t p = 0; p < P; p++) acc += h[i * P + p];
+        dw[i0 + i] += acc;
+      }
+    }
   }
   void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
                         int64_t pos0, int64_t H, int64_t Hkv, int64_t hd) override {

@@ -42,6 +42,19 @@ struct Mul {  // dst = a * b
   const float* b;
   ATTNRES_HD void operator()(int64_t i) const { dst[i] = a[i] * b[i]; }
 };
+struct AddRow {  // x (N,C) row r += row (C); index i = r C + c
+  float* x;
+  const float* row;
+  int64_t C;
+  ATTNRES_HD void operator()(int64_t i) const { x[i] += row[i % C]; }
+};
+struct MulRow {  // dst (N,C) = src (N,C) * row (C), broadcast over rows
+  float* dst;
+  const float* src;
+  const float* row;
+  int64_t C;
+  ATTNRES_HD void operator()(int64_t i) const { dst[i] = src[i] * row[i % C]; }
+};
 struct AddProduct {  // dst += a * b
   float* dst;
   const float* a;
@@ -63,6 +76,49 @@ struct SumSquares {
     double s = 0.0;
     for (int64_t i = t; i < n; i += P) s += static_cast<double>(x[i]) * x[i];
     out[t] = s;
+  }
+};
+
+// ---- scalar mixes (static and DenseFormer residuals) ----  up to kMaxMix sources per launch,
+// their pointers and weights passed by value.
+constexpr int kMaxMix = 32;
+// index k of n: out[k] (+)= sum_i w[i] src[i][k]
+struct ScalarMix {
+  float* out;
+  const float* src[kMaxMix];
+  float w[kMaxMix];
+  int64_t S;
+  bool accumulate;
+  ATTNRES_HD void operator()(int64_t k) const {
+    float acc = accumulate ? out[k] : 0.0f;
+    for (int64_t i = 0; i < S; i++) acc += w[i] * src[i][k];
+    out[k] = acc;
+  }
+};
+// index k: dsrc[i][k] += w[i] dout[k] (null dsrc[i]: skipped)
+struct ScalarMixGrad {
+  float* dsrc[kMaxMix];
+  float w[kMaxMix];
+  const float* dout;
+  int64_t S;
+  ATTNRES_HD void operator()(int64_t k) const {
+    const float g = dout[k];
+    for (int64_t i = 0; i < S; i++) {
+      if (dsrc[i]) dsrc[i][k] += w[i] * g;
+    }
+  }
+};
+// index t = i P + p: part[t] = sum over k = p, p + P, ... < n of dout[k] src[i][k] (double)
+struct ScalarMixDot {
+  double* part;
+  const float* src[kMaxMix];
+  const float* dout;
+  int64_t n, P;
+  ATTNRES_HD void operator()(int64_t t) const {
+    const float* x = src[t / P];
+    double s = 0.0;
+    for (int64_t k = t % P; k < n; k += P) s += static_cast<double>(dout[k]) * x[k];
+    part[t] = s;
   }
 };
 

@@ -15,6 +15,11 @@ std::string mixer_prefix(int64_t m, int64_t L) {
   return s;
 }
 
+void add_to_grads(Backend& be, float* grads, const std::vector<float>& g, DevBuf<float>& tmp) {
+  tmp.on(&be).upload(g.data(), g.size());
+  be.add(grads, grads, tmp.data(), static_cast<int64_t>(g.size()));
+}
+
 std::string mixer_label(int64_t m, int64_t L) {
   if (m == L) return "out";
   std::string s = "L";
@@ -27,12 +32,8 @@ std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg, Backend* be) {
   const std::string& mode = cfg.residual.mode;
   if (mode == "prenorm") return make_prenorm_router(cfg, be);
   if (mode == "full" || mode == "block") return make_attnres_router(cfg, be);
-  if ((mode == "static" || mode == "denseformer") && be != nullptr && !be->is_cpu()) {
-    throw Error("residual mode '" + mode + "' runs on the CPU only (for now); use --device cpu, "
-                "or --residual prenorm, block or full on " + be->name());
-  }
-  if (mode == "static") return make_static_router(cfg);
-  if (mode == "denseformer") return make_denseformer_router(cfg);
+  if (mode == "static") return make_static_router(cfg, be);
+  if (mode == "denseformer") return make_denseformer_router(cfg, be);
   throw Error("unknown residual mode '" + mode +
               "'; available: prenorm, full, block, static, denseformer");
 }

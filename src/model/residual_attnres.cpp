@@ -9,9 +9,9 @@
 // Backward: dL/d(out of sublayer (n,k)) = dL/dB_n + sum_{i>k} dL/dP^(i), kept in B_n's gradient
 // buffer, which the partial sums' gradients are added to as the pass moves back.
 //
-// All buffers and ops are the backend's (attnres/backend.hpp). The CPU backend also has the fast
-// host-only schemes: the by-source backward and dynamic queries; other backends run by mixer (same
-// results up to rounding).
+// All buffers and ops are the backend's (attnres/backend.hpp). The CPU backend also has a fast
+// host-only scheme, the by-source backward; other backends run by mixer (same results up to
+// rounding).
 #include <omp.h>
 
 #include <cmath>
@@ -48,11 +48,7 @@ class AttnResRouter final : public DepthRouter {
     two_phase_ = c.residual.two_phase && mix_.softmax && !dynamic_ && window_ == 0 && S_ > 1;
     // Full AttnRes with static queries: backward by source (see begin_backward).
     by_source_ = S_ == 1 && !dynamic_ && (window_ == 0 || window_ >= L_);
-    if (!be_.is_cpu()) {
-      check(!dynamic_, "residual query 'dynamic' runs on the CPU only (for now); use --device cpu "
-                       "or --attnres-query static on " + be_.name());
-      by_source_ = false;
-    }
+    if (!be_.is_cpu()) by_source_ = false;  // a CPU kernel
     last_ = L_;
     own_.be = &be_;
     qg_.on(&be_);
@@ -382,20 +378,14 @@ class AttnResRouter final : public DepthRouter {
       *q_ld = 0;
       return qg_.data() + m * d_;
     }
-    // q_n = w + W u_n with u the most recent source (SPEC 6 "input-dependent query").
+    // q_n = w + W u_n with u the most recent source (SPEC 6 "input-dependent query"); qg = q g.
     const float* u = src.back().v;
-    ops::matmul_forward(qraw_.data(), u, params_ + off_[m].proj, n_, d_, d_);
-    const float* w = params_ + off_[m].query;
-    const float* g = mix_.key_norm ? params_ + off_[m].gain : nullptr;
-    const int64_t n = n_, d = d_;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < n; r++) {
-      float* q = qraw_.data() + r * d;
-      float* qg = qdyn_.data() + r * d;
-      for (int64_t c = 0; c < d; c++) {
-        q[c] += w[c];
-        qg[c] = g ? q[c] * g[c] : q[c];
-      }
+    be_.matmul_forward(qraw_.data(), u, params_ + off_[m].proj, n_, d_, d_);
+    be_.add_row(qraw_.data(), params_ + off_[m].query, n_, d_);
+    if (mix_.key_norm) {
+      be_.mul_row(qdyn_.data(), qraw_.data(), params_ + off_[m].gain, n_, d_);
+    } else {
+      be_.copy(qdyn_.data(), qraw_.data(), sizeof(float) * n_ * d_);
     }
     *q_ld = d_;
     return qdyn_.data();
@@ -476,29 +466,21 @@ class AttnResRouter final : public DepthRouter {
     float* dg = g ? grads_ + off_[m].gain : nullptr;
     int64_t q_ld = 0;
     query(m, src, &q_ld);  // recomputes qraw_/qdyn_: cheaper than storing L of them
-    std::memset(dq_.data(), 0, sizeof(float) * n_ * d_);
-    ops::depth_mix_backward(dq_.data(), dx, x, lse, src.data(), S, qdyn_.data(), q_ld, mix_, n_);
-    // dq_ holds d/d(qg) per token; qg = (w + W u) * g.
-    const int64_t n = n_, d = d_;
-    std::vector<float> dgs(d, 0.0f), dws(d, 0.0f);
-    for (int64_t r = 0; r < n; r++) {  // serial over rows: deterministic parameter sums
-      float* q = dq_.data() + r * d;
-      const float* qr = qraw_.data() + r * d;  // w + W u
-      for (int64_t c = 0; c < d; c++) {
-        if (g) {
-          dgs[c] += q[c] * qr[c];
-          q[c] *= g[c];
-        }
-        dws[c] += q[c];
-      }
+    be_.zero(dq_.data(), sizeof(float) * n_ * d_);
+    be_.depth_mix_backward(dq_.data(), dx, x, lse, src.data(), S, qdyn_.data(), q_ld, mix_, n_);
+    // dq_ holds d/d(qg) per token; qg = (w + W u) * g: dg += sum_rows dq (w + W u), then
+    // dq *= g is d/dq, and dw += sum_rows dq.
+    const int64_t nd = n_ * d_;
+    if (g) {
+      qprod_.on(&be_).resize(static_cast<size_t>(nd));
+      be_.mul(qprod_.data(), dq_.data(), qraw_.data(), nd);
+      be_.column_sum_add(dg, qprod_.data(), n_, d_);
+      be_.mul_row(dq_.data(), dq_.data(), g, n_, d_);
     }
-    for (int64_t c = 0; c < d; c++) {
-      dw[c] += dws[c];
-      if (dg) dg[c] += dgs[c];
-    }
+    be_.column_sum_add(dw, dq_.data(), n_, d_);
     // dW += dq^T u ; du += dq W  (u = the most recent source)
-    ops::matmul_backward(src.back().dv, grads_ + off_[m].proj, dq_.data(), src.back().v,
-                         params_ + off_[m].proj, n_, d_, d_);
+    be_.matmul_backward(src.back().dv, grads_ + off_[m].proj, dq_.data(), src.back().v,
+                        params_ + off_[m].proj, n_, d_, d_);
   }
 
   Backend& be_;
@@ -521,7 +503,7 @@ class AttnResRouter final : public DepthRouter {
   SourceStore* st_ = &own_;
   std::vector<Source> part_;
   std::vector<Buf> xin_, lse_, o1_, lse1_;
-  Buf final_, out_, dx_, qdyn_, qraw_, dq_;
+  Buf final_, out_, dx_, qdyn_, qraw_, dq_, qprod_;
   std::vector<Buf> dxs_, D_;  // by source: every mixer's dx (N,d) and dx . x (N,H)
   Buf dv_cur_;
   std::vector<float> dq_part_;  // by source: one source's gradient; query partials

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "model/routers.hpp"
 #include "ops/ops.hpp"
 
@@ -15,7 +16,8 @@ namespace {
 
 class DenseFormerRouter final : public DepthRouter {
  public:
-  explicit DenseFormerRouter(const ModelConfig& c) : nl_(c.n_layer), d_(c.d_model) {}
+  DenseFormerRouter(const ModelConfig& c, Backend* be)
+      : be_(be ? *be : *cpu_backend()), nl_(c.n_layer), d_(c.d_model) {}
 
   void add_params(ParamLayout& layout) override {
     for (int64_t i = 0; i < nl_; i++) layout.add(name(i), {i + 2}, false);
@@ -38,16 +40,14 @@ class DenseFormerRouter final : public DepthRouter {
     const size_t nd = static_cast<size_t>(n * d_);
     for (auto* vv : {&X_, &z_, &dX_}) {
       vv->resize(nl_ + 1);
-      for (auto& v : *vv) v.resize(nd);
+      for (auto& v : *vv) v.on(&be_).resize(nd);
     }
     h_.resize(nl_);
-    for (auto& v : h_) v.resize(nd);
-    out_.resize(nd);
-    dz_.resize(nd);
-    dh_.resize(nd);
-    dx_.resize(nd);
-    std::memcpy(X_[0].data(), emb, sizeof(float) * nd);
-    std::memcpy(z_[0].data(), emb, sizeof(float) * nd);
+    for (auto& v : h_) v.on(&be_).resize(nd);
+    for (auto* b : {&out_, &dz_, &dh_, &dx_}) b->on(&be_).resize(nd);
+    be_.copy(X_[0].data(), emb, sizeof(float) * nd);
+    be_.copy(z_[0].data(), emb, sizeof(float) * nd);
+    read_weights();  // the parameters stay put until the next forward
   }
   const float* input(int64_t l) override { return l % 2 == 0 ? z_[l / 2].data() : h_[l / 2].data(); }
   float* output_slot(int64_t) override { return out_.data(); }
@@ -55,19 +55,19 @@ class DenseFormerRouter final : public DepthRouter {
     const int64_t i = l / 2, nd = n_ * d_;
     const float* o = out_.data();
     if (l % 2 == 0) {
-      add(h_[i].data(), z_[i].data(), o, nd);  // h_i = z_i + attention output
+      be_.add(h_[i].data(), z_[i].data(), o, nd);  // h_i = z_i + attention output
       return;
     }
-    add(X_[i + 1].data(), h_[i].data(), o, nd);  // X_{i+1} = h_i + MLP output
+    be_.add(X_[i + 1].data(), h_[i].data(), o, nd);  // X_{i+1} = h_i + MLP output
     std::vector<const float*> src;
     for (int64_t j = 0; j <= i + 1; j++) src.push_back(X_[j].data());
-    ops::scalar_mix_forward(z_[i + 1].data(), src.data(), params_ + off_[i], i + 2, nd);
+    be_.scalar_mix_forward(z_[i + 1].data(), src.data(), w_[i].data(), i + 2, nd);
   }
   const float* final_hidden() override { return z_[nl_].data(); }
 
   void begin_backward(const float* dh) override {
-    for (auto& g : dX_) std::memset(g.data(), 0, sizeof(float) * n_ * d_);
-    std::memcpy(dz_.data(), dh, sizeof(float) * n_ * d_);  // d z_{n_layer}
+    for (auto& g : dX_) be_.zero(g.data(), sizeof(float) * n_ * d_);
+    be_.copy(dz_.data(), dh, sizeof(float) * n_ * d_);  // d z_{n_layer}
   }
   const float* grad_output(int64_t l) override {
     const int64_t i = l / 2, nd = n_ * d_;
@@ -80,41 +80,42 @@ class DenseFormerRouter final : public DepthRouter {
         dsrc.push_back(dX_[j].data());
       }
       std::vector<double> da(i + 2, 0.0);
-      ops::scalar_mix_backward(dsrc.data(), da.data(), dz_.data(), src.data(), params_ + off_[i],
-                               i + 2, nd);
-      for (int64_t j = 0; j <= i + 1; j++) grads_[off_[i] + j] += static_cast<float>(da[j]);
-      std::memcpy(dh_.data(), dX_[i + 1].data(), sizeof(float) * nd);  // X_{i+1} = h_i + out
+      be_.scalar_mix_backward(dsrc.data(), da.data(), dz_.data(), src.data(), w_[i].data(), i + 2,
+                              nd);
+      add_to_grads(be_, grads_ + off_[i], std::vector<float>(da.begin(), da.end()), tmp_);
+      be_.copy(dh_.data(), dX_[i + 1].data(), sizeof(float) * nd);  // X_{i+1} = h_i + out
       return dX_[i + 1].data();
     }
     return dh_.data();  // h_i = z_i + out
   }
   float* grad_input_slot(int64_t) override {
-    std::memset(dx_.data(), 0, sizeof(float) * n_ * d_);
+    be_.zero(dx_.data(), sizeof(float) * n_ * d_);
     return dx_.data();
   }
   void commit_grad_input(int64_t l) override {
     const int64_t nd = n_ * d_;
     if (l % 2 == 1) {
-      add(dh_.data(), dh_.data(), dx_.data(), nd);  // d h_i += through the MLP
+      be_.add(dh_.data(), dh_.data(), dx_.data(), nd);  // d h_i += through the MLP
     } else {
-      add(dz_.data(), dh_.data(), dx_.data(), nd);  // d z_i = d h_i + through attention
+      be_.add(dz_.data(), dh_.data(), dx_.data(), nd);  // d z_i = d h_i + through attention
     }
   }
   const float* grad_embedding() override {
-    add(dX_[0].data(), dX_[0].data(), dz_.data(), n_ * d_);  // emb is both X_0 and z_0
+    be_.add(dX_[0].data(), dX_[0].data(), dz_.data(), n_ * d_);  // emb is both X_0 and z_0
     return dX_[0].data();
   }
 
   // DenseFormer's weights: row i is the average after block i, column j is block output X_j.
   bool depth_weights(std::vector<std::vector<double>>& w, std::vector<std::string>& rows,
                      std::vector<std::string>& cols) override {
+    read_weights();
     cols = {"emb"};
     for (int64_t j = 1; j <= nl_; j++) cols.push_back("X" + std::to_string(j));
     rows.clear();
     w.assign(nl_, std::vector<double>(nl_ + 1, std::nan("")));
     for (int64_t i = 0; i < nl_; i++) {
       rows.push_back("dwa" + std::to_string(i));
-      for (int64_t j = 0; j <= i + 1; j++) w[i][j] = params_[off_[i] + j];
+      for (int64_t j = 0; j <= i + 1; j++) w[i][j] = w_[i][j];
     }
     return true;
   }
@@ -125,24 +126,30 @@ class DenseFormerRouter final : public DepthRouter {
 
  private:
   static std::string name(int64_t i) { return "layers." + std::to_string(i) + ".dwa.weight"; }
-  static void add(float* dst, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t k = 0; k < n; k++) dst[k] = a[k] + b[k];
+  // Host copies of the averaging weights (the parameters may live in device memory).
+  void read_weights() {
+    w_.resize(nl_);
+    for (int64_t i = 0; i < nl_; i++) {
+      w_[i].resize(static_cast<size_t>(i + 2));
+      be_.download(w_[i].data(), params_ + off_[i], sizeof(float) * (i + 2));
+    }
   }
 
+  Backend& be_;
   const int64_t nl_, d_;
   int64_t n_ = 0;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<int64_t> off_;
-  std::vector<std::vector<float>> X_, z_, dX_, h_;
-  std::vector<float> out_, dz_, dh_, dx_;
+  std::vector<std::vector<float>> w_;  // host copies of the weights
+  std::vector<DevBuf<float>> X_, z_, dX_, h_;
+  DevBuf<float> out_, dz_, dh_, dx_, tmp_;
 };
 
 }  // namespace
 
-std::unique_ptr<DepthRouter> make_denseformer_router(const ModelConfig& cfg) {
-  return std::make_unique<DenseFormerRouter>(cfg);
+std::unique_ptr<DepthRouter> make_denseformer_router(const ModelConfig& cfg, Backend* be) {
+  return std::make_unique<DenseFormerRouter>(cfg, be);
 }
 
 }  // namespace attnres

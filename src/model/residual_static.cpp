@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "model/routers.hpp"
 #include "ops/ops.hpp"
 
@@ -15,7 +16,8 @@ namespace {
 
 class StaticRouter final : public DepthRouter {
  public:
-  explicit StaticRouter(const ModelConfig& c) : L_(c.n_sublayers()), d_(c.d_model) {}
+  StaticRouter(const ModelConfig& c, Backend* be)
+      : be_(be ? *be : *cpu_backend()), L_(c.n_sublayers()), d_(c.d_model) {}
 
   void add_params(ParamLayout& layout) override {
     for (int64_t m = 0; m <= L_; m++) layout.add(mixer_prefix(m, L_) + "logits", {m + 1}, false);
@@ -33,14 +35,13 @@ class StaticRouter final : public DepthRouter {
   void begin(const float* emb, int64_t n) override {
     n_ = n;
     const size_t nd = static_cast<size_t>(n * d_);
-    v_.resize(L_ + 1);
-    g_.resize(L_ + 1);
-    for (auto& v : v_) v.resize(nd);
-    for (auto& g : g_) g.resize(nd);
-    x_.resize(L_ + 1);
-    for (auto& x : x_) x.resize(nd);
-    dx_.resize(nd);
-    std::memcpy(v_[0].data(), emb, sizeof(float) * nd);
+    for (auto* bufs : {&v_, &g_, &x_}) {
+      bufs->resize(L_ + 1);
+      for (auto& b : *bufs) b.on(&be_).resize(nd);
+    }
+    dx_.on(&be_).resize(nd);
+    be_.copy(v_[0].data(), emb, sizeof(float) * nd);
+    read_logits();  // the parameters stay put until the next forward
     mix(0);
   }
   const float* input(int64_t l) override { return x_[l].data(); }
@@ -49,12 +50,12 @@ class StaticRouter final : public DepthRouter {
   const float* final_hidden() override { return x_[L_].data(); }
 
   void begin_backward(const float* dh) override {
-    for (auto& g : g_) std::memset(g.data(), 0, sizeof(float) * n_ * d_);
+    for (auto& g : g_) be_.zero(g.data(), sizeof(float) * n_ * d_);
     mix_backward(L_, dh);
   }
   const float* grad_output(int64_t l) override { return g_[l + 1].data(); }
   float* grad_input_slot(int64_t) override {
-    std::memset(dx_.data(), 0, sizeof(float) * n_ * d_);
+    be_.zero(dx_.data(), sizeof(float) * n_ * d_);
     return dx_.data();
   }
   void commit_grad_input(int64_t l) override { mix_backward(l, dx_.data()); }
@@ -62,6 +63,7 @@ class StaticRouter final : public DepthRouter {
 
   bool depth_weights(std::vector<std::vector<double>>& w, std::vector<std::string>& rows,
                      std::vector<std::string>& cols) override {
+    read_logits();
     cols = {"emb"};
     for (int64_t j = 0; j < L_; j++) cols.push_back(mixer_label(j, L_));
     rows.clear();
@@ -79,8 +81,16 @@ class StaticRouter final : public DepthRouter {
   }
 
  private:
+  // Host copies of every mixer's logits (the parameters may live in device memory).
+  void read_logits() {
+    z_.resize(L_ + 1);
+    for (int64_t m = 0; m <= L_; m++) {
+      z_[m].resize(static_cast<size_t>(m + 1));
+      be_.download(z_[m].data(), params_ + off_[m], sizeof(float) * (m + 1));
+    }
+  }
   std::vector<double> weights(int64_t m) const {
-    const float* z = params_ + off_[m];
+    const float* z = z_[m].data();
     double mx = z[0];
     for (int64_t i = 1; i <= m; i++) mx = std::max(mx, double(z[i]));
     std::vector<double> a(m + 1);
@@ -96,7 +106,7 @@ class StaticRouter final : public DepthRouter {
     std::vector<float> w(a.begin(), a.end());
     std::vector<const float*> src;
     for (int64_t i = 0; i <= m; i++) src.push_back(v_[i].data());
-    ops::scalar_mix_forward(x_[m].data(), src.data(), w.data(), m + 1, n_ * d_);
+    be_.scalar_mix_forward(x_[m].data(), src.data(), w.data(), m + 1, n_ * d_);
   }
 
   // dv_i += a_i dx; dz_i = a_i (da_i - sum_j a_j da_j) with da_i = sum(dx * v_i) (softmax).
@@ -110,26 +120,29 @@ class StaticRouter final : public DepthRouter {
       dsrc.push_back(g_[i].data());
     }
     std::vector<double> da(m + 1, 0.0);
-    ops::scalar_mix_backward(dsrc.data(), da.data(), dx, src.data(), w.data(), m + 1, n_ * d_);
+    be_.scalar_mix_backward(dsrc.data(), da.data(), dx, src.data(), w.data(), m + 1, n_ * d_);
     double dot = 0;
     for (int64_t i = 0; i <= m; i++) dot += a[i] * da[i];
-    float* dz = grads_ + off_[m];
-    for (int64_t i = 0; i <= m; i++) dz[i] += static_cast<float>(a[i] * (da[i] - dot));
+    std::vector<float> dz(m + 1);
+    for (int64_t i = 0; i <= m; i++) dz[i] = static_cast<float>(a[i] * (da[i] - dot));
+    add_to_grads(be_, grads_ + off_[m], dz, dz_);
   }
 
+  Backend& be_;
   const int64_t L_, d_;
   int64_t n_ = 0;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<int64_t> off_;
-  std::vector<std::vector<float>> v_, g_, x_;  // sources, their gradients, mixer outputs
-  std::vector<float> dx_;
+  std::vector<std::vector<float>> z_;       // host copies of the logits
+  std::vector<DevBuf<float>> v_, g_, x_;    // sources, their gradients, mixer outputs
+  DevBuf<float> dx_, dz_;
 };
 
 }  // namespace
 
-std::unique_ptr<DepthRouter> make_static_router(const ModelConfig& cfg) {
-  return std::make_unique<StaticRouter>(cfg);
+std::unique_ptr<DepthRouter> make_static_router(const ModelConfig& cfg, Backend* be) {
+  return std::make_unique<StaticRouter>(cfg, be);
 }
 
 }  // namespace attnres

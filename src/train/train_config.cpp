@@ -40,13 +40,6 @@ void TrainConfig::validate() const {
   need(precision == "fp32" || device != "cpu",
        "--precision bf16 runs on --device cuda (or cuda-host, its emulation); the CPU trains in "
        "fp32");
-  need(device == "cpu" || model.residual.mode == "prenorm" || model.residual.mode == "block" ||
-           model.residual.mode == "full",
-       "residual mode '" + model.residual.mode + "' runs on the CPU only (for now); use --device "
-       "cpu, or --residual prenorm, block or full on " + device);
-  need(device == "cpu" || model.residual.query == "static",
-       "--attnres-query dynamic runs on the CPU only (for now); use --device cpu or "
-       "--attnres-query static on " + device);
   need(device == "cpu" || (pipeline == 1 && !zero1),
        "--device " + device + " trains data-parallel only for now: drop --pipeline and --zero1 "
        "(or use --device cpu)");
