@@ -507,10 +507,11 @@ TEST_P(BackendOps, ScalarMixAndRowHelpersMatchCpu) {
   EXPECT_LT(rel(gcs.download(), cs), 1e-5);
 }
 
-// The decoder's ops: attention of new queries against a KV cache, and strided row copies.
+// The decoder's ops: attention of new queries against a KV cache (long enough for several chunks
+// of keys), and strided row copies.
 TEST_P(BackendOps, DecodeOpsMatchCpu) {
   for (int64_t hd : {16, 64}) {
-    const int64_t H = 4, Hkv = 2, n = 3, pos0 = 6, P = pos0 + n;
+    const int64_t H = 4, Hkv = 2, n = 3, pos0 = 70, P = pos0 + n;
     const auto q = randn(n * H * hd, 80, 2.0), kc = randn(P * Hkv * hd, 81),
                vc = randn(P * Hkv * hd, 82);
     std::vector<float> out(n * H * hd);

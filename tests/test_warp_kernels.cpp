@@ -89,18 +89,32 @@ TEST(WarpKernels, AttentionSoftmaxMatchesFunctor) {
   }
 }
 
-// KV-cache decoding: head dimensions below, at and above 32 lanes up to the 256-channel register
-// tile, GQA, a prefill chunk at a later position (scores far apart: the online max moves).
+// KV-cache decoding, one chunk of keys per warp: head dimensions below, at and above 32 lanes up
+// to the 256-channel register tile, GQA, a prefill chunk at a later position (scores far apart:
+// the online max moves), chunks of 3 keys (full, partial and empty ones).
 TEST(WarpKernels, AttentionDecodeMatchesFunctor) {
   for (int64_t hd : {8, 32, 50, 256}) {
     SCOPED_TRACE("hd=" + std::to_string(hd));
-    const int64_t H = 4, Hkv = 2, n = 3, pos0 = 5, P = pos0 + n;
+    const int64_t H = 4, Hkv = 2, n = 3, pos0 = 5, P = pos0 + n, KC = 3, C = 3;
     const auto q = randn(n * H * hd, 8, 3.0), kc = randn(P * Hkv * hd, 9),
                vc = randn(P * Hkv * hd, 10);
-    std::vector<float> a(n * H * hd), b(n * H * hd, 9.0f);
-    rows::run_rows_host(rows::AttnDecode{a.data(), q.data(), kc.data(), vc.data(), pos0, H, Hkv, hd},
-                        n * H);
-    run_warp(warp::AttnDecode{{b.data(), q.data(), kc.data(), vc.data(), pos0, H, Hkv, hd}}, n * H);
+    const int64_t R = n * H * C;
+    std::vector<float> a(R * (hd + 2)), b(R * (hd + 2), 9.0f);
+    rows::run_rows_host(
+        rows::AttnDecodePartial{a.data(), q.data(), kc.data(), vc.data(), pos0, H, Hkv, hd, KC, C},
+        R);
+    run_warp(warp::AttnDecodePartial{
+                 {b.data(), q.data(), kc.data(), vc.data(), pos0, H, Hkv, hd, KC, C}},
+             R);
+    for (int64_t r = 0; r < R; r++) {  // m: -inf for an empty chunk, in both
+      const float ma = a[r * (hd + 2) + hd], mb = b[r * (hd + 2) + hd];
+      if (std::isinf(ma)) {
+        EXPECT_EQ(mb, ma) << r;
+      } else {
+        EXPECT_NEAR(mb, ma, 1e-5 * (1 + std::abs(ma))) << r;
+      }
+      a[r * (hd + 2) + hd] = b[r * (hd + 2) + hd] = 0.0f;
+    }
     EXPECT_LT(rel(b, a), 1e-5);
   }
 }

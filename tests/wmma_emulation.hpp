@@ -3,8 +3,8 @@
 // tests/warp_emulation.hpp's 32 lane threads. Each lane's fragment holds the whole tile (a real
 // fragment spreads it over the lanes in an unspecified layout, so kernels may only load, multiply,
 // fill and store fragments, never index them: these fragments have no x[]). Loads check WMMA's
-// rules (32-byte aligned pointers, ldm a multiple of 16 bytes); a store is written by lane 0
-// between two barriers, as the warp-collective store ends with every lane's part written.
+// rules (32-byte aligned pointers, ldm a multiple of 16 bytes); a store writes each lane's share
+// without synchronising, as on the hardware.
 // Include after warp_emulation.hpp and before the kernels.
 #pragma once
 
@@ -76,16 +76,16 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const 
     for (int j = 0; j < 16; j++) f.v[i][j] = l == mem_row_major ? p[i * ldm + j] : p[j * ldm + i];
   }
 }
+// Like the hardware's, no synchronisation: each lane writes its own 8 of the 256 elements (which
+// ones is unspecified on a GPU; here every 32nd), so other lanes see the whole tile only after a
+// __syncwarp.
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
                               unsigned ldm, layout_t l) {
   detail::check_operand(p, ldm, sizeof(float));
-  warp_emulation::barrier->wait();
-  if (warp_emulation::lane == 0) {
-    for (int i = 0; i < 16; i++) {
-      for (int j = 0; j < 16; j++) (l == mem_row_major ? p[i * ldm + j] : p[j * ldm + i]) = f.v[i][j];
-    }
+  for (int e = warp_emulation::lane; e < 256; e += warp_emulation::kLanes) {
+    const int i = e / 16, j = e % 16;
+    (l == mem_row_major ? p[i * ldm + j] : p[j * ldm + i]) = f.v[i][j];
   }
-  warp_emulation::barrier->wait();
 }
 template <class Use, class T, class Layout>
 void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, float x) {

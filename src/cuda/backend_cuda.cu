@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <cstdio>
 #include <string>
 
@@ -36,14 +37,17 @@ void check_cublas(cublasStatus_t s, const char* call) {
 #define ATTNRES_CUDA_CHECK(x) check_cuda((x), #x)
 #define ATTNRES_CUBLAS_CHECK(x) check_cublas((x), #x)
 
+// One handle per thread and device (a handle belongs to the device current at its creation).
 cublasHandle_t blas() {
-  static thread_local cublasHandle_t h = [] {
-    cublasHandle_t x = nullptr;
-    ATTNRES_CUBLAS_CHECK(cublasCreate(&x));
+  static thread_local std::map<int, cublasHandle_t> handles;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice(&dev)");
+  cublasHandle_t& h = handles[dev];
+  if (!h) {
+    ATTNRES_CUBLAS_CHECK(cublasCreate(&h));
     // fp32 GEMMs stay fp32 (no TF32): the tests compare with the CPU at fp32 tolerances.
-    ATTNRES_CUBLAS_CHECK(cublasSetMathMode(x, CUBLAS_DEFAULT_MATH));
-    return x;
-  }();
+    ATTNRES_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  }
   return h;
 }
 
@@ -84,13 +88,11 @@ template <int HD, int Pass>
 void launch_flash(const flash::Args& a, int64_t units) {
   if (units == 0) return;
   constexpr size_t bytes = sizeof(flash::Smem<HD>) * kFlashWarps;
-  static const bool sized = [] {  // above the default 48 KiB of dynamic shared memory
-    ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HD, Pass>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(bytes)));
-    return true;
-  }();
-  (void)sized;
+  // Above the default 48 KiB of dynamic shared memory; the attribute is the current device's, so
+  // it is set at every launch (cheap).
+  ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HD, Pass>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
   const int64_t blocks = (units + kFlashWarps - 1) / kFlashWarps;
   check(blocks <= INT_MAX, "internal: too many attention tiles for one launch");
   flash_kernel<HD, Pass><<<static_cast<unsigned>(blocks), kFlashWarps * warp::kWarp, bytes>>>(
@@ -313,9 +315,9 @@ struct CudaExec {
     }
   }
   void launch(const rows::DepthMixPhase2& f, int64_t n) { warps(warp::DepthMixPhase2{f}, n); }
-  void launch(const rows::AttnDecode& f, int64_t n) {
-    if (f.hd > warp::AttnDecode::kMaxHead) return cuda::launch(f, n);  // the reference
-    warps(warp::AttnDecode{f}, n);
+  void launch(const rows::AttnDecodePartial& f, int64_t n) {
+    if (f.hd > warp::AttnDecodePartial::kMaxHead) return cuda::launch(f, n);  // the reference
+    warps(warp::AttnDecodePartial{f}, n);
   }
   // per_block warps per block: 8, or 4 for the register-heavy depth kernels (~170 registers per
   // thread: smaller blocks let more of them share a multiprocessor).

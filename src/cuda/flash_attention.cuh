@@ -66,7 +66,9 @@ struct Smem {
   float stage[kRows];                       // accumulators on their way out
   float lse[kTile], dsum[kTile];            // per row of the query tile
 };
-static_assert(sizeof(Smem<64>) % 128 == 0, "warp slices keep the 128-byte alignment");
+static_assert(sizeof(Smem<16>) % 128 == 0 && sizeof(Smem<32>) % 128 == 0 &&
+                  sizeof(Smem<64>) % 128 == 0 && sizeof(Smem<128>) % 128 == 0,
+              "warp slices keep the 128-byte alignment");
 
 // dst (16,HD) bf16 = rows [0, n) of src (row stride ld), zero beyond.
 template <int HD>

@@ -45,7 +45,8 @@ class RowBackend final : public Backend {
     }
   }
   ~RowBackend() override {
-    for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &bf_d_, &ids_}) {
+    for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &bf_d_, &ids_,
+                    &decode_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
@@ -269,9 +270,15 @@ class RowBackend final : public Backend {
       }
     }
   }
+  // Split over chunks of kDecodeKeys cached keys, then merged (row_kernels.hpp).
   void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
                         int64_t pos0, int64_t H, int64_t Hkv, int64_t hd) override {
-    x_.launch(rows::AttnDecode{out, q, kc, vc, pos0, H, Hkv, hd}, n * H);
+    if (n == 0) return;
+    const int64_t C = (pos0 + n + kDecodeKeys - 1) / kDecodeKeys;
+    auto* part = static_cast<float*>(scratch(decode_, sizeof(float) * n * H * C * (hd + 2)));
+    x_.launch(rows::AttnDecodePartial{part, q, kc, vc, pos0, H, Hkv, hd, kDecodeKeys, C},
+              n * H * C);
+    x_.launch(rows::AttnDecodeMerge{out, part, hd, C}, n * H * hd);
   }
   void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) override {
     x_.launch(rows::SwigluForward{out, h13, F}, N * F);
@@ -524,13 +531,14 @@ class RowBackend final : public Backend {
   }
 
   static constexpr int64_t kRowsPerChunk = 64;  // column sums: rows per partial sum
+  static constexpr int64_t kDecodeKeys = 32;    // decode attention: cached keys per chunk
 
   Exec x_;
   bool flash_enabled_ = true;
   TableCache<Exec> tables_{x_};
   std::vector<const void*> flat_;
   std::vector<rows::Source> src_;
-  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_;
+  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_, decode_;
   std::vector<int32_t> host_ids_, host_perm_, host_groups_;
   Batch batch_;
 };

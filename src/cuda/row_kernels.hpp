@@ -505,39 +505,66 @@ struct AttnSoftmaxBackward {
   }
 };
 
-// KV-cache decoding (src/ops attention_decode): index i = t H + h of the n new queries q (n,H,hd)
-// at positions pos0 + t against the cached kc, vc (rows of Hkv*hd, positions [0, pos0 + t]);
-// out (n,H*hd). One pass with an online softmax: the running output is rescaled when the max grows.
-struct AttnDecode {
-  float* out;
+// KV-cache decoding (src/ops attention_decode), split over the cached keys so a single new token
+// still spreads over many threads ("flash-decoding"): query i = t H + h of the n new queries q
+// (n,H,hd) at position pos0 + t sees keys [0, pos0 + t] of kc, vc (rows of Hkv*hd). Chunk c of C
+// takes keys [c KC, (c + 1) KC): its running max m, sum l and unnormalised output o go to
+// part[(i C + c) (hd + 2) ..] as o (hd), m, l (an empty chunk: m = -inf, l = 0, o = 0); the merge
+// rescales the chunks to their common max. index = i C + c.
+struct AttnDecodePartial {
+  float* part;
   const float* q;
   const float* kc;
   const float* vc;
-  int64_t pos0, H, Hkv, hd;
-  ATTNRES_HD void operator()(int64_t i) const {
-    const int64_t t = i / H, h = i % H, kv = (h / (H / Hkv)) * hd, ld = Hkv * hd;
+  int64_t pos0, H, Hkv, hd, KC, C;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t i = idx / C, c = idx % C, t = i / H, h = i % H;
+    const int64_t kv = (h / (H / Hkv)) * hd, ld = Hkv * hd, last = pos0 + t;
     const float scale = 1.0f / ::sqrtf(static_cast<float>(hd));
     const float* qh = q + i * hd;
-    float* o = out + i * hd;
-    for (int64_t c = 0; c < hd; c++) o[c] = 0.0f;
+    float* o = part + idx * (hd + 2);
+    for (int64_t e = 0; e < hd; e++) o[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int64_t u = 0; u <= pos0 + t; u++) {
+    for (int64_t u = c * KC; u < (c + 1) * KC && u <= last; u++) {
       const float* k = kc + u * ld + kv;
       const float* v = vc + u * ld + kv;
       float s = 0.0f;
-      for (int64_t c = 0; c < hd; c++) s += qh[c] * k[c];
+      for (int64_t e = 0; e < hd; e++) s += qh[e] * k[e];
       s *= scale;
       if (s > m) {
         const float r = ::expf(m - s);
         l *= r;
-        for (int64_t c = 0; c < hd; c++) o[c] *= r;
+        for (int64_t e = 0; e < hd; e++) o[e] *= r;
         m = s;
       }
       const float p = ::expf(s - m);
       l += p;
-      for (int64_t c = 0; c < hd; c++) o[c] += p * v[c];
+      for (int64_t e = 0; e < hd; e++) o[e] += p * v[e];
     }
-    for (int64_t c = 0; c < hd; c++) o[c] /= l;
+    o[hd] = m;
+    o[hd + 1] = l;
+  }
+};
+// index = i hd + e: out[i hd + e] = sum_c o_c[e] exp(m_c - M) / sum_c l_c exp(m_c - M), M the
+// chunks' max (chunk 0 always holds key 0: M is finite).
+struct AttnDecodeMerge {
+  float* out;
+  const float* part;
+  int64_t hd, C;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t i = idx / hd, e = idx % hd;
+    const float* p = part + i * C * (hd + 2);
+    float M = -INFINITY;
+    for (int64_t c = 0; c < C; c++) M = fmaxf(M, p[c * (hd + 2) + hd]);
+    float L = 0.0f, o = 0.0f;
+    for (int64_t c = 0; c < C; c++) {
+      const float* pc = p + c * (hd + 2);
+      if (pc[hd] == -INFINITY) continue;
+      const float w = ::expf(pc[hd] - M);
+      L += w * pc[hd + 1];
+      o += w * pc[e];
+    }
+    out[idx] = o / L;
   }
 };
 

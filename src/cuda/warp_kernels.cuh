@@ -355,32 +355,32 @@ struct AttnSoftmaxBackward {
   }
 };
 
-// KV-cache decoding: one warp per (new query t, head h), lanes over the head's channels (the
-// query and the running output in registers), one warp sum per cached key.
-struct AttnDecode {  // row i = t H + h
+// KV-cache decoding, one chunk of cached keys per warp (rows::AttnDecodePartial): lanes over the
+// head's channels (the query and the running output in registers), one warp sum per key.
+struct AttnDecodePartial {  // row = i C + c
   static constexpr int kPerLane = 8;
   static constexpr int64_t kMaxHead = kPerLane * kWarp;  // wider heads: the reference
-  rows::AttnDecode f;
-  __device__ void operator()(int64_t i, int lane) const {
-    const int64_t t = i / f.H, h = i % f.H, hd = f.hd, kv = (h / (f.H / f.Hkv)) * hd;
-    const int64_t ld = f.Hkv * hd;
+  rows::AttnDecodePartial f;
+  __device__ void operator()(int64_t idx, int lane) const {
+    const int64_t i = idx / f.C, c = idx % f.C, t = i / f.H, h = i % f.H, hd = f.hd;
+    const int64_t kv = (h / (f.H / f.Hkv)) * hd, ld = f.Hkv * hd, last = f.pos0 + t;
     const float scale = 1.0f / ::sqrtf(static_cast<float>(hd));
     float q[kPerLane], o[kPerLane];
     ATTNRES_UNROLL
     for (int k = 0; k < kPerLane; k++) {
-      const int64_t c = lane + k * kWarp;
-      q[k] = c < hd ? f.q[i * hd + c] : 0.0f;
+      const int64_t e = lane + k * kWarp;
+      q[k] = e < hd ? f.q[i * hd + e] : 0.0f;
       o[k] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int64_t u = 0; u <= f.pos0 + t; u++) {
+    for (int64_t u = c * f.KC; u < (c + 1) * f.KC && u <= last; u++) {
       const float* kr = f.kc + u * ld + kv;
       const float* vr = f.vc + u * ld + kv;
       float s = 0.0f;
       ATTNRES_UNROLL
       for (int k = 0; k < kPerLane; k++) {
-        const int64_t c = lane + k * kWarp;
-        if (c < hd) s += q[k] * kr[c];
+        const int64_t e = lane + k * kWarp;
+        if (e < hd) s += q[k] * kr[e];
       }
       s = warp_sum(s) * scale;
       if (s > m) {  // every lane has the same s, m and l
@@ -394,14 +394,19 @@ struct AttnDecode {  // row i = t H + h
       l += p;
       ATTNRES_UNROLL
       for (int k = 0; k < kPerLane; k++) {
-        const int64_t c = lane + k * kWarp;
-        if (c < hd) o[k] += p * vr[c];
+        const int64_t e = lane + k * kWarp;
+        if (e < hd) o[k] += p * vr[e];
       }
     }
+    float* out = f.part + idx * (hd + 2);
     ATTNRES_UNROLL
     for (int k = 0; k < kPerLane; k++) {
-      const int64_t c = lane + k * kWarp;
-      if (c < hd) f.out[i * hd + c] = o[k] / l;
+      const int64_t e = lane + k * kWarp;
+      if (e < hd) out[e] = o[k];
+    }
+    if (lane == 0) {
+      out[hd] = m;
+      out[hd + 1] = l;
     }
   }
 };
