@@ -16,6 +16,7 @@
 
 #include "attnres/backend.hpp"
 #include "attnres/checkpoint.hpp"
+#include "attnres/diagnostics.hpp"
 #include "attnres/error.hpp"
 #include "attnres/generate.hpp"
 #include "attnres/model.hpp"
@@ -216,6 +217,39 @@ TEST_P(BackendModel, Bf16GemmsStayNearFp32) {
   dev.backward();
   const std::vector<float> gc = cpu.grads_to_host(), gd = dev.grads_to_host();
   EXPECT_LT(rel_diff(gd.data(), gc.data(), cpu.num_params()), 5e-2);  // measured 0.3-1.4 %
+}
+
+// The training diagnostics (sublayer magnitudes, mean depth weights) of a device model are the
+// CPU model's.
+TEST_P(BackendModel, DiagnosticsMatchTheCpu) {
+  Model cpu(cfg), dev(cfg, be);
+  const std::vector<float> w = test_weights(cpu);
+  cpu.params_from_host(w.data());
+  dev.params_from_host(w.data());
+  const int64_t B = 2, T = 11;
+  const TokenBatch batch(B * T, cfg.vocab_size, 6);
+  const Diagnostics dc = measure_diagnostics(cpu, batch.tok.data(), B, T);
+  const Diagnostics dd = measure_diagnostics(dev, batch.tok.data(), B, T);
+  ASSERT_EQ(dd.has_weights, dc.has_weights);
+  EXPECT_EQ(dc.has_weights, std::string(cfg.residual.mode) != "prenorm");
+  EXPECT_EQ(dd.weight_rows, dc.weight_rows);
+  EXPECT_EQ(dd.weight_cols, dc.weight_cols);
+  ASSERT_EQ(dd.weights.size(), dc.weights.size());
+  for (size_t r = 0; r < dc.weights.size(); r++) {
+    ASSERT_EQ(dd.weights[r].size(), dc.weights[r].size());
+    for (size_t c = 0; c < dc.weights[r].size(); c++) {
+      if (std::isnan(dc.weights[r][c])) {
+        EXPECT_TRUE(std::isnan(dd.weights[r][c])) << r << "," << c;
+      } else {
+        EXPECT_NEAR(dd.weights[r][c], dc.weights[r][c], 1e-5) << r << "," << c;
+      }
+    }
+  }
+  ASSERT_EQ(dd.input_rms.size(), dc.input_rms.size());
+  for (size_t l = 0; l < dc.input_rms.size(); l++) {
+    EXPECT_NEAR(dd.input_rms[l], dc.input_rms[l], 1e-5 * dc.input_rms[l]);
+    EXPECT_NEAR(dd.output_rms[l], dc.output_rms[l], 1e-5 * dc.output_rms[l]);
+  }
 }
 
 // KV-cache decoding on the device (a prefill of 3 tokens, then one at a time) gives the CPU

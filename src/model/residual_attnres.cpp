@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <map>
 #include <cstring>
 #include <vector>
 
@@ -242,7 +243,17 @@ class AttnResRouter final : public DepthRouter {
   bool depth_weights(std::vector<std::vector<double>>& w, std::vector<std::string>& rows,
                      std::vector<std::string>& cols) override {
     if (stage_) return false;  // a stage holds only its own mixers' inputs
-    if (!be_.is_cpu()) return false;  // a host-side diagnostic
+    // A host-side diagnostic: on a device, host copies of the sources (each once) and queries.
+    std::map<const float*, std::vector<float>> copies;
+    auto host = [&](const float* p, int64_t n, bool once) -> const float* {
+      if (be_.is_cpu() || p == nullptr) return p;
+      auto it = copies.find(p);
+      if (it == copies.end() || !once) {
+        it = copies.insert_or_assign(p, std::vector<float>(static_cast<size_t>(n))).first;
+        be_.download(it->second.data(), p, sizeof(float) * n);
+      }
+      return it->second.data();
+    };
     cols = {"emb"};
     for (int64_t j = 0; j < NB_; j++) {
       cols.push_back(S_ == 1 ? mixer_label(j, L_) : "block" + std::to_string(j));
@@ -255,7 +266,11 @@ class AttnResRouter final : public DepthRouter {
       auto src = sources(m);
       const auto idx = source_columns(m);
       int64_t q_ld = 0;
-      const float* q = query(m, src, &q_ld);
+      const float* qd = query(m, src, &q_ld);  // sets q_ld
+      const float* q = host(qd, q_ld ? n_ * d_ : d_, false);
+      for (auto& s : src) {
+        s = {host(s.v, n_ * d_, true), host(s.rstd, n_ * mix_.H, true), nullptr};
+      }
       std::vector<double> sum(src.size(), 0.0);
       ops::depth_mix_weights(sum.data(), src.data(), static_cast<int64_t>(src.size()), q, q_ld,
                              mix_, n_);
