@@ -1,7 +1,7 @@
-// The GPU's flash attention kernels (src/cuda/flash_attention.cuh) on the host: each warp's body
-// runs on 32 lane threads (warp_emulation.hpp) with the WMMA tile operations emulated
-// (wmma_emulation.hpp), against the CPU ops (src/ops, fp32, probabilities materialised) and a
-// direct log-sum-exp. The kernels' operands are bf16, so the tolerances are bf16's (~3 digits);
+// The GPU's flash attention kernels (src/cuda/flash_attention.cuh) on the host: each block runs
+// on 32 threads per warp (warp_emulation.hpp's run_block: warp shuffles and barriers, and the
+// block's __syncthreads) with the WMMA tile operations emulated (wmma_emulation.hpp), against the
+// CPU ops (src/ops, fp32, probabilities materialised) and a direct log-sum-exp. The kernels' operands are bf16, so the tolerances are bf16's (~3 digits);
 // a wrong mask, tile offset, head or transpose is off by O(1). Shapes with a partial last tile,
 // GQA and MHA, and every supported head dimension.
 #include <gtest/gtest.h>
@@ -25,7 +25,7 @@ using attnres::testing::rel_diff;
 
 namespace {
 
-// One warp's shared memory, aligned as the kernels' dynamic shared memory is.
+// A block's shared memory, aligned as the kernels' dynamic shared memory is.
 template <int HD>
 struct Shared {
   flash::Smem<HD>* m = new (std::align_val_t(128)) flash::Smem<HD>();
@@ -35,7 +35,8 @@ struct Shared {
 template <int HD, class Body>
 void run(const Body& body, int64_t units) {
   Shared<HD> s;
-  warp_emulation::run_warp([&](int64_t u, int lane) { body(u, lane, *s.m); }, units);
+  warp_emulation::run_block([&](int64_t u, int w, int lane) { body(u, w, lane, *s.m); }, units,
+                            flash::kWarps);
 }
 
 double rel(const std::vector<float>& a, const std::vector<float>& b) {
@@ -81,24 +82,24 @@ void check_shape(int64_t B, int64_t T, int64_t H, int64_t Hkv, uint64_t seed) {
   flash::Args a{};
   a.qkv = qkv.data();
   a.out = fout.data();
-  a.o = fout.data();
   a.dout = dout.data();
   a.dqkv = fdqkv.data();
   a.lse = flse.data();
   a.dsum = fd.data();
   a.B = B, a.T = T, a.H = H, a.Hkv = Hkv, a.ld = ld, a.scale = scale;
-  run<HD>([&](int64_t u, int lane, flash::Smem<HD>& m) { flash::forward_warp<HD>(a, u, lane, m); },
+  run<HD>([&](int64_t u, int w, int lane,
+              flash::Smem<HD>& m) { flash::forward_block<HD>(a, u, w, lane, m); },
           flash::query_units(a));
   EXPECT_LT(rel(fout, out), 1e-2);
   EXPECT_GT(rel(fout, out), 1e-6);  // the operands were rounded to bf16
   EXPECT_LT(rel(flse, lse), 1e-2);
   rows::run_rows_host(rows::AttnRowDot{fd.data(), fout.data(), dout.data(), T, H, HD}, N * H);
-  run<HD>(
-      [&](int64_t u, int lane, flash::Smem<HD>& m) { flash::backward_kv_warp<HD>(a, u, lane, m); },
-      flash::key_units(a));
-  run<HD>(
-      [&](int64_t u, int lane, flash::Smem<HD>& m) { flash::backward_q_warp<HD>(a, u, lane, m); },
-      flash::query_units(a));
+  run<HD>([&](int64_t u, int w, int lane,
+              flash::Smem<HD>& m) { flash::backward_kv_block<HD>(a, u, w, lane, m); },
+          flash::key_units(a));
+  run<HD>([&](int64_t u, int w, int lane,
+              flash::Smem<HD>& m) { flash::backward_q_block<HD>(a, u, w, lane, m); },
+          flash::query_units(a));
   // The gradient's parts separately: a part the kernels miss or double shows.
   std::vector<float> ref[3], got[3];
   for (int64_t n = 0; n < N; n++) {
@@ -117,11 +118,13 @@ void check_shape(int64_t B, int64_t T, int64_t H, int64_t Hkv, uint64_t seed) {
 
 }  // namespace
 
+// Shapes: several 64-row tiles with a partial last one and empty warps in it, exactly one tile,
+// fewer rows than a warp's 16; GQA and MHA.
 TEST(FlashAttention, MatchesTheCpuOps) {
-  check_shape<16>(2, 40, 4, 2, 10);   // GQA, partial last tile
-  check_shape<32>(1, 37, 2, 2, 20);   // MHA
-  check_shape<64>(2, 16, 2, 1, 30);   // one tile, one kv head for two query heads
-  check_shape<128>(1, 21, 2, 2, 40);  // the widest head
+  check_shape<16>(2, 150, 4, 2, 10);  // GQA, 3 tiles, the last with 22 rows
+  check_shape<32>(1, 64, 2, 2, 20);   // MHA, one full tile
+  check_shape<64>(2, 80, 2, 1, 30);   // one kv head for two query heads, 2 tiles
+  check_shape<128>(1, 9, 2, 2, 40);   // the widest head, a part of one warp's rows
 }
 
 TEST(FlashAttention, SupportsTheTensorCoreHeadSizes) {

@@ -70,33 +70,29 @@ void launch(const F& f, int64_t n) {
   ATTNRES_CUDA_CHECK(cudaGetLastError());
 }
 
-// Flash attention (flash_attention.cuh): one warp per unit, kFlashWarps warps per block, each with
-// its own slice of dynamic shared memory. Pass 0 forward, 1 dK/dV, 2 dQ.
-constexpr int kFlashWarps = 4;
+// Flash attention (flash_attention.cuh): one block of flash::kWarps warps per unit, with the
+// block's shared memory dynamic. Pass 0 forward, 1 dK/dV, 2 dQ.
 template <int HD, int Pass>
-__global__ void flash_kernel(flash::Args a, int64_t units) {
+__global__ void flash_kernel(flash::Args a) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int w = threadIdx.x / warp::kWarp, lane = threadIdx.x % warp::kWarp;
-  const int64_t u = static_cast<int64_t>(blockIdx.x) * kFlashWarps + w;
-  if (u >= units) return;  // the whole warp: the kernels synchronise warps only
-  flash::Smem<HD>& m = reinterpret_cast<flash::Smem<HD>*>(smem)[w];
-  if constexpr (Pass == 0) flash::forward_warp<HD>(a, u, lane, m);
-  if constexpr (Pass == 1) flash::backward_kv_warp<HD>(a, u, lane, m);
-  if constexpr (Pass == 2) flash::backward_q_warp<HD>(a, u, lane, m);
+  const int64_t u = blockIdx.x;
+  flash::Smem<HD>& m = *reinterpret_cast<flash::Smem<HD>*>(smem);
+  if constexpr (Pass == 0) flash::forward_block<HD>(a, u, w, lane, m);
+  if constexpr (Pass == 1) flash::backward_kv_block<HD>(a, u, w, lane, m);
+  if constexpr (Pass == 2) flash::backward_q_block<HD>(a, u, w, lane, m);
 }
 template <int HD, int Pass>
 void launch_flash(const flash::Args& a, int64_t units) {
   if (units == 0) return;
-  constexpr size_t bytes = sizeof(flash::Smem<HD>) * kFlashWarps;
+  constexpr size_t bytes = sizeof(flash::Smem<HD>);
   // Above the default 48 KiB of dynamic shared memory; the attribute is the current device's, so
   // it is set at every launch (cheap).
   ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HD, Pass>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(bytes)));
-  const int64_t blocks = (units + kFlashWarps - 1) / kFlashWarps;
-  check(blocks <= INT_MAX, "internal: too many attention tiles for one launch");
-  flash_kernel<HD, Pass><<<static_cast<unsigned>(blocks), kFlashWarps * warp::kWarp, bytes>>>(
-      a, units);
+  check(units <= INT_MAX, "internal: too many attention tiles for one launch");
+  flash_kernel<HD, Pass><<<static_cast<unsigned>(units), flash::kWarps * warp::kWarp, bytes>>>(a);
   ATTNRES_CUDA_CHECK(cudaGetLastError());
 }
 template <int Pass>
