@@ -89,6 +89,19 @@ TEST(WarpKernels, AttentionSoftmaxMatchesFunctor) {
   }
 }
 
+// Flash attention's D = rowsum(dO o O) per (sequence, position, head).
+TEST(WarpKernels, AttentionRowDotMatchesFunctor) {
+  for (int64_t hd : {16, 50, 128}) {
+    SCOPED_TRACE("hd=" + std::to_string(hd));
+    const int64_t B = 2, T = 5, H = 3, N = B * T * H;
+    const auto o = randn(N * hd, 11), g = randn(N * hd, 12);
+    std::vector<float> a(N), b(N, 9.0f);
+    rows::run_rows_host(rows::AttnRowDot{a.data(), o.data(), g.data(), T, H, hd}, N);
+    run_warp(warp::AttnRowDot{{b.data(), o.data(), g.data(), T, H, hd}}, N);
+    EXPECT_LT(rel(b, a), 1e-5);
+  }
+}
+
 // KV-cache decoding, one chunk of keys per warp: head dimensions below, at and above 32 lanes up
 // to the 256-channel register tile, GQA, a prefill chunk at a later position (scores far apart:
 // the online max moves), chunks of 3 keys (full, partial and empty ones).

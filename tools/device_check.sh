@@ -8,6 +8,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
+if [[ -f .devcarry/bundle.tar.xz ]]; then  # tools/device_prepare.sh's bundle
+  tar -C .devcarry -xJf .devcarry/bundle.tar.xz || { echo "device_check: bad bundle"; exit 1; }
+fi
 if [[ -x .devcarry/test_cuda ]]; then
   BIN=.devcarry
   # The tests run the CLI from where it was built (build-cuda/attnres): put it there.
@@ -19,6 +22,11 @@ else
 fi
 LOG=${OUT:-/tmp}/device_check
 mkdir -p "$LOG"
+# A binary that cannot start (a missing shared library) would fail every test: say so first.
+if ! build-cuda/attnres --version > "$LOG/version.txt" 2>&1; then
+  echo "device_check: the attnres CLI does not start:"; cat "$LOG/version.txt"
+  ldd build-cuda/attnres | grep "not found"
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
   > "$LOG/gpu.txt" 2>&1 || echo "nvidia-smi failed" > "$LOG/gpu.txt"
 tests_rc=0

@@ -311,6 +311,7 @@ struct CudaExec {
     }
   }
   void launch(const rows::DepthMixPhase2& f, int64_t n) { warps(warp::DepthMixPhase2{f}, n); }
+  void launch(const rows::AttnRowDot& f, int64_t n) { warps(warp::AttnRowDot{f}, n); }
   void launch(const rows::AttnDecodePartial& f, int64_t n) {
     if (f.hd > warp::AttnDecodePartial::kMaxHead) return cuda::launch(f, n);  // the reference
     warps(warp::AttnDecodePartial{f}, n);

@@ -355,6 +355,22 @@ struct AttnSoftmaxBackward {
   }
 };
 
+// Flash attention's D: one warp per (b, t, h) row, lanes over the head's channels.
+struct AttnRowDot {  // row i = (b T + t) H + h
+  rows::AttnRowDot f;
+  __device__ void operator()(int64_t i, int lane) const {
+    const float* x = f.o + i * f.hd;
+    const float* y = f.g + i * f.hd;
+    float s = 0.0f;
+    for (int64_t c = lane; c < f.hd; c += kWarp) s += x[c] * y[c];
+    s = warp_sum(s);
+    if (lane == 0) {
+      const int64_t h = i % f.H, bt = i / f.H, b = bt / f.T, t = bt % f.T;
+      f.d[(b * f.H + h) * f.T + t] = s;
+    }
+  }
+};
+
 // KV-cache decoding, one chunk of cached keys per warp (rows::AttnDecodePartial): lanes over the
 // head's channels (the query and the running output in registers), one warp sum per key.
 struct AttnDecodePartial {  // row = i C + c
