@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attnres/backend.hpp"
@@ -221,6 +222,33 @@ TEST_P(BackendOps, Bf16MatmulMatchesRoundedCpu) {
   be->set_matmul_precision(MatmulPrecision::fp32);
   EXPECT_THROW(make_backend("cpu")->set_matmul_precision(MatmulPrecision::bf16), Error);
   EXPECT_THROW(parse_precision("fp16"), Error);
+}
+
+// A memo carries the forward's bf16 copies to the backward: the same results bit for bit as
+// rounding again; used once, and only for the operands it was made from.
+TEST_P(BackendOps, MatmulMemoGivesTheSameResults) {
+  const int64_t N = 37, IC = 48, OC = 24;
+  const auto x = randn(N * IC, 21), w = randn(OC * IC, 22), dy = randn(N * OC, 23),
+             x2 = randn(N * IC, 24);
+  be->set_matmul_precision(MatmulPrecision::bf16);
+  // forward on x, then the backward on `back` (x or another input) with the memo or none.
+  auto run = [&](MatmulMemo* memo, const std::vector<float>& back) {
+    Buf gx(x), gw(w), gdy(dy), gy(N * OC), gdx(N * IC), gdw(OC * IC), gb(back);
+    be->matmul_forward(gy.data(), gx.data(), gw.data(), N, IC, OC, false, memo);
+    if (memo) EXPECT_TRUE(memo->valid);
+    const float* bx = back == x ? gx.data() : gb.data();
+    be->matmul_backward(gdx.data(), gdw.data(), gdy.data(), bx, gw.data(), N, IC, OC, memo);
+    if (memo) EXPECT_FALSE(memo->valid);  // used once
+    return std::make_tuple(gy.download(), gdx.download(), gdw.download());
+  };
+  for (const auto* back : {&x, &x2}) {  // the memo's operands, then others: ignored
+    MatmulMemo memo;
+    const auto plain = run(nullptr, *back), kept = run(&memo, *back);
+    EXPECT_EQ(std::get<0>(kept), std::get<0>(plain));
+    EXPECT_EQ(std::get<1>(kept), std::get<1>(plain));
+    EXPECT_EQ(std::get<2>(kept), std::get<2>(plain));
+  }
+  be->set_matmul_precision(MatmulPrecision::fp32);
 }
 
 TEST_P(BackendOps, RowKernelsMatchCpu) {

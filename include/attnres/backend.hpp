@@ -85,5 +85,6 @@ class DevBuf {
 
 extern template class DevBuf<float>;
 extern template class DevBuf<int32_t>;
+extern template class DevBuf<uint16_t>;
 
 }  // namespace attnres

@@ -109,5 +109,6 @@ std::vector<T> DevBuf<T>::download() const {
 
 template class DevBuf<float>;
 template class DevBuf<int32_t>;
+template class DevBuf<uint16_t>;
 
 }  // namespace attnres

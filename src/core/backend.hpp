@@ -13,6 +13,18 @@
 
 namespace attnres {
 
+// What a backend derives from a matmul's operands in matmul_forward (with bf16 precision: their
+// bf16 copies), kept for the matmul_backward of the same product. A caller passes the same memo
+// to both only where the input and the weight stay unchanged in between (a training step's stored
+// activations and its weights); the backward uses the memo once, when it matches its operands.
+struct MatmulMemo {
+  DevBuf<uint16_t> inp, w;
+  const float* inp_src = nullptr;
+  const float* w_src = nullptr;
+  int64_t N = 0, IC = 0, OC = 0;
+  bool valid = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -61,10 +73,13 @@ class Backend {
                                int64_t N, int64_t C, float eps) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp,
                                 const float* g, const float* rstd, int64_t N, int64_t C) = 0;
+  // memo: see MatmulMemo (null: none).
   virtual void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
-                              int64_t OC, bool accumulate = false) = 0;
+                              int64_t OC, bool accumulate = false,
+                              MatmulMemo* memo = nullptr) = 0;
   virtual void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
-                               const float* w, int64_t N, int64_t IC, int64_t OC) = 0;
+                               const float* w, int64_t N, int64_t IC, int64_t OC,
+                               MatmulMemo* memo = nullptr) = 0;
   virtual void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
                             int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) = 0;
   virtual void rope_backward(float* dx, const float* cos_t, const float* sin_t, int64_t B,

@@ -101,12 +101,14 @@ class CpuBackend final : public Backend {
                         const float* g, const float* rstd, int64_t N, int64_t C) override {
     ops::rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, C);
   }
+  // fp32: nothing to keep between the passes (memos unused).
   void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
-                      int64_t OC, bool accumulate) override {
+                      int64_t OC, bool accumulate, MatmulMemo* /*memo*/) override {
     ops::matmul_forward(out, inp, w, N, IC, OC, accumulate);
   }
   void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
-                       const float* w, int64_t N, int64_t IC, int64_t OC) override {
+                       const float* w, int64_t N, int64_t IC, int64_t OC,
+                       MatmulMemo* /*memo*/) override {
     ops::matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
   }
   void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,

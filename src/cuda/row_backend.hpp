@@ -152,31 +152,49 @@ class RowBackend final : public Backend {
     x_.launch(rows::ColumnSumAdd{dg, part, K, C}, C);
   }
   void set_matmul_precision(MatmulPrecision p) override { precision_ = p; }
-  // bf16: both operands rounded into bf16 scratch copies, products accumulated in fp32 into the
-  // fp32 output (cuBLAS GemmEx on the tensor cores; the host rounds and runs the CPU sgemm).
+  // bf16: both operands rounded into bf16 copies, products accumulated in fp32 into the fp32
+  // output (cuBLAS GemmEx on the tensor cores; the host rounds and runs the CPU sgemm). With a
+  // memo the forward's copies are kept for the backward, which then rounds only dout.
   void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
-                      int64_t OC, bool accumulate) override {
+                      int64_t OC, bool accumulate, MatmulMemo* memo) override {
+    if (memo) memo->valid = false;
     if (precision_ == MatmulPrecision::fp32 || N == 0 || IC == 0 || OC == 0) {
       x_.matmul_forward(out, inp, w, N, IC, OC, accumulate);
       return;
     }
-    const uint16_t* a = bf16(bf_a_, inp, N * IC);
-    const uint16_t* b = bf16(bf_b_, w, OC * IC);
+    const uint16_t *a, *b;
+    if (memo) {
+      a = bf16_into(memo->inp, inp, N * IC);
+      b = bf16_into(memo->w, w, OC * IC);
+      memo->inp_src = inp;
+      memo->w_src = w;
+      memo->N = N, memo->IC = IC, memo->OC = OC;
+      memo->valid = true;
+    } else {
+      a = bf16(bf_a_, inp, N * IC);
+      b = bf16(bf_b_, w, OC * IC);
+    }
     // out (N,OC) = inp (N,IC) w^T
     x_.gemm_bf16(false, true, N, OC, IC, a, IC, b, IC, accumulate ? 1.0f : 0.0f, out, OC);
   }
   void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
-                       const float* w, int64_t N, int64_t IC, int64_t OC) override {
+                       const float* w, int64_t N, int64_t IC, int64_t OC,
+                       MatmulMemo* memo) override {
+    const bool kept = memo && memo->valid && memo->inp_src == inp && memo->w_src == w &&
+                      memo->N == N && memo->IC == IC && memo->OC == OC;
+    if (memo) memo->valid = false;  // used once
     if (precision_ == MatmulPrecision::fp32 || N == 0 || IC == 0 || OC == 0) {
       x_.matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
       return;
     }
     const uint16_t* g = bf16(bf_c_, dout, N * OC);
     if (dinp) {  // dinp (N,IC) += dout (N,OC) w (OC,IC)
-      x_.gemm_bf16(false, false, N, IC, OC, g, OC, bf16(bf_b_, w, OC * IC), IC, 1.0f, dinp, IC);
+      const uint16_t* b = kept ? memo->w.data() : bf16(bf_b_, w, OC * IC);
+      x_.gemm_bf16(false, false, N, IC, OC, g, OC, b, IC, 1.0f, dinp, IC);
     }
     if (dw) {  // dw (OC,IC) += dout^T (OC,N) inp (N,IC)
-      x_.gemm_bf16(true, false, OC, IC, N, g, OC, bf16(bf_a_, inp, N * IC), IC, 1.0f, dw, IC);
+      const uint16_t* a = kept ? memo->inp.data() : bf16(bf_a_, inp, N * IC);
+      x_.gemm_bf16(true, false, OC, IC, N, g, OC, a, IC, 1.0f, dw, IC);
     }
   }
   void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
@@ -500,6 +518,15 @@ class RowBackend final : public Backend {
     src_.resize(static_cast<size_t>(S));
     for (int64_t i = 0; i < S; i++) src_[i] = {src[i].v, src[i].rstd, src[i].dv};
     return static_cast<const rows::Source*>(tables_.get(src_.data(), sizeof(rows::Source) * S));
+  }
+  // x (n floats) rounded to bf16 into buffer b (this backend's memory, grown as needed).
+  const uint16_t* bf16_into(DevBuf<uint16_t>& b, const float* x, int64_t n) {
+    if (b.backend() != this || static_cast<int64_t>(b.size()) < n) {
+      b.reset();
+      b.on(this).resize(static_cast<size_t>(n));
+    }
+    x_.launch(rows::ToBf16{b.data(), x}, n);
+    return b.data();
   }
   // x (n floats) rounded to bf16 into scratch s.
   const uint16_t* bf16(Scratch& s, const float* x, int64_t n) {

@@ -41,6 +41,11 @@ struct Model::Acts {
   Buf logits, lse;                  // (N,V), (N)
   // backward scratch, reused by every layer
   Buf d_a, d_b, d_c, d_att;
+  // The backend's keepsakes of each GEMM between forward and backward (MatmulMemo): per layer
+  // qkv, wo, w13, w2 at 4 j + 0..3, then the LM head.
+  std::vector<MatmulMemo> memo;
+  MatmulMemo* mm(int64_t j, int k) { return &memo[static_cast<size_t>(4 * j + k)]; }
+  MatmulMemo* head_mm() { return &memo.back(); }
 };
 
 Model::StagePass::StagePass() = default;
@@ -209,6 +214,7 @@ void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
   const int64_t H = cfg_.n_head, hd = cfg_.head_dim(), F = cfg_.ffn_hidden;
   const int64_t QKV = (H + 2 * cfg_.n_kv_head) * hd;
   const int64_t att = be_->attention_state_floats({B, T, H, cfg_.n_kv_head, hd});
+  if (a.memo.size() != static_cast<size_t>(4 * nl + 1)) a.memo.resize(4 * nl + 1);
   if (N <= a.cap_rows && att <= a.cap_att) return;
   a.cap_rows = std::max(a.cap_rows, N);
   a.cap_att = std::max(a.cap_att, att);
@@ -307,7 +313,7 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
-      be.matmul_forward(qkv, xn, w.wqkv, N, d, QKV);
+      be.matmul_forward(qkv, xn, w.wqkv, N, d, QKV, false, a.mm(j, 0));
     }
     {
       prof::Scope ps(prof::kRope, prof::kForward);
@@ -323,7 +329,7 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
-      be.matmul_forward(router.output_slot(2 * i), atty, w.wo, N, HD, d);
+      be.matmul_forward(router.output_slot(2 * i), atty, w.wo, N, HD, d, false, a.mm(j, 1));
     }
     record(2 * i);
     {
@@ -341,7 +347,7 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
-      be.matmul_forward(h13, xm, w.w13, N, d, 2 * F);
+      be.matmul_forward(h13, xm, w.w13, N, d, 2 * F, false, a.mm(j, 2));
     }
     {
       prof::Scope ps(prof::kSwiglu, prof::kForward);
@@ -349,7 +355,7 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
-      be.matmul_forward(router.output_slot(2 * i + 1), gate, w.w2, N, F, d);
+      be.matmul_forward(router.output_slot(2 * i + 1), gate, w.w2, N, F, d, false, a.mm(j, 3));
     }
     record(2 * i + 1);
     {
@@ -367,7 +373,7 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
   const float* wout = cfg_.tied ? wte : param("output.weight");
   {
     prof::Scope ps(prof::kMatmul, prof::kForward);
-    be.matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V);
+    be.matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V, false, a.head_mm());
   }
   if (!targets) return 0.0;
   prof::Scope ps(prof::kCrossEntropy, prof::kForward);
@@ -412,7 +418,7 @@ void Model::run_backward(StagePass& p) {
     float* dxf = zeroed(a.d_a, N * d);
     {
       prof::Scope ps(prof::kMatmul, prof::kBackward);
-      be.matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V);
+      be.matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V, a.head_mm());
     }
     float* dh = zeroed(a.d_b, N * d);
     const float* gnorm = param("norm.weight");
@@ -444,7 +450,8 @@ void Model::run_backward(StagePass& p) {
       float* dgate = zeroed(a.d_a, N * F);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(dgate, grad_of(w.w2), dy, a.gate.data() + j * N * F, w.w2, N, F, d);
+        be.matmul_backward(dgate, grad_of(w.w2), dy, a.gate.data() + j * N * F, w.w2, N, F, d,
+                           a.mm(j, 3));
       }
       float* dh13 = zeroed(a.d_b, N * 2 * F);
       {
@@ -455,7 +462,7 @@ void Model::run_backward(StagePass& p) {
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
         be.matmul_backward(dxn, grad_of(w.w13), dh13, a.xn_mlp.data() + j * N * d, w.w13, N, d,
-                             2 * F);
+                           2 * F, a.mm(j, 2));
       }
       float* dx = router.grad_input_slot(l);
       {
@@ -479,7 +486,8 @@ void Model::run_backward(StagePass& p) {
       float* datty = zeroed(a.d_a, N * HD);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + j * N * HD, w.wo, N, HD, d);
+        be.matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + j * N * HD, w.wo, N, HD, d,
+                           a.mm(j, 1));
       }
       float* dqkv = zeroed(a.d_b, N * QKV);
       {
@@ -500,7 +508,7 @@ void Model::run_backward(StagePass& p) {
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
         be.matmul_backward(dxn, grad_of(w.wqkv), dqkv, a.xn_att.data() + j * N * d, w.wqkv, N, d,
-                             QKV);
+                           QKV, a.mm(j, 0));
       }
       float* dx = router.grad_input_slot(l);
       {
@@ -566,6 +574,9 @@ int64_t Model::activation_bytes() const {
        {&a.emb, &a.xn_att, &a.rstd_att, &a.qkv, &a.att, &a.atty, &a.xn_mlp, &a.rstd_mlp, &a.h13,
         &a.gate, &a.xf, &a.rstd_f, &a.logits, &a.lse, &a.d_a, &a.d_b, &a.d_c, &a.d_att}) {
     n += static_cast<int64_t>(v->size() * sizeof(float));
+  }
+  for (const MatmulMemo& m : a.memo) {
+    n += static_cast<int64_t>((m.inp.size() + m.w.size()) * sizeof(uint16_t));
   }
   return n + main_->router->activation_bytes(a.cap_rows);
 }
