@@ -235,10 +235,14 @@ TEST_P(BackendOps, MatmulMemoGivesTheSameResults) {
   auto run = [&](MatmulMemo* memo, const std::vector<float>& back) {
     Buf gx(x), gw(w), gdy(dy), gy(N * OC), gdx(N * IC), gdw(OC * IC), gb(back);
     be->matmul_forward(gy.data(), gx.data(), gw.data(), N, IC, OC, false, memo);
-    if (memo) EXPECT_TRUE(memo->valid);
+    if (memo) {
+      EXPECT_TRUE(memo->valid);
+    }
     const float* bx = back == x ? gx.data() : gb.data();
     be->matmul_backward(gdx.data(), gdw.data(), gdy.data(), bx, gw.data(), N, IC, OC, memo);
-    if (memo) EXPECT_FALSE(memo->valid);  // used once
+    if (memo) {
+      EXPECT_FALSE(memo->valid);  // used once
+    }
     return std::make_tuple(gy.download(), gdx.download(), gdw.download());
   };
   for (const auto* back : {&x, &x2}) {  // the memo's operands, then others: ignored
