@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attnres/backend.hpp"
@@ -539,11 +540,44 @@ TEST_P(BackendOps, ScalarMixAndRowHelpersMatchCpu) {
   EXPECT_LT(rel(gcs.download(), cs), 1e-5);
 }
 
+// bf16 attention over several 64-row tiles (the GPU's flash kernels cross tiles, GQA groups and
+// partial last tiles here): out and each of dq, dk, dv separately within bf16 rounding of fp32.
+TEST_P(BackendOps, Bf16AttentionAcrossTilesStaysNearFp32) {
+  for (int64_t hd : {64, 128}) {
+    SCOPED_TRACE("hd=" + std::to_string(hd));
+    const ops::AttnShape s{2, 150, 4, 2, hd};
+    const int64_t N = s.B * s.T, ld = s.ld(), HD = s.H * s.hd, att_n = s.B * s.H * s.T * s.T;
+    const auto qkv = randn(N * ld, 110), dout = randn(N * HD, 111), dqkv0 = randn(N * ld, 112);
+    std::vector<float> out(N * HD), att(att_n), scratch(att_n), dqkv = dqkv0;
+    ops::attention_forward(out.data(), att.data(), qkv.data(), s);
+    ops::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), s);
+    be->set_matmul_precision(MatmulPrecision::bf16);
+    const int64_t st = be->attention_state_floats(s);
+    Buf gqkv(qkv), gout(N * HD), gatt(st), gdout(dout), gdqkv(dqkv0), gscratch(st);
+    be->attention_forward(gout.data(), gatt.data(), gqkv.data(), s);
+    be->attention_backward(gdqkv.data(), gscratch.data(), gdout.data(), gqkv.data(), gout.data(),
+                           gatt.data(), s);
+    be->set_matmul_precision(MatmulPrecision::fp32);
+    EXPECT_LT(rel(gout.download(), out), 1e-2);
+    const std::vector<float> got = gdqkv.download();
+    std::vector<float> ref[3], dev[3];  // dq, dk, dv: what the backward added
+    for (int64_t n = 0; n < N; n++) {
+      for (int64_t c = 0; c < ld; c++) {
+        const int part = c < HD ? 0 : c < HD + s.Hkv * s.hd ? 1 : 2;
+        ref[part].push_back(dqkv[n * ld + c] - dqkv0[n * ld + c]);
+        dev[part].push_back(got[n * ld + c] - dqkv0[n * ld + c]);
+      }
+    }
+    for (int part = 0; part < 3; part++) EXPECT_LT(rel(dev[part], ref[part]), 2e-2) << part;
+  }
+}
+
 // The decoder's ops: attention of new queries against a KV cache (long enough for several chunks
-// of keys), and strided row copies.
+// of keys; a prefill longer than one launch's queries), and strided row copies.
 TEST_P(BackendOps, DecodeOpsMatchCpu) {
-  for (int64_t hd : {16, 64}) {
-    const int64_t H = 4, Hkv = 2, n = 3, pos0 = 70, P = pos0 + n;
+  for (auto [hd, n] : {std::pair<int64_t, int64_t>{16, 3}, {64, 3}, {16, 40}}) {
+    SCOPED_TRACE("hd=" + std::to_string(hd) + " n=" + std::to_string(n));
+    const int64_t H = 4, Hkv = 2, pos0 = 70, P = pos0 + n;
     const auto q = randn(n * H * hd, 80, 2.0), kc = randn(P * Hkv * hd, 81),
                vc = randn(P * Hkv * hd, 82);
     std::vector<float> out(n * H * hd);

@@ -180,6 +180,7 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
     dect.push_back(secs(t0));
     t = static_cast<int32_t>(std::max_element(l, l + c.vocab_size) - l);
   }
+  prof::set_synchronizer(nullptr, nullptr);  // the backend goes with this function
   struct rusage ru {};
   ::getrusage(RUSAGE_SELF, &ru);
   const double step_s = median(times);

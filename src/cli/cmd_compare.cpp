@@ -202,6 +202,8 @@ void run_compare(CompareArgs& a) {
     }
   }
 
+  // The device and precision work here (before the data is prepared).
+  make_backend(a.base.cfg.device)->set_matmul_precision(parse_precision(a.base.cfg.precision));
   // One tokenizer and token cache for every run.
   fs::create_directories(a.out);
   const std::string data_dir = (fs::path(a.out) / "data").string();

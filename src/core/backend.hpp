@@ -55,12 +55,12 @@ class Backend {
   virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a + b
   virtual void mul(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a * b
   virtual void add_product(float* dst, const float* a, const float* b, int64_t n) = 0;  // += a*b
-  virtual void scale(float* x, float s, int64_t n) = 0;
+  virtual void scale(float* x, float s, int64_t n) = 0;  // x *= s
   // Row vectors broadcast over the N rows of (N,C): x += row; dst = src * row (dst may be src).
   virtual void add_row(float* x, const float* row, int64_t N, int64_t C) = 0;
   virtual void mul_row(float* dst, const float* src, const float* row, int64_t N, int64_t C) = 0;
   // dst (C) += the column sums of x (N,C) (fp32; deterministic).
-  virtual void column_sum_add(float* dst, const float* x, int64_t N, int64_t C) = 0;                                // x *= s
+  virtual void column_sum_add(float* dst, const float* x, int64_t N, int64_t C) = 0;
   // sum of x^2, accumulated in double (gradient norms).
   virtual double sum_squares(const float* x, int64_t n) = 0;
 

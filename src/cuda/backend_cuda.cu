@@ -223,7 +223,15 @@ struct CudaExec {
   static const char* name() { return "cuda"; }
   static constexpr bool kHostMemory = false;
   static constexpr bool kFlashAttention = true;
-  static bool flash_attention_supported(int64_t hd) { return flash::supported(hd); }
+  // A kernel for hd whose shared memory fits this device (hd 128 needs 145 KiB: not on sm_86/89).
+  bool flash_attention_supported(int64_t hd) const {
+    if (!flash::supported(hd)) return false;
+    const size_t need = hd == 16    ? sizeof(flash::Smem<16>)
+                        : hd == 32  ? sizeof(flash::Smem<32>)
+                        : hd == 64  ? sizeof(flash::Smem<64>)
+                                    : sizeof(flash::Smem<128>);
+    return need <= static_cast<size_t>(smem_optin_);
+  }
   // out (B,T,H*hd), lse (B,H,T) from q|k|v (B,T,ld).
   void flash_attention_forward(float* out, float* lse, const float* qkv, const ops::AttnShape& s) {
     flash::Args a = flash_args(qkv, s);
@@ -243,7 +251,12 @@ struct CudaExec {
     run_flash<1>(a, s.hd, flash::key_units(a));
     run_flash<2>(a, s.hd, flash::query_units(a));
   }
-  explicit CudaExec(int device) { ATTNRES_CUDA_CHECK(cudaSetDevice(device)); }
+  explicit CudaExec(int device) {
+    ATTNRES_CUDA_CHECK(cudaSetDevice(device));
+    ATTNRES_CUDA_CHECK(
+        cudaDeviceGetAttribute(&smem_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  }
+  int smem_optin_ = 0;  // the most shared memory a block may ask for
   void* alloc(size_t bytes) {
     if (bytes == 0) return nullptr;
     void* p = nullptr;

@@ -20,7 +20,7 @@ struct HostExec {
   static constexpr bool kHostMemory = true;
   // Flash attention's warp kernels run on the host only in tests/test_flash_attention.cpp.
   static constexpr bool kFlashAttention = false;
-  static bool flash_attention_supported(int64_t) { return false; }
+  bool flash_attention_supported(int64_t) const { return false; }
   void* alloc(size_t bytes) {
     if (bytes == 0) return nullptr;
     void* p = std::calloc(1, bytes);

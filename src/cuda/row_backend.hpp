@@ -288,15 +288,19 @@ class RowBackend final : public Backend {
       }
     }
   }
-  // Split over chunks of kDecodeKeys cached keys, then merged (row_kernels.hpp).
+  // Split over chunks of kDecodeKeys cached keys, then merged (row_kernels.hpp); a long prefill
+  // in blocks of kDecodeQueries queries, so the partials stay small.
   void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
                         int64_t pos0, int64_t H, int64_t Hkv, int64_t hd) override {
-    if (n == 0) return;
-    const int64_t C = (pos0 + n + kDecodeKeys - 1) / kDecodeKeys;
-    auto* part = static_cast<float*>(scratch(decode_, sizeof(float) * n * H * C * (hd + 2)));
-    x_.launch(rows::AttnDecodePartial{part, q, kc, vc, pos0, H, Hkv, hd, kDecodeKeys, C},
-              n * H * C);
-    x_.launch(rows::AttnDecodeMerge{out, part, hd, C}, n * H * hd);
+    for (int64_t t0 = 0; t0 < n; t0 += kDecodeQueries) {
+      const int64_t m = std::min(kDecodeQueries, n - t0), p0 = pos0 + t0;
+      const int64_t C = (p0 + m + kDecodeKeys - 1) / kDecodeKeys;
+      auto* part = static_cast<float*>(scratch(decode_, sizeof(float) * m * H * C * (hd + 2)));
+      x_.launch(rows::AttnDecodePartial{part, q + t0 * H * hd, kc, vc, p0, H, Hkv, hd,
+                                        kDecodeKeys, C},
+                m * H * C);
+      x_.launch(rows::AttnDecodeMerge{out + t0 * H * hd, part, hd, C}, m * H * hd);
+    }
   }
   void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) override {
     x_.launch(rows::SwigluForward{out, h13, F}, N * F);
@@ -427,7 +431,7 @@ class RowBackend final : public Backend {
   }
   bool flash(const ops::AttnShape& s) const {
     return Exec::kFlashAttention && flash_enabled_ && precision_ == MatmulPrecision::bf16 &&
-           Exec::flash_attention_supported(s.hd);
+           x_.flash_attention_supported(s.hd);
   }
   // attention_forward / attention_backward with GEMM operands of type E: float, or uint16_t (bf16
   // bits: each operand rounded into a scratch copy first).
@@ -559,6 +563,7 @@ class RowBackend final : public Backend {
 
   static constexpr int64_t kRowsPerChunk = 64;  // column sums: rows per partial sum
   static constexpr int64_t kDecodeKeys = 32;    // decode attention: cached keys per chunk
+  static constexpr int64_t kDecodeQueries = 16;  // decode attention: queries per launch
 
   Exec x_;
   bool flash_enabled_ = true;
