@@ -43,10 +43,13 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
   return rel_diff(a.data(), b.data(), static_cast<int64_t>(a.size()));
 }
 
+// per_head: GQA's dK, dV per query head, then summed (rows::GqaSum), as the GPU runs it.
 template <int HD>
-void check_shape(int64_t B, int64_t T, int64_t H, int64_t Hkv, uint64_t seed) {
+void check_shape(int64_t B, int64_t T, int64_t H, int64_t Hkv, uint64_t seed,
+                 bool per_head = false) {
   SCOPED_TRACE("B " + std::to_string(B) + " T " + std::to_string(T) + " H " + std::to_string(H) +
-               " Hkv " + std::to_string(Hkv) + " hd " + std::to_string(HD));
+               " Hkv " + std::to_string(Hkv) + " hd " + std::to_string(HD) +
+               (per_head ? " per head" : ""));
   const ops::AttnShape s{B, T, H, Hkv, HD};
   const int64_t N = B * T, ld = s.ld(), HDs = H * HD;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HD));
@@ -94,9 +97,18 @@ void check_shape(int64_t B, int64_t T, int64_t H, int64_t Hkv, uint64_t seed) {
   EXPECT_GT(rel(fout, out), 1e-6);  // the operands were rounded to bf16
   EXPECT_LT(rel(flse, lse), 1e-2);
   rows::run_rows_host(rows::AttnRowDot{fd.data(), fout.data(), dout.data(), T, H, HD}, N * H);
+  std::vector<float> shares(per_head ? 2 * B * H * T * HD : 0, 5.0f);
+  if (per_head) {
+    a.dk_part = shares.data();
+    a.dv_part = shares.data() + B * H * T * HD;
+  }
   run<HD>([&](int64_t u, int w, int lane,
               flash::Smem<HD>& m) { flash::backward_kv_block<HD>(a, u, w, lane, m); },
           flash::key_units(a));
+  if (per_head) {
+    rows::run_rows_host(
+        rows::GqaSum{fdqkv.data(), a.dk_part, a.dv_part, T, H, Hkv, HD, ld}, B * T * Hkv * HD);
+  }
   run<HD>([&](int64_t u, int w, int lane,
               flash::Smem<HD>& m) { flash::backward_q_block<HD>(a, u, w, lane, m); },
           flash::query_units(a));
@@ -125,6 +137,8 @@ TEST(FlashAttention, MatchesTheCpuOps) {
   check_shape<32>(1, 64, 2, 2, 20);   // MHA, one full tile
   check_shape<64>(2, 80, 2, 1, 30);   // one kv head for two query heads, 2 tiles
   check_shape<128>(1, 9, 2, 2, 40);   // the widest head, a part of one warp's rows
+  check_shape<16>(2, 150, 4, 2, 50, /*per_head=*/true);  // GQA by query head, then summed
+  check_shape<32>(1, 70, 6, 2, 60, /*per_head=*/true);
 }
 
 TEST(FlashAttention, SupportsTheTensorCoreHeadSizes) {

@@ -240,14 +240,18 @@ struct CudaExec {
     run_flash<0>(a, s.hd, flash::query_units(a));
   }
   // dqkv (B,T,ld) += from dout (B,T,H*hd), q|k|v, the forward's lse and D = rowsum(dout o out)
-  // (both (B,H,T)).
+  // (both (B,H,T)); with dk_part, dv_part (B,H,T,hd) dK and dV per query head go there instead
+  // (flash::Args).
   void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                                const float* dsum, const ops::AttnShape& s) {
+                                const float* dsum, float* dk_part, float* dv_part,
+                                const ops::AttnShape& s) {
     flash::Args a = flash_args(qkv, s);
     a.dout = dout;
     a.dqkv = dqkv;
     a.lse = const_cast<float*>(lse);
     a.dsum = dsum;
+    a.dk_part = dk_part;
+    a.dv_part = dv_part;
     run_flash<1>(a, s.hd, flash::key_units(a));
     run_flash<2>(a, s.hd, flash::query_units(a));
   }

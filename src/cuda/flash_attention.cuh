@@ -44,6 +44,10 @@ struct Args {
   float* dqkv;        // backward: (B,T,ld) +=
   float* lse;         // (B,H,T): written by the forward, read by the backward
   const float* dsum;  // backward: D (B,H,T)
+  // GQA (H > Hkv): dK, dV per query head (B,H,T,hd) each, summed over each group afterwards
+  // (rows::GqaSum), so every query head is a block of its own; null: one block per kv head.
+  float* dk_part = nullptr;
+  float* dv_part = nullptr;
   int64_t B, T, H, Hkv, ld;
   float scale;
   ATTNRES_HD int64_t tiles() const { return (T + kBlock - 1) / kBlock; }
@@ -255,12 +259,16 @@ __device__ __forceinline__ void probabilities(const Args& a, const float* s, con
 }
 
 // dK, dV of unit (b, kv head kh, key tile kt), warp w: over the group's query heads and the query
-// tiles at or after the key tile. The warp's products are transposed (its 16 keys against the
-// tile's 64 queries): S^T = K Q^T, dP^T = V dO^T, so P^T and dS^T are row-major operands.
+// tiles at or after the key tile (with dk_part: unit (b, query head h, key tile kt), that head's
+// share only). The warp's products are transposed (its 16 keys against the tile's 64 queries):
+// S^T = K Q^T, dP^T = V dO^T, so P^T and dS^T are row-major operands.
 template <int HD>
 __device__ void backward_kv_block(const Args& a, int64_t unit, int w, int lane, Smem<HD>& sm) {
-  const int64_t nt = a.tiles(), kt = unit % nt, bk = unit / nt, kh = bk % a.Hkv, b = bk / a.Hkv;
-  const int64_t G = a.H / a.Hkv, u0 = kt * kBlock + w * kTile;  // this warp's first key
+  const bool part = a.dk_part != nullptr;
+  const int64_t nt = a.tiles(), kt = unit % nt, bk = unit / nt, G = a.H / a.Hkv;
+  const int64_t heads = part ? a.H : a.Hkv, hx = bk % heads, b = bk / heads;
+  const int64_t kh = part ? hx / G : hx, h_begin = part ? hx : kh * G, h_end = part ? hx + 1 : (kh + 1) * G;
+  const int64_t u0 = kt * kBlock + w * kTile;  // this warp's first key
   const int64_t nk = u0 < a.T ? lesser(kTile, a.T - u0) : 0, us = u0 < a.T ? u0 : 0;
   const int tid = w * kWarp + lane, threads = kWarps * kWarp;
   typename Smem<HD>::Warp& m = sm.w[w];
@@ -271,7 +279,7 @@ __device__ void backward_kv_block(const Args& a, int64_t unit, int w, int lane, 
     wmma::fill_fragment(dk[n], 0.0f);
     wmma::fill_fragment(dv[n], 0.0f);
   }
-  for (int64_t h = kh * G; h < (kh + 1) * G; h++) {
+  for (int64_t h = h_begin; h < h_end; h++) {
     const int64_t bh = b * a.H + h;
     for (int64_t qt = kt; qt < nt; qt++) {
       const int64_t t0 = qt * kBlock, nq = lesser(kBlock, a.T - t0);
@@ -297,6 +305,12 @@ __device__ void backward_kv_block(const Args& a, int64_t unit, int w, int lane, 
       accumulate<HD>(dv, m.p, sm.y);   // dV += P^T dO
       accumulate<HD>(dk, m.ds, sm.x);  // dK += dS^T Q
     }
+  }
+  if (part) {  // this head's share, (B,H,T,hd)
+    const int64_t off = ((b * a.H + hx) * a.T + us) * HD;
+    write_rows<HD>(a.dk_part + off, HD, nk, false, dk, m.stage, lane);
+    write_rows<HD>(a.dv_part + off, HD, nk, false, dv, m.stage, lane);
+    return;
   }
   write_rows<HD>(a.dqkv + k_at(a, b, us, kh, HD), a.ld, nk, true, dk, m.stage, lane);
   write_rows<HD>(a.dqkv + v_at(a, b, us, kh, HD), a.ld, nk, true, dv, m.stage, lane);
@@ -337,8 +351,10 @@ __device__ void backward_q_block(const Args& a, int64_t unit, int w, int lane, S
   write_rows<HD>(a.dqkv + q_at(a, b, ts, h, HD), a.ld, nq, true, dq, m.stage, lane);
 }
 
-// Units (blocks): forward and dQ B * H * tiles, dK/dV B * Hkv * tiles.
+// Units (blocks): forward and dQ B * H * tiles, dK/dV B * Hkv * tiles (with dk_part B * H * tiles).
 inline int64_t query_units(const Args& a) { return a.B * a.H * a.tiles(); }
-inline int64_t key_units(const Args& a) { return a.B * a.Hkv * a.tiles(); }
+inline int64_t key_units(const Args& a) {
+  return a.B * (a.dk_part ? a.H : a.Hkv) * a.tiles();
+}
 
 }  // namespace attnres::cuda::flash

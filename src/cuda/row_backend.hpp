@@ -12,8 +12,8 @@
 // A, lda, B, ldb, beta, C, ldc): C (fp32) = op(A) op(B) + beta C with A, B bf16, fp32
 // accumulation, the same contract; kFlashAttention, and where true flash_attention_supported(hd),
 // flash_attention_forward(out, lse, qkv, shape) and flash_attention_backward(dqkv, dout, qkv,
-// lse, D, shape) (flash_attention.cuh). Pointer tables come from a TableCache (table_cache.hpp):
-// uploaded once, reused by every later step that passes the same pointers.
+// lse, D, dk_part, dv_part, shape) (flash_attention.cuh). Pointer tables come from a TableCache
+// (table_cache.hpp): uploaded once, reused by every later step that passes the same pointers.
 #pragma once
 
 #include <algorithm>
@@ -46,7 +46,7 @@ class RowBackend final : public Backend {
   }
   ~RowBackend() override {
     for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &bf_d_, &ids_,
-                    &decode_}) {
+                    &decode_, &gqa_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
@@ -228,7 +228,16 @@ class RowBackend final : public Backend {
     if constexpr (Exec::kFlashAttention) {
       if (flash(s)) {  // D = rowsum(dout o out) (B,H,T) into scratch
         x_.launch(rows::AttnRowDot{scratch, out, dout, s.T, s.H, s.hd}, s.B * s.T * s.H);
-        return x_.flash_attention_backward(dqkv, dout, qkv, att, scratch, s);
+        if (s.H == s.Hkv) {
+          return x_.flash_attention_backward(dqkv, dout, qkv, att, scratch, nullptr, nullptr, s);
+        }
+        // GQA: dK, dV per query head, then each group's sum (every head a block of its own).
+        const int64_t n = s.B * s.H * s.T * s.hd;
+        auto* part = static_cast<float*>(this->scratch(gqa_, sizeof(float) * 2 * n));
+        x_.flash_attention_backward(dqkv, dout, qkv, att, scratch, part, part + n, s);
+        x_.launch(rows::GqaSum{dqkv, part, part + n, s.T, s.H, s.Hkv, s.hd, s.ld()},
+                  s.B * s.T * s.Hkv * s.hd);
+        return;
       }
     }
     if (precision_ == MatmulPrecision::bf16) {
@@ -570,7 +579,7 @@ class RowBackend final : public Backend {
   TableCache<Exec> tables_{x_};
   std::vector<const void*> flat_;
   std::vector<rows::Source> src_;
-  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_, decode_;
+  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_, decode_, gqa_;
   std::vector<int32_t> host_ids_, host_perm_, host_groups_;
   Batch batch_;
 };

@@ -505,6 +505,28 @@ struct AttnSoftmaxBackward {
   }
 };
 
+// GQA dK, dV from per-query-head shares (flash attention): index i = ((b T + t) Hkv + kh) hd + c;
+// dqkv's k and v of (b, t, kh, c) += the sum over the group's G heads, in order, of
+// dk_part / dv_part (B,H,T,hd) at head kh G + g.
+struct GqaSum {
+  float* dqkv;
+  const float* dk_part;
+  const float* dv_part;
+  int64_t T, H, Hkv, hd, ld;
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t c = i % hd, kh = (i / hd) % Hkv, bt = i / (hd * Hkv), b = bt / T, t = bt % T;
+    const int64_t G = H / Hkv;
+    float sk = 0.0f, sv = 0.0f;
+    for (int64_t g = 0; g < G; g++) {
+      const int64_t off = ((b * H + kh * G + g) * T + t) * hd + c;
+      sk += dk_part[off];
+      sv += dv_part[off];
+    }
+    dqkv[bt * ld + (H + kh) * hd + c] += sk;
+    dqkv[bt * ld + (H + Hkv + kh) * hd + c] += sv;
+  }
+};
+
 // KV-cache decoding (src/ops attention_decode), split over the cached keys so a single new token
 // still spreads over many threads ("flash-decoding"): query i = t H + h of the n new queries q
 // (n,H,hd) at position pos0 + t sees keys [0, pos0 + t] of kc, vc (rows of Hkv*hd). Chunk c of C
