@@ -23,6 +23,7 @@
 #include "attnres/safetensors.hpp"
 #include "attnres/train.hpp"
 #include "cli/commands.hpp"
+#include "cli/device_options.hpp"
 #include "cli/progress.hpp"
 #include "core/backend.hpp"
 #include "core/blas.hpp"
@@ -47,14 +48,10 @@ struct BenchArgs {
   std::string child_mode;     // internal: run one mode and print its JSON
   std::string torch_pythons;  // comma-separated interpreters for tools/bench_torch.py
   std::string weights_out;    // internal: child writes weights + batch here (for PyTorch)
-  std::string device = "cpu", precision = "fp32";
+  DeviceArgs dev;
 };
 
-std::shared_ptr<Backend> bench_backend(const BenchArgs& a) {
-  std::shared_ptr<Backend> be = make_backend(a.device);
-  be->set_matmul_precision(parse_precision(a.precision));
-  return be;
-}
+std::shared_ptr<Backend> bench_backend(const BenchArgs& a) { return open_backend(a.dev); }
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -256,7 +253,7 @@ std::string self_args(const BenchArgs& a) {
                 static_cast<long long>(a.batch), static_cast<long long>(a.vocab),
                 static_cast<long long>(a.block_size), static_cast<long long>(a.steps),
                 static_cast<long long>(a.warmup), static_cast<long long>(a.decode_tokens),
-                a.device.c_str(), a.precision.c_str());
+                a.dev.device.c_str(), a.dev.precision.c_str());
   return buf;
 }
 
@@ -286,12 +283,11 @@ void run_bench(const BenchArgs& a) {
     std::printf("%s\n", bench_one(a, a.child_mode).dump().c_str());
     return;
   }
-  check(a.precision == "fp32" || a.device != "cpu",
-        "--precision bf16 runs on --device cuda or cuda-host; the CPU benchmarks fp32");
-  check(a.torch_pythons.empty() || a.device == "cpu",
+  open_backend(a.dev);  // bad --device / --precision: an error before any work
+  check(a.torch_pythons.empty() || a.dev.device == "cpu",
         "--torch compares with PyTorch on the CPU: drop --torch, or use --device cpu");
   const ModelConfig probe = bench_config(a, "prenorm");
-  const bool on_cpu = a.device == "cpu";
+  const bool on_cpu = a.dev.device == "cpu";
   std::printf("attnres bench: d %lld, %lld layers, %lld heads, T %lld, B %lld, vocab %lld, "
               "%d threads; %lld timed steps after %lld warm-up (medians)\n",
               static_cast<long long>(a.d_model), static_cast<long long>(a.n_layer),
@@ -306,20 +302,20 @@ void run_bench(const BenchArgs& a) {
     std::printf("sgemm ceiling (2048^3, oneDNN): %.1f GFLOP/s\n\n", ceiling);
   } else {
     std::shared_ptr<Backend> be = bench_backend(a);
-    const int64_t n = a.device == "cuda-host" ? 256 : 4096;  // the emulation is slow
-    std::printf("device %s, %s matrix products\n", be->name().c_str(), a.precision.c_str());
+    const int64_t n = a.dev.device == "cuda-host" ? 256 : 4096;  // the emulation is slow
+    std::printf("device %s, %s matrix products\n", be->name().c_str(), a.dev.precision.c_str());
     std::fflush(stdout);
     ceiling = device_gemm_gflops(*be, n);
     std::printf("sgemm ceiling (%lld^3, the device's GEMM at %s): %.1f GFLOP/s\n\n",
-                static_cast<long long>(n), a.precision.c_str(), ceiling);
+                static_cast<long long>(n), a.dev.precision.c_str(), ceiling);
   }
   std::fflush(stdout);
   json results = {{"config", json::parse(probe.to_json())},
                   {"batch_size", a.batch},
                   {"seq_len", a.seq_len},
                   {"threads", omp_get_max_threads()},
-                  {"device", a.device},
-                  {"precision", a.precision},
+                  {"device", a.dev.device},
+                  {"precision", a.dev.precision},
                   {"sgemm_gflops", ceiling},
                   {"modes", json::array()}};
   std::vector<std::string> modes;
@@ -487,14 +483,7 @@ void add_bench(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   s->add_option("--json", a->json_out, "Also write the results as JSON to this file");
-  s->add_option("--device", a->device,
-                "Where the models run: cpu, cuda, cuda-host (the CUDA kernels emulated on the CPU: "
-                "slow, for tests)")
-      ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
-      ->capture_default_str();
-  s->add_option("--precision", a->precision, "Matrix-product precision on a device: fp32 or bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
+  add_device_options(s, a->dev);
   s->add_option("--torch", a->torch_pythons,
                 "Python interpreter(s) with PyTorch, comma-separated, to run tools/bench_torch.py "
                 "on the same weights and batch (e.g. /usr/bin/python3)");

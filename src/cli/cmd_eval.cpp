@@ -9,6 +9,7 @@
 #include "attnres/fileio.hpp"
 #include "attnres/train.hpp"
 #include "cli/commands.hpp"
+#include "cli/device_options.hpp"
 #include "cli/progress.hpp"
 #include "core/backend.hpp"
 
@@ -19,17 +20,15 @@ namespace attnres::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model, data, split = "val", device = "cpu", precision = "fp32";
+  std::string model, data, split = "val";
+  DeviceArgs dev;
   int64_t seq_len = 0, batch_size = 8, batches = 50;
   double val_fraction = -1;
 };
 
 void run_eval(const EvalArgs& a) {
   Metadata meta;
-  check(a.precision == "fp32" || a.device != "cpu",
-        "--precision bf16 runs on --device cuda or cuda-host; the CPU evaluates in fp32");
-  std::shared_ptr<Backend> be = make_backend(a.device);
-  be->set_matmul_precision(parse_precision(a.precision));
+  std::shared_ptr<Backend> be = open_backend(a.dev);
   auto model = load_model(a.model, &meta, 0, be);
   const fs::path dir = fs::path(a.model).parent_path();
   // Defaults from the run that produced the model, when its train_config.json is beside it.
@@ -94,12 +93,7 @@ void add_eval(CLI::App& app) {
   s->add_option("--seq-len", a->seq_len, "Window length (default: the model's context)");
   s->add_option("--batch-size", a->batch_size, "Windows per batch")->capture_default_str();
   s->add_option("--batches", a->batches, "Most batches to evaluate")->capture_default_str();
-  s->add_option("--device", a->device, "Where the model runs: cpu, cuda, cuda-host")
-      ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
-      ->capture_default_str();
-  s->add_option("--precision", a->precision, "GEMM precision on a device: fp32 or bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
+  add_device_options(s, a->dev);
   s->callback([a] { run_eval(*a); });
 }
 

@@ -7,6 +7,7 @@
 #include "attnres/generate.hpp"
 #include "attnres/tokenizer.hpp"
 #include "cli/commands.hpp"
+#include "cli/device_options.hpp"
 #include "core/backend.hpp"
 
 namespace attnres::cli {
@@ -14,17 +15,15 @@ namespace attnres::cli {
 namespace {
 
 struct GenArgs {
-  std::string model, prompt, device = "cpu", precision = "fp32";
+  std::string model, prompt;
+  DeviceArgs dev;
   int64_t max_new = 200;
   SamplingConfig sc;
 };
 
 void run_generate(const GenArgs& a) {
   a.sc.validate();
-  check(a.precision == "fp32" || a.device != "cpu",
-        "--precision bf16 runs on --device cuda or cuda-host; the CPU generates in fp32");
-  std::shared_ptr<Backend> be = make_backend(a.device);
-  be->set_matmul_precision(parse_precision(a.precision));
+  std::shared_ptr<Backend> be = open_backend(a.dev);
   Metadata meta;
   auto model = load_model(a.model, &meta, 0, be);
   auto it = meta.find("tokenizer");
@@ -66,12 +65,7 @@ void add_generate(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--top-p", a->sc.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
   s->add_option("--seed", a->sc.seed, "Sampling seed")->capture_default_str();
-  s->add_option("--device", a->device, "Where the model runs: cpu, cuda, cuda-host")
-      ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
-      ->capture_default_str();
-  s->add_option("--precision", a->precision, "GEMM precision on a device: fp32 or bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
+  add_device_options(s, a->dev);
   s->callback([a] { run_generate(*a); });
 }
 
