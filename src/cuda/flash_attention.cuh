@@ -10,7 +10,8 @@
 //   backward  D = rowsum(dO o O) (rows::AttnRowDot), then two kernels that each own what they
 //             write, so no atomics and the result is deterministic: per key tile
 //             dK += dS^T Q, dV += P^T dO over the query tiles at or after it (and over the query
-//             heads of a GQA group); per query tile dQ += dS K over the key tiles up to it.
+//             heads of a GQA group, or per query head into shares summed afterwards: Args);
+//             per query tile dQ += dS K over the key tiles up to it.
 //             P = exp(scale S - lse), dS = scale P (dP - D), dP = dO V^T.
 // Warps synchronise with __syncwarp and the block with __syncthreads (every warp reaches every
 // __syncthreads, rows past T or not). tests/test_flash_attention.cpp runs these bodies on host
