@@ -67,8 +67,10 @@ class Backend {
   // ---- ops (src/ops/ops.hpp) ----
   virtual void embedding_forward(float* out, const int32_t* ids, const float* wte, int64_t N,
                                  int64_t C) = 0;
+  // host_ids: the same N ids in host memory where the caller has them (a device backend then
+  // reads no ids back: no wait for the device), else null.
   virtual void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
-                                  int64_t C) = 0;
+                                  int64_t C, const int32_t* host_ids = nullptr) = 0;
   virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g,
                                int64_t N, int64_t C, float eps) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp,

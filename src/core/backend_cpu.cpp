@@ -90,7 +90,7 @@ class CpuBackend final : public Backend {
     ops::embedding_forward(out, ids, wte, N, C);
   }
   void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
-                          int64_t C) override {
+                          int64_t C, const int32_t* /*host_ids: ids are host memory*/) override {
     ops::embedding_backward(dwte, dout, ids, N, C);
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,

@@ -114,14 +114,19 @@ class RowBackend final : public Backend {
                          int64_t C) override {
     x_.launch(rows::EmbeddingForward{out, ids, wte, C}, N * C);
   }
-  // The rows are grouped by token id on the host (the ids come back: N ints), so each (token,
-  // channel) sums its rows in order in parallel: deterministic, and no thread loops over all N.
+  // The rows are grouped by token id on the host (the ids come back, N ints, unless the caller
+  // has them), so each (token, channel) sums its rows in order in parallel: deterministic, and
+  // no thread loops over all N.
   void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
-                          int64_t C) override {
+                          int64_t C, const int32_t* host_ids) override {
     if (N == 0) return;
     std::vector<int32_t>& h = host_ids_;
     h.resize(static_cast<size_t>(N));
-    x_.download(h.data(), ids, sizeof(int32_t) * h.size());
+    if (host_ids) {
+      std::copy(host_ids, host_ids + N, h.begin());
+    } else {
+      x_.download(h.data(), ids, sizeof(int32_t) * h.size());
+    }
     std::vector<int32_t>& perm = host_perm_;
     perm.resize(h.size());
     for (int64_t n = 0; n < N; n++) perm[n] = static_cast<int32_t>(n);

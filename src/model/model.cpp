@@ -29,6 +29,7 @@ struct Model::Acts {
   bool have_targets = false;
   using Buf = DevBuf<float>;
   DevBuf<int32_t> tokens, targets;  // (N)
+  std::vector<int32_t> host_tokens;  // (N) the tokens' host copy (the embedding backward's)
   Buf emb;                          // (N,d)
   Buf xn_att, rstd_att;             // (nl,N,d), (nl,N)
   Buf qkv;                          // (nl,N,QKV) q|k|v after RoPE
@@ -271,7 +272,10 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
       throw Error("target id " + std::to_string(targets[n]) + " is outside the vocabulary");
     }
   }
-  if (a.first) be.upload(a.tokens.data(), tokens, sizeof(int32_t) * N);
+  if (a.first) {
+    be.upload(a.tokens.data(), tokens, sizeof(int32_t) * N);
+    a.host_tokens.assign(tokens, tokens + N);
+  }
   a.have_targets = targets != nullptr;
   if (targets) be.upload(a.targets.data(), targets, sizeof(int32_t) * N);
 
@@ -529,7 +533,7 @@ void Model::run_backward(StagePass& p) {
       demb = router.grad_embedding();
     }
     prof::Scope ps(prof::kEmbedding, prof::kBackward);
-    be.embedding_backward(grad_of(wte), demb, a.tokens.data(), N, d);
+    be.embedding_backward(grad_of(wte), demb, a.tokens.data(), N, d, a.host_tokens.data());
   }
 }
 
