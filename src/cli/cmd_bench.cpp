@@ -51,8 +51,6 @@ struct BenchArgs {
   DeviceArgs dev;
 };
 
-std::shared_ptr<Backend> bench_backend(const BenchArgs& a) { return open_backend(a.dev); }
-
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 double median(std::vector<double> v) {
@@ -110,7 +108,7 @@ double device_gemm_gflops(Backend& be, int64_t n) {
 // One mode, in this (child) process.
 json bench_one(const BenchArgs& a, const std::string& mode) {
   const ModelConfig c = bench_config(a, mode);
-  std::shared_ptr<Backend> be = bench_backend(a);
+  std::shared_ptr<Backend> be = open_backend(a.dev);
   if (!be->is_cpu()) {  // profiled scopes wait for the device, so they time its work
     prof::set_synchronizer([](void* b) { static_cast<Backend*>(b)->synchronize(); }, be.get());
   }
@@ -205,7 +203,7 @@ json inference_interleaved(const BenchArgs& a, const std::vector<std::string>& m
   const int64_t T = a.seq_len, P = std::max<int64_t>(1, T / 2);
   std::vector<std::unique_ptr<Model>> models;
   std::vector<std::unique_ptr<Decoder>> decs;
-  std::shared_ptr<Backend> be = bench_backend(a);
+  std::shared_ptr<Backend> be = open_backend(a.dev);
   for (const auto& mode : modes) {
     models.push_back(std::make_unique<Model>(bench_config(a, mode), be));
     models.back()->init_weights(1);
@@ -301,7 +299,7 @@ void run_bench(const BenchArgs& a) {
     ceiling = sgemm_gflops(2048);
     std::printf("sgemm ceiling (2048^3, oneDNN): %.1f GFLOP/s\n\n", ceiling);
   } else {
-    std::shared_ptr<Backend> be = bench_backend(a);
+    std::shared_ptr<Backend> be = open_backend(a.dev);
     const int64_t n = a.dev.device == "cuda-host" ? 256 : 4096;  // the emulation is slow
     std::printf("device %s, %s matrix products\n", be->name().c_str(), a.dev.precision.c_str());
     std::fflush(stdout);

@@ -102,10 +102,8 @@ class RowBackend final : public Backend {
     if (P == 0) return 0.0;
     auto* part = static_cast<double*>(scratch(partials_, sizeof(double) * P));
     x_.launch(rows::SumSquares{part, x, n, P}, P);
-    std::vector<double> h(static_cast<size_t>(P));
-    x_.download(h.data(), part, sizeof(double) * h.size());
     double s = 0.0;
-    for (double v : h) s += v;  // in order: deterministic
+    add_partials(&s, part, 1, P);
     return s;
   }
 
@@ -274,7 +272,6 @@ class RowBackend final : public Backend {
                            int64_t n) override {
     constexpr int64_t kMax = rows::kMaxMix;
     const int64_t P = std::max<int64_t>(1, std::min<int64_t>(n, 4096));
-    std::vector<double> h;
     for (int64_t i0 = 0; i0 < S; i0 += kMax) {
       const int64_t s = std::min(kMax, S - i0);
       rows::ScalarMixGrad g{};
@@ -293,13 +290,7 @@ class RowBackend final : public Backend {
       dot.part = part;
       x_.launch(dot, s * P);
       x_.launch(g, n);
-      h.resize(static_cast<size_t>(s * P));
-      x_.download(h.data(), part, sizeof(double) * h.size());
-      for (int64_t i = 0; i < s; i++) {
-        double acc = 0.0;
-        for (int64_t p = 0; p < P; p++) acc += h[i * P + p];
-        dw[i0 + i] += acc;
-      }
+      add_partials(dw + i0, part, s, P);
     }
   }
   // Split over chunks of kDecodeKeys cached keys, then merged (row_kernels.hpp); a long prefill
@@ -359,10 +350,7 @@ class RowBackend final : public Backend {
     auto* dq = static_cast<float*>(scratch(dq_, sizeof(float) * N * m.d));
     x_.zero(dq, sizeof(float) * N * m.d);
     x_.launch(rows::DepthMixBackward{dq, dx, x, lse, s, S, qg, q_ld, mix(m)}, N * m.H);
-    const int64_t K = (N + kRowsPerChunk - 1) / kRowsPerChunk;
-    auto* part = static_cast<float*>(scratch(cols_, sizeof(float) * K * m.d));
-    x_.launch(rows::ColumnPartial{part, dq, N, m.d, kRowsPerChunk}, K * m.d);
-    x_.launch(rows::ColumnSumAdd{dqg, part, K, m.d}, m.d);
+    column_sum_add(dqg, dq, N, m.d);
   }
   void depth_mix_phase1(float* const* o, float* const* lse, const ops::DepthSource* src, int64_t S,
                         const float* const* qg, int64_t K, const ops::DepthMix& m,
@@ -537,6 +525,17 @@ class RowBackend final : public Backend {
     for (int64_t i = 0; i < S; i++) src_[i] = {src[i].v, src[i].rstd, src[i].dv};
     return static_cast<const rows::Source*>(tables_.get(src_.data(), sizeof(rows::Source) * S));
   }
+  // dst[g] += the sum of the P partial sums part[g P .. (g + 1) P) (executor memory), g < G,
+  // added on the host in order (deterministic).
+  void add_partials(double* dst, const double* part, int64_t G, int64_t P) {
+    host_partials_.resize(static_cast<size_t>(G * P));
+    x_.download(host_partials_.data(), part, sizeof(double) * host_partials_.size());
+    for (int64_t g = 0; g < G; g++) {
+      double acc = 0.0;
+      for (int64_t p = 0; p < P; p++) acc += host_partials_[g * P + p];
+      dst[g] += acc;
+    }
+  }
   // x (n floats) rounded to bf16 into buffer b (this backend's memory, grown as needed).
   const uint16_t* bf16_into(DevBuf<uint16_t>& b, const float* x, int64_t n) {
     if (b.backend() != this || static_cast<int64_t>(b.size()) < n) {
@@ -586,6 +585,7 @@ class RowBackend final : public Backend {
   std::vector<rows::Source> src_;
   Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_, decode_, gqa_;
   std::vector<int32_t> host_ids_, host_perm_, host_groups_;
+  std::vector<double> host_partials_;
   Batch batch_;
 };
 
