@@ -23,6 +23,7 @@
 #include "core/backend.hpp"
 #include "core/profile.hpp"
 #include "core/rng.hpp"
+#include "train/device_step.hpp"
 #ifdef ATTNRES_WITH_CUDA
 #include "cuda/device.hpp"
 #endif
@@ -45,6 +46,30 @@ double time_ms(Backend& be, const std::function<void()>& f, int reps = 10) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// The same training step driven as `attnres train` does on a device (train/device_step.hpp):
+// uncaptured, and replayed from CUDA graphs (each warmed up and captured before the timing).
+struct StepTimes {
+  double device_ms = 0, graph_ms = 0;
+};
+StepTimes time_device_steps(Backend& be, Model& model, AdamW& opt, const std::vector<int32_t>& tok,
+                            const std::vector<int32_t>& tgt, int64_t B, int64_t T) {
+  StepTimes r;
+  for (const bool graphs : {false, true}) {
+    DeviceStep ds(model, opt, 1.0, 1.0f, graphs);
+    auto step = [&] {
+      ds.begin();
+      ds.micro(tok.data(), tgt.data(), B, T);
+      ds.finish(1e-4);
+    };
+    step();  // (time_ms warms up once more: the graphs are captured then)
+    (graphs ? r.graph_ms : r.device_ms) = time_ms(be, step, 5);
+    if (graphs && !ds.off_reason().empty()) {
+      std::printf("(CUDA graphs turned off: %s)\n", ds.off_reason().c_str());
+    }
+  }
+  return r;
 }
 
 DevBuf<float> buffer(Backend& be, int64_t n) {
@@ -198,13 +223,15 @@ int main(int argc, char** argv) {
           5);
       if (base_ms == 0) base_ms = ms;
       const double tflops = train_flops_per_token(model.config(), T) * B * T / ms / 1e9;
+      const StepTimes st = time_device_steps(be, model, opt, tok, tgt, B, T);
       std::printf(
           "| train step %s GEMMs, %s | %lld params, L %lld, d %lld, %lldx%lld tokens | %.1f | %.0f "
-          "tok/s, %.1f TFLOP/s, %.3fx baseline, loss %.3f |\n",
+          "tok/s, %.1f TFLOP/s, %.3fx baseline, loss %.3f; device step %.1f ms, CUDA graphs "
+          "%.1f ms |\n",
           precision, mode, static_cast<long long>(model.num_params()),
           static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.d_model),
           static_cast<long long>(B), static_cast<long long>(T),
-          ms, B * T / ms * 1e3, tflops, ms / base_ms, loss);
+          ms, B * T / ms * 1e3, tflops, ms / base_ms, loss, st.device_ms, st.graph_ms);
       // One more step with the profiler, each op family's scope waiting for the device.
       prof::set_synchronizer([](void* b) { static_cast<Backend*>(b)->synchronize(); }, &be);
       prof::reset();
@@ -226,6 +253,47 @@ int main(int argc, char** argv) {
         row += cell;
       }
       profiles.push_back(row);
+    }
+  }
+  // A small model whose kernels are short: where launching hundreds of them per step costs
+  // most, and CUDA graphs should pay.
+  {
+    ModelConfig sc;
+    sc.n_layer = dry ? 2 : 4;
+    sc.d_model = dry ? 32 : 256;
+    sc.n_head = 4;
+    sc.ffn_hidden = dry ? 64 : 688;
+    sc.vocab_size = dry ? 300 : 4096;
+    const int64_t sb = dry ? 2 : 4, stt = dry ? 16 : 128;
+    sc.max_seq_len = stt;
+    std::vector<int32_t> stok(sb * stt), stgt(sb * stt);
+    for (size_t i = 0; i < stok.size(); i++) {
+      stok[i] = static_cast<int32_t>(rng.next_u64() % sc.vocab_size);
+      stgt[i] = static_cast<int32_t>(rng.next_u64() % sc.vocab_size);
+    }
+    for (const char* mode : {"prenorm", "block", "full"}) {
+      sc.residual.mode = mode;
+      sc.residual.block_size = 2;
+      Model model(sc, bep);
+      be.set_matmul_precision(MatmulPrecision::fp32);
+      model.init_weights(1);
+      AdamW opt(model.layout(), AdamWConfig{}, &be);
+      const double ms = time_ms(
+          be,
+          [&] {
+            model.zero_grad();
+            model.forward(stok.data(), stgt.data(), sb, stt);
+            model.backward();
+            opt.step(model.params(), model.grads(), 1e-4);
+          },
+          10);
+      const StepTimes st = time_device_steps(be, model, opt, stok, stgt, sb, stt);
+      std::printf("| small train step fp32, %s | %lld params, L %lld, d %lld, %lldx%lld tokens | "
+                  "%.2f | device step %.2f ms, CUDA graphs %.2f ms (%.2fx) |\n",
+                  mode, static_cast<long long>(model.num_params()),
+                  static_cast<long long>(sc.n_layer), static_cast<long long>(sc.d_model),
+                  static_cast<long long>(sb), static_cast<long long>(stt), ms, st.device_ms,
+                  st.graph_ms, st.device_ms / st.graph_ms);
     }
   }
   std::printf("\nms per training step by op family, forward / backward (one profiled step, the "

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,7 @@
 #include "attnres/train.hpp"
 #include "core/backend.hpp"
 #include "core/rng.hpp"
+#include "train/device_step.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -336,6 +338,86 @@ TEST_P(BackendRuns, CheckpointsMoveBetweenBackends) {
   EXPECT_EQ(std::vector<float>(back.m().data(), back.m().data() + m.size()), m);
 }
 
+// The device step (loss, norm, clip and verdict decided on the device; train/device_step.hpp),
+// uncaptured and replayed from graphs, against the host's step: its loss and gradient norm
+// against the CPU's, its weights after four clipped, weight-decayed steps of two micro-batches
+// each against the same backend's host-driven step (the same kernels up to the update, so only
+// the reduction order of the norm differs: compared with the CPU instead, AdamW's first steps,
+// which move each weight by about lr whatever its gradient's size, would amplify the rounding
+// of the tiniest gradients). A step with a non-finite loss changes nothing and is taken back.
+TEST_P(BackendRuns, DeviceStepMatchesTheHostStep) {
+  std::string why;
+  auto be = backend_or_skip(GetParam(), &why);
+  if (!be) GTEST_SKIP() << "no " << GetParam() << " test: " << why;
+  for (const bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "uncaptured");
+    const ModelConfig cfg = config_of(kCases[1]);  // block
+    Model cpu(cfg), ref(cfg, be), dev(cfg, be);
+    const std::vector<float> w = test_weights(cpu);
+    cpu.params_from_host(w.data());
+    ref.params_from_host(w.data());
+    dev.params_from_host(w.data());
+    AdamWConfig ac;
+    ac.weight_decay = 0.5;
+    AdamW oc(cpu.layout(), ac), oref(ref.layout(), ac, be.get()), od(dev.layout(), ac, be.get());
+    const double max_norm = 0.05, lr = 2e-2;
+    DeviceStep ds(dev, od, max_norm, 0.5f, graphs);
+    const int64_t B = 2, T = 8, n = cpu.num_params();
+    for (int step = 0; step < 4; step++) {
+      SCOPED_TRACE(step);
+      cpu.zero_grad();
+      ref.zero_grad();
+      ds.begin();
+      double loss = 0;
+      for (int micro = 0; micro < 2; micro++) {
+        const TokenBatch tb(B * T, cfg.vocab_size, 50 + 2 * step + micro);
+        loss += cpu.forward(tb.tok.data(), tb.tgt.data(), B, T);
+        cpu.backward();
+        ref.forward(tb.tok.data(), tb.tgt.data(), B, T);
+        ref.backward();
+        ds.micro(tb.tok.data(), tb.tgt.data(), B, T);
+      }
+      for (int64_t i = 0; i < n; i++) cpu.grads()[i] *= 0.5f;
+      const double norm = grad_norm(cpu.grads(), n);
+      ASSERT_GT(norm, 2 * max_norm);  // clipped
+      oc.step(cpu.params(), cpu.grads(), lr, clip_scale(norm, max_norm));
+      be->scale(ref.grads(), 0.5f, n);
+      const double ref_norm = std::sqrt(be->sum_squares(ref.grads(), n));
+      oref.step(ref.params(), ref.grads(), lr, clip_scale(ref_norm, max_norm));
+      const DeviceStep::Result r = ds.finish(lr);
+      EXPECT_TRUE(r.ok);
+      EXPECT_NEAR(r.loss_sum / 2, loss / 2, 1e-5 * loss);
+      EXPECT_NEAR(r.norm, norm, 1e-4 * norm);
+    }
+    EXPECT_EQ(od.steps_taken(), 4);
+    const std::vector<float> pr = ref.params_to_host(), pd = dev.params_to_host();
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) worst = std::max(worst, double(std::fabs(pr[i] - pd[i])));
+    // (a step moves a weight by up to lr, and decays it by lr * 0.5 * |w|: both far above this)
+    EXPECT_LT(worst, 1e-7);
+    if (graphs) {
+      EXPECT_EQ(ds.captures(), 2);      // forward+backward, update
+      EXPECT_EQ(ds.replays(), 7 + 3);  // each ran uncaptured once first
+      EXPECT_EQ(ds.off_reason(), "");
+    }
+
+    // A NaN weight: the loss is NaN, the update skipped on the device, the step taken back.
+    std::vector<float> bad = pd;
+    bad[dev.layout().find("tok_embeddings.weight")->offset] = NAN;
+    dev.params_from_host(bad.data());
+    const std::vector<float> m0 = od.m().download();
+    ds.begin();
+    std::vector<int32_t> zeros(B * T, 0);  // token 0 reads the NaN
+    ds.micro(zeros.data(), zeros.data(), B, T);
+    const DeviceStep::Result r = ds.finish(lr);
+    EXPECT_FALSE(r.ok);
+    EXPECT_EQ(od.steps_taken(), 4);
+    const std::vector<float> after = dev.params_to_host();
+    EXPECT_EQ(0, std::memcmp(after.data(), bad.data(), sizeof(float) * bad.size()));
+    EXPECT_EQ(od.m().download(), m0);
+  }
+}
+
 // `train --device`: the same run on the CPU and on the device; losses track step by step and the
 // final validation loss agrees. Unsupported options fail with the fix named.
 TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
@@ -348,10 +430,10 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
       f << "the cat sees the river " << i % 7 << ". a dog likes hats.\n";
   }
   auto run = [&](const std::string& device, const std::string& mode, std::vector<double>* losses,
-                 const std::string& precision = "fp32") {
+                 const std::string& precision = "fp32", bool graphs = false) {
     TrainConfig c;
     c.data_path = td.path + "/corpus.txt";
-    c.out_dir = td.path + "/run_" + device + "_" + mode + "_" + precision;
+    c.out_dir = td.path + "/run_" + device + "_" + mode + "_" + precision + (graphs ? "_g" : "");
     c.data_dir = td.path + "/data";
     c.model.n_layer = 2;
     c.model.d_model = 32;
@@ -369,17 +451,15 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     c.save_every = 3;
     c.device = device;
     c.precision = precision;
-    TrainEvents ev;
-    ev.loss_hook = [losses](int64_t, double loss) {
-      losses->push_back(loss);
-      return loss;
-    };
+    c.cuda_graphs = graphs;
+    TrainEvents ev;  // (no loss_hook: on a device that would keep the host's step)
+    ev.on_step = [losses](const StepInfo& si) { losses->push_back(si.loss); };
     return train(c, ev);
   };
   std::vector<double> block_cpu;
   for (const char* mode : {"block", "full", "static", "denseformer"}) {
     SCOPED_TRACE(mode);
-    std::vector<double> lc, ld;
+    std::vector<double> lc, ld, lg;
     const TrainResult rc = run("cpu", mode, &lc), rd = run(GetParam(), mode, &ld);
     ASSERT_EQ(lc.size(), 6u);
     ASSERT_EQ(ld.size(), 6u);
@@ -387,6 +467,19 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     EXPECT_LT(lc.back(), lc.front());  // it learned
     EXPECT_NEAR(rd.final_val_loss, rc.final_val_loss, 1e-4 * rc.final_val_loss);
     if (std::string(mode) == "block") block_cpu = lc;
+    // --cuda-graphs: the replayed steps compute exactly what the uncaptured ones do (the same
+    // kernels in the same order), across the evaluations and checkpoints between them. The
+    // baselines read their mixing weights back on the host each step: graphs turn off, saying so.
+    const TrainResult rg = run(GetParam(), mode, &lg, "fp32", true);
+    EXPECT_EQ(lg, ld);
+    EXPECT_EQ(rg.final_val_loss, rd.final_val_loss);
+    if (std::string(mode) == "block" || std::string(mode) == "full") {
+      EXPECT_GT(rg.graph_captures, 0);
+      EXPECT_GT(rg.graph_replays, 2 * rg.graph_captures);
+      EXPECT_EQ(rg.graphs_off_reason, "");
+    } else {
+      EXPECT_NE(rg.graphs_off_reason.find("download"), std::string::npos) << rg.graphs_off_reason;
+    }
   }
   {  // bf16 GEMMs: the losses stay within bf16 rounding of the fp32 run's
     const std::vector<double>& lc = block_cpu;
@@ -428,10 +521,7 @@ TEST_P(BackendRuns, ADeviceRunResumesOnTheCpu) {
   };
   std::vector<double> whole, resumed;
   TrainEvents ev;
-  ev.loss_hook = [&whole](int64_t, double loss) {
-    whole.push_back(loss);
-    return loss;
-  };
+  ev.on_step = [&whole](const StepInfo& si) { whole.push_back(si.loss); };
   train(config("whole", GetParam()), ev);
   std::atomic<bool> stop{false};
   TrainEvents first;  // the same run, stopped after step 3 (a checkpoint is saved)
@@ -532,6 +622,29 @@ TEST_P(BackendRuns, CompareOnTheDeviceMatchesTheCpu) {
   ASSERT_EQ(dev.first.size(), 2u);
   ASSERT_EQ(cpu.first.size(), 2u);
   for (size_t i = 0; i < 2; i++) EXPECT_NEAR(dev.first[i], cpu.first[i], 1e-4 * cpu.first[i]);
+}
+
+// `attnres train --cuda-graphs`: the run says what it captured and replayed; on the CPU the flag
+// is refused with the fix.
+TEST_P(BackendRuns, TrainWithCudaGraphsOnTheCli) {
+  std::string why;
+  if (!backend_or_skip(GetParam(), &why)) GTEST_SKIP() << "no " << GetParam() << " test: " << why;
+  attnres::testing::TempDir td;
+  {
+    std::ofstream f(td.path + "/corpus.txt");
+    for (int i = 0; i < 200; i++) f << "graphs replay the step " << i % 5 << " again.\n";
+  }
+  const std::string args = "train --data " + td.path + "/corpus.txt --n-layer 2 --d-model 32 "
+                           "--n-head 2 --batch-size 2 --seq-len 16 --steps 5 --eval-every 2 "
+                           "--eval-batches 1 --residual block --cuda-graphs --out " + td.path;
+  const auto r = attnres::testing::run_cli(args + "/dev --device " + std::string(GetParam()));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CUDA graphs: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" replays "), std::string::npos) << r.out;
+  const auto bad = attnres::testing::run_cli(args + "/cpu");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--cuda-graphs captures the step on --device cuda"), std::string::npos)
+      << bad.out;
 }
 
 // `attnres bench --device`: every mode runs there, with the CPU's initial losses.

@@ -56,10 +56,11 @@ TEST(CudaRows, EmbeddingMatchesCpu) {
     }
   }
   start.push_back(static_cast<int32_t>(N));
-  const int64_t G = static_cast<int64_t>(tok.size());
+  const int32_t G = static_cast<int32_t>(tok.size());
+  // launched over N * C indices as the backend does: those past the G groups must do nothing
   rows::run_rows_host(rows::EmbeddingBackwardGrouped{db.data(), dout.data(), perm.data(),
-                                                     start.data(), tok.data(), C},
-                      G * C);
+                                                     start.data(), tok.data(), &G, C},
+                      N * C);
   EXPECT_EQ(da, db);
 }
 

@@ -65,6 +65,14 @@ class Model {
   // cross-entropy; with targets == nullptr returns 0 and only computes logits.
   // Keeps the activations backward() needs.
   double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
+  // The same forward in two halves, for a step that never waits for the host (attnres train on
+  // a device, src/train/device_step.cpp): stage_batch checks and uploads the tokens (and prepares
+  // what the backward needs from them on the host); forward_staged then runs on the device
+  // alone: with targets it adds the mean cross-entropy into step_scalars[step::kLoss] (the
+  // backend's memory, core/step_scalars.hpp) instead of returning it, so it can be captured
+  // (Backend::begin_capture) and replayed for every later batch staged the same way.
+  void stage_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
+  void forward_staged(float* step_scalars);
   // (B,T,V) logits of the last forward, in the backend's memory. backward() overwrites them
   // with their gradient.
   const float* logits() const;
@@ -130,6 +138,11 @@ class Model {
   void ensure_acts(StagePass& p, int64_t B, int64_t T);
   double run_forward(StagePass& p, const int32_t* tokens, const int32_t* targets, int64_t B,
                      int64_t T);
+  void stage_inputs(StagePass& p, const int32_t* tokens, const int32_t* targets, int64_t B,
+                    int64_t T);
+  // The forward of the staged inputs; with targets the mean loss: returned, or added into
+  // step_scalars[step::kLoss] when that is given (then 0 is returned).
+  double run_staged(StagePass& p, float* step_scalars);
   void run_backward(StagePass& p);
 
   ModelConfig cfg_;

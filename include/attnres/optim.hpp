@@ -62,6 +62,14 @@ class AdamW {
   // as one float multiply per element, exactly like scaling the gradients first); increments
   // step().
   void step(float* params, const float* grads, double lr, float grad_scale = 1.0f);
+  // The same update in two halves for a step that never waits for the host (on a device;
+  // src/train/device_step.cpp): write_factors counts the step and writes its factors for
+  // learning rate lr into the step scalars s (a host copy, core/step_scalars.hpp: kBeta1 ..
+  // kDecay); step_scaled then updates with the device copy dev_s (clip factor, skip verdict
+  // and all). A step whose verdict was "skip" is taken back with unstep().
+  void write_factors(double lr, float* s);
+  void step_scaled(float* params, const float* grads, const float* dev_s);
+  void unstep() { t_ -= 1; }
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
   // Moments of the owned range, in the backend's memory: element i belongs to flat parameter

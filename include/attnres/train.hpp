@@ -68,6 +68,9 @@ struct TrainConfig {
   // The linear layers' GEMM precision (attnres/backend.hpp MatmulPrecision): fp32 or bf16 (bf16
   // inputs, fp32 accumulation, fp32 master weights; cuda and cuda-host). A runtime choice.
   std::string precision = "fp32";
+  // Capture the training step as CUDA graphs and replay it (src/train/device_step.hpp): cuda (and
+  // cuda-host, which records and replays the calls), one process. A runtime choice.
+  bool cuda_graphs = false;
 
   void validate() const;  // throws Error naming the field
   std::string to_json() const;
@@ -100,6 +103,10 @@ struct TrainResult {
   // step (all ranks), measured, and what the other scheme would have sent for the same plan.
   int64_t pipeline_bytes_per_step = 0, pipeline_other_scheme_bytes_per_step = 0;
   double pipeline_bubble = 0;  // idle fraction of the schedule (backward = 2 forwards)
+  // --cuda-graphs: graphs captured and replays run (forward+backward per micro-batch, update per
+  // step), and why graphs were turned off during the run (empty if they were not).
+  int64_t graph_captures = 0, graph_replays = 0;
+  std::string graphs_off_reason;
 };
 
 // What the library tells the caller while training (the CLI draws the progress bar).

@@ -108,6 +108,10 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
                 "cuda or cuda-host)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
+  s->add_flag("--cuda-graphs", c.cuda_graphs,
+              "Capture the training step as CUDA graphs after its first run and replay them "
+              "(--device cuda or cuda-host; one process): two launches per step instead of "
+              "hundreds");
   // model
   s->add_option("--n-layer", c.model.n_layer, "Transformer blocks")->capture_default_str();
   s->add_option("--n-head", c.model.n_head, "Attention heads")->capture_default_str();

@@ -45,6 +45,28 @@ void Backend::set_matmul_precision(MatmulPrecision p) {
 }
 
 namespace {
+[[noreturn]] void no_device_step(const Backend& be, const char* what) {
+  throw Error(std::string("internal: ") + what + " is a device-backend op; backend " + be.name() +
+              " does not offer it");
+}
+}  // namespace
+
+void Backend::cross_entropy_loss_add(float*, float*, const float*, const int32_t*, int64_t,
+                                     int64_t) {
+  no_device_step(*this, "cross_entropy_loss_add");
+}
+void Backend::grad_norm_clip(float*, const float*, int64_t) {
+  no_device_step(*this, "grad_norm_clip");
+}
+void Backend::adamw_update_scaled(float*, const float*, float*, float*, int64_t, bool,
+                                  const float*) {
+  no_device_step(*this, "adamw_update_scaled");
+}
+void Backend::prepare_embedding_backward(const int32_t*, const int32_t*, int64_t) {}
+void Backend::begin_capture() { no_device_step(*this, "begin_capture"); }
+std::unique_ptr<Captured> Backend::end_capture() { no_device_step(*this, "end_capture"); }
+
+namespace {
 Backend& or_cpu(Backend* be) { return be ? *be : *cpu_backend(); }
 }  // namespace
 

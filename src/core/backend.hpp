@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "attnres/backend.hpp"
@@ -23,6 +24,14 @@ struct MatmulMemo {
   const float* w_src = nullptr;
   int64_t N = 0, IC = 0, OC = 0;
   bool valid = false;
+};
+
+// Work recorded by Backend::begin_capture / end_capture (a CUDA graph): run() queues it again,
+// with the same launches on the same pointers, reading the memory as it is then.
+class Captured {
+ public:
+  virtual ~Captured() = default;
+  virtual void run() = 0;
 };
 
 class Backend {
@@ -139,6 +148,36 @@ class Backend {
   // One tensor's AdamW update of n elements.
   virtual void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                             const ops::AdamStep& k) = 0;
+
+  // ---- a training step without waits for the host (src/train/device_step.cpp) ----
+  // s: the step's scalars (core/step_scalars.hpp), step::kCount floats in this backend's memory.
+  // Only device backends offer these (the default throws).
+  // s[kLoss] += the mean over the N rows of the cross-entropy; lse (N) as cross_entropy_forward.
+  virtual void cross_entropy_loss_add(float* s, float* lse, const float* logits,
+                                      const int32_t* targets, int64_t N, int64_t V);
+  // From the gradients g (n): s[kNorm] = their L2 norm, s[kClip] = clip_scale(norm,
+  // s[kMaxNorm]), s[kOk] = 1 when s[kLoss] and the norm are finite, else 0.
+  virtual void grad_norm_clip(float* s, const float* g, int64_t n);
+  // adamw_update with the factors from s (kBeta1 .. kEps, kDecay when decay, kClip as the
+  // gradient scale); nothing changes when s[kOk] is 0.
+  virtual void adamw_update_scaled(float* p, const float* g, float* m, float* v, int64_t n,
+                                   bool decay, const float* s);
+  // Work that embedding_backward(.., ids, N, .., host_ids) can do ahead, where ids and host_ids
+  // hold the same N ids (a device backend groups them on the host and uploads the grouping, which
+  // a captured step cannot do). Optional: embedding_backward does it when not done.
+  virtual void prepare_embedding_backward(const int32_t* ids, const int32_t* host_ids, int64_t N);
+
+  // ---- capture (CUDA graphs) ----
+  // Between begin_capture and end_capture the ops are recorded, not run; end_capture returns
+  // them as one Captured. Recording refuses (throws Error, after which the caller must call
+  // abort_capture) what a replay could not repeat: allocations and frees, uploads and downloads,
+  // waits for the device. A Captured stays valid while memory_epoch() is unchanged (it counts
+  // this backend's allocations and frees): the pointers it holds are then still live.
+  virtual bool can_capture() const { return false; }
+  virtual void begin_capture();
+  virtual std::unique_ptr<Captured> end_capture();
+  virtual void abort_capture() noexcept {}
+  virtual uint64_t memory_epoch() const { return 0; }
 
  protected:
   MatmulPrecision precision_ = MatmulPrecision::fp32;

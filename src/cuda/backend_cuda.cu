@@ -5,10 +5,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
-#include <map>
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "attnres/cuda.hpp"
 #include "attnres/error.hpp"
@@ -60,13 +63,13 @@ __global__ void rows_kernel(F f, int64_t n) {
   }
 }
 
-// One thread per functor index (grid-stride beyond 2^20 threads).
+// One thread per functor index (grid-stride beyond 2^20 threads), on stream st.
 template <class F>
-void launch(const F& f, int64_t n) {
+void launch(const F& f, int64_t n, cudaStream_t st = 0) {
   if (n <= 0) return;
   constexpr int kThreads = 128;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 13);
-  rows_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(f, n);
+  rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, st>>>(f, n);
   ATTNRES_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -83,25 +86,34 @@ __global__ void flash_kernel(flash::Args a) {
   if constexpr (Pass == 2) flash::backward_q_block<HD>(a, u, w, lane, m);
 }
 template <int HD, int Pass>
-void launch_flash(const flash::Args& a, int64_t units) {
+void launch_flash(const flash::Args& a, int64_t units, cudaStream_t st) {
   if (units == 0) return;
   constexpr size_t bytes = sizeof(flash::Smem<HD>);
-  // Above the default 48 KiB of dynamic shared memory; the attribute is the current device's, so
-  // it is set at every launch (cheap).
-  ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HD, Pass>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)));
+  // Above the default 48 KiB of dynamic shared memory. The attribute belongs to the device current
+  // at the call: set once per device (not while a step is being captured: the first, uncaptured
+  // step sets it).
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  ATTNRES_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (dev >= 64 || !(done.load() & bit)) {
+    ATTNRES_CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<HD, Pass>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(bytes)));
+    done.fetch_or(bit);
+  }
   check(units <= INT_MAX, "internal: too many attention tiles for one launch");
-  flash_kernel<HD, Pass><<<static_cast<unsigned>(units), flash::kWarps * warp::kWarp, bytes>>>(a);
+  flash_kernel<HD, Pass>
+      <<<static_cast<unsigned>(units), flash::kWarps * warp::kWarp, bytes, st>>>(a);
   ATTNRES_CUDA_CHECK(cudaGetLastError());
 }
 template <int Pass>
-void run_flash(const flash::Args& a, int64_t hd, int64_t units) {
+void run_flash(const flash::Args& a, int64_t hd, int64_t units, cudaStream_t st) {
   switch (hd) {
-    case 16: return launch_flash<16, Pass>(a, units);
-    case 32: return launch_flash<32, Pass>(a, units);
-    case 64: return launch_flash<64, Pass>(a, units);
-    case 128: return launch_flash<128, Pass>(a, units);
+    case 16: return launch_flash<16, Pass>(a, units, st);
+    case 32: return launch_flash<32, Pass>(a, units, st);
+    case 64: return launch_flash<64, Pass>(a, units, st);
+    case 128: return launch_flash<128, Pass>(a, units, st);
     default: throw Error("internal: flash attention has no kernel for head dimension " + std::to_string(hd));
   }
 }
@@ -207,18 +219,19 @@ int dim(int64_t x) {
 // tensor cores (the contract of attnres::sgemm). Row-major C is column-major C^T = op(B)^T op(A)^T,
 // and a row-major matrix is its own transpose column-major: cuBLAS gets B first (transposed when
 // tb) and A second, m = N, n = M.
-void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
-               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void gemm_bf16(cublasHandle_t h, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+               int64_t ldc) {
   if (M == 0 || N == 0) return;
   check(K > 0, "internal: bf16 GEMM with an empty inner dimension");
   const float one = 1.0f;
-  ATTNRES_CUBLAS_CHECK(cublasGemmEx(blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+  ATTNRES_CUBLAS_CHECK(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                     ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M), dim(K), &one, B,
                                     CUDA_R_16BF, dim(ldb), A, CUDA_R_16BF, dim(lda), &beta, C,
                                     CUDA_R_32F, dim(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// The GPU executor of RowBackend: kernels and copies queued on the default stream.
+// The GPU executor of RowBackend: kernels, copies and GEMMs queued on the backend's own stream.
 struct CudaExec {
   static const char* name() { return "cuda"; }
   static constexpr bool kHostMemory = false;
@@ -237,7 +250,7 @@ struct CudaExec {
     flash::Args a = flash_args(qkv, s);
     a.out = out;
     a.lse = lse;
-    run_flash<0>(a, s.hd, flash::query_units(a));
+    run_flash<0>(a, s.hd, flash::query_units(a), s_);
   }
   // dqkv (B,T,ld) += from dout (B,T,H*hd), q|k|v, the forward's lse and D = rowsum(dout o out)
   // (both (B,H,T)); with dk_part, dv_part (B,H,T,hd) dK and dV per query head go there instead
@@ -252,16 +265,54 @@ struct CudaExec {
     a.dsum = dsum;
     a.dk_part = dk_part;
     a.dv_part = dv_part;
-    run_flash<1>(a, s.hd, flash::key_units(a));
-    run_flash<2>(a, s.hd, flash::query_units(a));
+    run_flash<1>(a, s.hd, flash::key_units(a), s_);
+    run_flash<2>(a, s.hd, flash::query_units(a), s_);
   }
-  explicit CudaExec(int device) {
+  // Its own stream (blocking: ordered with the legacy default stream that synchronous copies and
+  // other code use), its own cuBLAS handle on that stream with a fixed workspace (so a captured
+  // GEMM allocates nothing).
+  explicit CudaExec(int device) : device_(device) {
     ATTNRES_CUDA_CHECK(cudaSetDevice(device));
     ATTNRES_CUDA_CHECK(
         cudaDeviceGetAttribute(&smem_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    ATTNRES_CUDA_CHECK(cudaStreamCreate(&s_));
+    ATTNRES_CUBLAS_CHECK(cublasCreate(&h_));
+    // fp32 GEMMs stay fp32 (no TF32): the tests compare with the CPU at fp32 tolerances.
+    ATTNRES_CUBLAS_CHECK(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH));
+    ATTNRES_CUBLAS_CHECK(cublasSetStream(h_, s_));  // (resets the workspace: set it after)
+    ATTNRES_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
+    ATTNRES_CUBLAS_CHECK(cublasSetWorkspace(h_, ws_, kWorkspace));
   }
+  ~CudaExec() {
+    if (capturing_) abort_capture();
+    cudaStreamSynchronize(s_);
+    cublasDestroy(h_);
+    cudaFree(ws_);
+    cudaStreamDestroy(s_);
+  }
+  CudaExec(const CudaExec&) = delete;
+  CudaExec& operator=(const CudaExec&) = delete;
+  static constexpr size_t kWorkspace = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
+  int device_ = 0;
   int smem_optin_ = 0;  // the most shared memory a block may ask for
+  cudaStream_t s_ = nullptr;
+  cublasHandle_t h_ = nullptr;
+  void* ws_ = nullptr;
+  uint64_t epoch_ = 0;
+  bool capturing_ = false, freed_while_capturing_ = false;
+  std::vector<void*> deferred_;  // frees asked for while capturing, done after it
+
+  // A CUDA call that a stream capture cannot hold fails cleanly here, before it breaks the
+  // capture (the trainer then runs the step uncaptured).
+  void refuse_while_capturing(const char* what) const {
+    if (capturing_) {
+      throw Error(std::string("cannot capture the step: ") + what +
+                  " while capturing (a replay could not repeat it)");
+    }
+  }
   void* alloc(size_t bytes) {
+    refuse_while_capturing("an allocation");
+    epoch_++;
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     ATTNRES_CUDA_CHECK(cudaMalloc(&p, bytes));
@@ -273,31 +324,97 @@ struct CudaExec {
     return p;
   }
   void release(void* p, size_t) noexcept {
+    epoch_++;
     if (!p) return;
+    if (capturing_) {
+      freed_while_capturing_ = true;
+      deferred_.push_back(p);
+      return;
+    }
     cudaDeviceSynchronize();  // no queued kernel may still use it (frees are rare: growth only)
     cudaFree(p);
   }
   void upload(void* dst, const void* host, size_t bytes) {
+    refuse_while_capturing("an upload");
     if (bytes) ATTNRES_CUDA_CHECK(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
   }
   void download(void* host, const void* src, size_t bytes) {
+    refuse_while_capturing("a download");
     if (bytes) ATTNRES_CUDA_CHECK(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost));
   }
   void copy(void* dst, const void* src, size_t bytes) {
-    ATTNRES_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+    ATTNRES_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s_));
   }
-  void zero(void* p, size_t bytes) { ATTNRES_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0)); }
+  void zero(void* p, size_t bytes) { ATTNRES_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s_)); }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
                  int64_t rows) {
     ATTNRES_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes,
-                                         static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, 0));
+                                         static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, s_));
   }
-  void synchronize() { ATTNRES_CUDA_CHECK(cudaDeviceSynchronize()); }
+  void synchronize() {
+    refuse_while_capturing("a wait for the device");
+    ATTNRES_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  // ---- capture: the stream's work recorded into a CUDA graph ----
+  struct Graph final : Captured {
+    cudaGraphExec_t exec = nullptr;
+    cudaStream_t stream = nullptr;
+    ~Graph() override {
+      if (exec) cudaGraphExecDestroy(exec);
+    }
+    void run() override { ATTNRES_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }
+  };
+  uint64_t epoch() const { return epoch_; }
+  void begin_capture() {
+    refuse_while_capturing("a second capture");
+    // Global mode: any call that would synchronise with the capture (another thread's included)
+    // fails instead of silently escaping it.
+    ATTNRES_CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeGlobal));
+    capturing_ = true;
+    freed_while_capturing_ = false;
+  }
+  std::unique_ptr<Captured> end_capture() {
+    check(capturing_, "internal: end_capture without begin_capture");
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(s_, &g);
+    flush_deferred();
+    if (e != cudaSuccess || !g) {
+      if (g) cudaGraphDestroy(g);
+      check_cuda(e == cudaSuccess ? cudaErrorStreamCaptureInvalidated : e,
+                 "cudaStreamEndCapture(s_, &g)");
+    }
+    if (freed_while_capturing_) {
+      cudaGraphDestroy(g);
+      throw Error("cannot capture the step: memory was freed while capturing");
+    }
+    auto out = std::make_unique<Graph>();
+    out->stream = s_;
+    const cudaError_t ei = cudaGraphInstantiate(&out->exec, g, 0);
+    cudaGraphDestroy(g);
+    check_cuda(ei, "cudaGraphInstantiate(&exec, g, 0)");
+    return out;
+  }
+  void abort_capture() noexcept {
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(s_, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();  // clear the capture's error, if any
+    flush_deferred();
+  }
+  void flush_deferred() noexcept {
+    for (void* p : deferred_) release(p, 0);
+    deferred_.clear();
+  }
+
   // A functor with no faster kernel runs one thread per index; the row reductions run one warp
   // per row (warp_kernels.cuh).
   template <class F>
   void launch(const F& f, int64_t n) {
-    cuda::launch(f, n);
+    cuda::launch(f, n, s_);
   }
   void launch(const rows::RmsNormForward& f, int64_t n) { warps(warp::RmsNormForward{f}, n); }
   void launch(const rows::RmsNormBackwardInput& f, int64_t n) {
@@ -320,7 +437,7 @@ struct CudaExec {
     depth<warp::DepthMixBackward>(f, f.m.dh(), n);
   }
   void launch(const rows::DepthMixPhase1& f, int64_t n) {
-    if (f.m.dh() > 32 * warp::kWarp) return cuda::launch(f, n);  // wide slices: the reference
+    if (f.m.dh() > 32 * warp::kWarp) return cuda::launch(f, n, s_);  // wide: the reference
     for (int64_t k0 = 0; k0 < f.K; k0 += warp::kQueries) {
       const int64_t kn = std::min<int64_t>(warp::kQueries, f.K - k0);
       warp::with_tile<warp::DepthMixPhase1>(f.m.dh(), [&](const auto& b) { warps(b, n, 4); }, f, k0,
@@ -330,7 +447,7 @@ struct CudaExec {
   void launch(const rows::DepthMixPhase2& f, int64_t n) { warps(warp::DepthMixPhase2{f}, n); }
   void launch(const rows::AttnRowDot& f, int64_t n) { warps(warp::AttnRowDot{f}, n); }
   void launch(const rows::AttnDecodePartial& f, int64_t n) {
-    if (f.hd > warp::AttnDecodePartial::kMaxHead) return cuda::launch(f, n);  // the reference
+    if (f.hd > warp::AttnDecodePartial::kMaxHead) return cuda::launch(f, n, s_);  // reference
     warps(warp::AttnDecodePartial{f}, n);
   }
   // per_block warps per block: 8, or 4 for the register-heavy depth kernels (~170 registers per
@@ -339,7 +456,8 @@ struct CudaExec {
   void warps(const Body& body, int64_t rows, int per_block = 8) {
     if (rows <= 0) return;
     const int64_t blocks = std::min<int64_t>((rows + per_block - 1) / per_block, 1 << 16);
-    warp::rows_kernel<<<static_cast<unsigned>(blocks), per_block * warp::kWarp>>>(body, rows);
+    warp::rows_kernel<<<static_cast<unsigned>(blocks), per_block * warp::kWarp, 0, s_>>>(body,
+                                                                                       rows);
     ATTNRES_CUDA_CHECK(cudaGetLastError());
   }
   // The register tile that holds a (d/H)-channel slice; wider slices run the reference, one
@@ -347,7 +465,7 @@ struct CudaExec {
   template <template <int> class Body, class F>
   void depth(const F& f, int64_t dh, int64_t rows) {
     if (!warp::with_tile<Body>(dh, [&](const auto& b) { warps(b, rows, 4); }, f)) {
-      cuda::launch(f, rows);
+      cuda::launch(f, rows, s_);
     }
   }
 
@@ -362,7 +480,7 @@ struct CudaExec {
     }
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     // out^T (OC,N) = w (OC,IC) . inp^T (IC,N): w is stored as w^T column-major -> op T.
-    ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &one, w, ic, inp,
+    ATTNRES_CUBLAS_CHECK(cublasSgemm(h_, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &one, w, ic, inp,
                                      ic, &beta, out, oc));
   }
   void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
@@ -372,19 +490,19 @@ struct CudaExec {
     const float one = 1.0f;
     if (dinp) {
       // dinp^T (IC,N) += w^T (IC,OC) . dout^T (OC,N)
-      ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &one, w, ic,
+      ATTNRES_CUBLAS_CHECK(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &one, w, ic,
                                        dout, oc, &one, dinp, ic));
     }
     if (dw) {
       // dw^T (IC,OC) += inp^T (IC,N) . dout (N,OC)
-      ATTNRES_CUBLAS_CHECK(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &one, inp, ic,
+      ATTNRES_CUBLAS_CHECK(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &one, inp, ic,
                                        dout, oc, &one, dw, ic));
     }
   }
 
   void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                  int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-    cuda::gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    cuda::gemm_bf16(h_, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
   }
   // Batched, with the operand order of gemm_bf16 above; the pointer table is device memory.
   void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -394,7 +512,7 @@ struct CudaExec {
     check(K > 0, "internal: batched GEMM with an empty inner dimension");
     const auto* t = reinterpret_cast<const float* const*>(table);
     ATTNRES_CUBLAS_CHECK(cublasSgemmBatched(
-        blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M),
+        h_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M),
         dim(K), &alpha, t + count, dim(ldb), t, dim(lda), &beta,
         const_cast<float* const*>(t + 2 * count), dim(ldc), dim(count)));
   }
@@ -405,7 +523,7 @@ struct CudaExec {
     if (count == 0 || M == 0 || N == 0) return;
     check(K > 0, "internal: batched GEMM with an empty inner dimension");
     ATTNRES_CUBLAS_CHECK(cublasGemmBatchedEx(
-        blas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M),
+        h_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M),
         dim(K), &alpha, table + count, CUDA_R_16BF, dim(ldb), table, CUDA_R_16BF, dim(lda), &beta,
         const_cast<void* const*>(table + 2 * count), CUDA_R_32F, dim(ldc), dim(count),
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -429,7 +547,7 @@ void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* w, int
     return;
   }
   // out (N,OC) = inp (N,IC) w^T
-  gemm_bf16(false, true, N, OC, IC, inp, IC, w, IC, accumulate ? 1.0f : 0.0f, out, OC);
+  gemm_bf16(blas(), false, true, N, OC, IC, inp, IC, w, IC, accumulate ? 1.0f : 0.0f, out, OC);
 }
 
 }  // namespace dev

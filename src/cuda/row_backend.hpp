@@ -46,7 +46,7 @@ class RowBackend final : public Backend {
   }
   ~RowBackend() override {
     for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &bf_d_, &ids_,
-                    &decode_, &gqa_}) {
+                    &decode_, &gqa_, &step_part_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
@@ -112,35 +112,57 @@ class RowBackend final : public Backend {
                          int64_t C) override {
     x_.launch(rows::EmbeddingForward{out, ids, wte, C}, N * C);
   }
-  // The rows are grouped by token id on the host (the ids come back, N ints, unless the caller
-  // has them), so each (token, channel) sums its rows in order in parallel: deterministic, and
-  // no thread loops over all N.
-  void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
-                          int64_t C, const int32_t* host_ids) override {
+  // The rows are grouped by token id on the host, so each (token, channel) sums its rows in order
+  // in parallel: deterministic, and no thread loops over all N. The grouping is prepared ahead by
+  // prepare_embedding_backward (with the batch, before a captured step) or here: from host_ids,
+  // or from the ids read back (N ints) when the caller has no host copy. Its size depends on N
+  // only (the group count is read on the device), so a captured launch fits every batch.
+  void prepare_embedding_backward(const int32_t* ids, const int32_t* host_ids,
+                                  int64_t N) override {
+    prep_ids_ = nullptr;
     if (N == 0) return;
     std::vector<int32_t>& h = host_ids_;
-    h.resize(static_cast<size_t>(N));
-    if (host_ids) {
-      std::copy(host_ids, host_ids + N, h.begin());
-    } else {
-      x_.download(h.data(), ids, sizeof(int32_t) * h.size());
-    }
+    h.assign(host_ids, host_ids + N);
     std::vector<int32_t>& perm = host_perm_;
     perm.resize(h.size());
     for (int64_t n = 0; n < N; n++) perm[n] = static_cast<int32_t>(n);
     std::stable_sort(perm.begin(), perm.end(), [&](int32_t a, int32_t b) { return h[a] < h[b]; });
-    std::vector<int32_t>& groups = host_groups_;  // start[0..G], then id[0..G)
-    groups.clear();
+    // start[0..G] then id[0..G): laid out as perm (N), start (N + 1), id (N), G (1)
+    std::vector<int32_t>& g = host_groups_;
+    g.assign(static_cast<size_t>(2 * N + 2), 0);
+    int32_t G = 0;
     for (int64_t k = 0; k < N; k++) {
-      if (k == 0 || h[perm[k]] != h[perm[k - 1]]) groups.push_back(static_cast<int32_t>(k));
+      if (k == 0 || h[perm[k]] != h[perm[k - 1]]) {
+        g[G] = static_cast<int32_t>(k);
+        g[N + 1 + G] = h[perm[k]];
+        G++;
+      }
     }
-    const int64_t G = static_cast<int64_t>(groups.size());
-    groups.push_back(static_cast<int32_t>(N));
-    for (int64_t g = 0; g < G; g++) groups.push_back(h[perm[groups[g]]]);
-    auto* dev = static_cast<int32_t*>(scratch(ids_, sizeof(int32_t) * (N + groups.size())));
+    g[G] = static_cast<int32_t>(N);
+    g[2 * N + 1] = G;
+    auto* dev = static_cast<int32_t*>(scratch(ids_, sizeof(int32_t) * (3 * N + 2)));
     x_.upload(dev, perm.data(), sizeof(int32_t) * N);
-    x_.upload(dev + N, groups.data(), sizeof(int32_t) * groups.size());
-    x_.launch(rows::EmbeddingBackwardGrouped{dwte, dout, dev, dev + N, dev + N + G + 1, C}, G * C);
+    x_.upload(dev + N, g.data(), sizeof(int32_t) * g.size());
+    prep_ids_ = ids;
+  }
+  void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
+                          int64_t C, const int32_t* host_ids) override {
+    if (N == 0) return;
+    const bool prepared = host_ids && prep_ids_ == ids && host_ids_.size() == size_t(N) &&
+                          std::equal(host_ids, host_ids + N, host_ids_.begin());
+    if (!prepared) {
+      if (host_ids) {
+        prepare_embedding_backward(ids, host_ids, N);
+      } else {
+        std::vector<int32_t> h(static_cast<size_t>(N));
+        x_.download(h.data(), ids, sizeof(int32_t) * h.size());
+        prepare_embedding_backward(ids, h.data(), N);
+      }
+    }
+    auto* dev = static_cast<int32_t*>(ids_.p);
+    x_.launch(rows::EmbeddingBackwardGrouped{dwte, dout, dev, dev + N, dev + 2 * N + 1,
+                                             dev + 3 * N + 1, C},
+              N * C);
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,
                        int64_t C, float eps) override {
@@ -384,6 +406,38 @@ class RowBackend final : public Backend {
         n);
   }
 
+  // ---- a step without waits (core/step_scalars.hpp) ----
+  void cross_entropy_loss_add(float* s, float* lse, const float* logits, const int32_t* targets,
+                              int64_t N, int64_t V) override {
+    if (N == 0) return;
+    auto* losses = static_cast<float*>(scratch(losses_, sizeof(float) * N));
+    x_.launch(rows::CrossEntropyForward{losses, lse, logits, targets, V}, N);
+    const int64_t P = std::min<int64_t>(N, kStepPartials);
+    auto* part = static_cast<double*>(scratch(step_part_, sizeof(double) * P));
+    x_.launch(rows::SumStrided<float>{part, losses, N, P}, P);
+    x_.launch(rows::LossAdd{s, part, P, 1.0 / static_cast<double>(N)}, 1);
+  }
+  // Partial sums of squares (as sum_squares), their kStepPartials sums, then one thread.
+  void grad_norm_clip(float* s, const float* g, int64_t n) override {
+    const int64_t P = std::max<int64_t>(1, std::min<int64_t>(n, int64_t{1} << 16));
+    const int64_t P2 = std::min<int64_t>(P, kStepPartials);
+    auto* part = static_cast<double*>(scratch(partials_, sizeof(double) * (P + P2)));
+    x_.launch(rows::SumSquares{part, g, n, P}, P);
+    x_.launch(rows::SumStrided<double>{part + P, part, P, P2}, P2);
+    x_.launch(rows::NormClip{s, part + P, P2}, 1);
+  }
+  void adamw_update_scaled(float* p, const float* g, float* m, float* v, int64_t n, bool decay,
+                           const float* s) override {
+    x_.launch(rows::AdamWScaled{p, g, m, v, s, decay}, n);
+  }
+
+  // ---- capture (CUDA graphs; cuda-host records the calls and replays them) ----
+  bool can_capture() const override { return true; }
+  void begin_capture() override { x_.begin_capture(); }
+  std::unique_ptr<Captured> end_capture() override { return x_.end_capture(); }
+  void abort_capture() noexcept override { x_.abort_capture(); }
+  uint64_t memory_epoch() const override { return x_.epoch(); }
+
  private:
   struct Scratch {
     void* p = nullptr;
@@ -577,14 +631,17 @@ class RowBackend final : public Backend {
   static constexpr int64_t kRowsPerChunk = 64;  // column sums: rows per partial sum
   static constexpr int64_t kDecodeKeys = 32;    // decode attention: cached keys per chunk
   static constexpr int64_t kDecodeQueries = 16;  // decode attention: queries per launch
+  static constexpr int64_t kStepPartials = 256;  // step scalars: partial sums per reduction
 
   Exec x_;
   bool flash_enabled_ = true;
   TableCache<Exec> tables_{x_};
   std::vector<const void*> flat_;
   std::vector<rows::Source> src_;
-  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_, decode_, gqa_;
+  Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_, decode_, gqa_,
+      step_part_;
   std::vector<int32_t> host_ids_, host_perm_, host_groups_;
+  const int32_t* prep_ids_ = nullptr;  // the ids whose grouping ids_ holds (host_ids_ on the host)
   std::vector<double> host_partials_;
   Batch batch_;
 };

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/step_scalars.hpp"
+
 #if defined(__CUDACC__)
 #define ATTNRES_HD __host__ __device__
 #else
@@ -79,6 +81,55 @@ struct SumSquares {
   }
 };
 
+// index t of P: out[t] = sum of x[i] over i = t, t + P, ... < n (double partials, as SumSquares).
+template <class T>
+struct SumStrided {
+  double* out;
+  const T* x;
+  int64_t n, P;
+  ATTNRES_HD void operator()(int64_t t) const {
+    double s = 0.0;
+    for (int64_t i = t; i < n; i += P) s += static_cast<double>(x[i]);
+    out[t] = s;
+  }
+};
+
+// ---- a training step's scalars (core/step_scalars.hpp) ----  one index
+// s[kLoss] += (the P partial sums, added in order) * scale: a micro-batch's mean loss.
+struct LossAdd {
+  float* s;
+  const double* part;
+  int64_t P;
+  double scale;
+  ATTNRES_HD void operator()(int64_t) const {
+    double acc = 0.0;
+    for (int64_t p = 0; p < P; p++) acc += part[p];
+    s[step::kLoss] += static_cast<float>(acc * scale);
+  }
+};
+// From the P partial sums of the gradients' squares: the norm, the clip factor (clip_scale in
+// attnres/optim.hpp, the same arithmetic) and whether the step may update.
+struct NormClip {
+  float* s;
+  const double* part;
+  int64_t P;
+  ATTNRES_HD void operator()(int64_t) const {
+    double sq = 0.0;
+    for (int64_t p = 0; p < P; p++) sq += part[p];
+    const double norm = ::sqrt(sq), max_norm = s[step::kMaxNorm];
+    float clip = 1.0f;
+    if (max_norm > 0) {
+      const double coef = max_norm / (norm + 1e-6);
+      if (coef < 1.0) clip = static_cast<float>(coef);
+    }
+    s[step::kNorm] = static_cast<float>(norm);
+    s[step::kClip] = clip;
+    // (x - x is 0 for a finite x, NaN for an infinite or NaN one)
+    const double loss = s[step::kLoss];
+    s[step::kOk] = loss - loss == 0.0 && norm - norm == 0.0 ? 1.0f : 0.0f;
+  }
+};
+
 // ---- scalar mixes (static and DenseFormer residuals) ----  up to kMaxMix sources per launch,
 // their pointers and weights passed by value.
 constexpr int kMaxMix = 32;
@@ -136,17 +187,20 @@ struct EmbeddingForward {  // index i = n * C + c
 };
 
 // dwte[ids[n], c] += dout[n, c] with the rows grouped by token id (the caller sorts them stably on
-// the host): rows perm[start[s]..start[s+1]) all hold token id[s]; index i = s * C + c adds them
-// in row order (as ops::embedding_backward: deterministic, no atomics).
+// the host): rows perm[start[s]..start[s+1]) all hold token id[s], s < *G; index i = s * C + c
+// adds them in row order (as ops::embedding_backward: deterministic, no atomics). Launched over
+// N * C indices (G <= N is read on the device), those past the G groups do nothing.
 struct EmbeddingBackwardGrouped {
   float* dwte;
   const float* dout;
   const int32_t* perm;
   const int32_t* start;
   const int32_t* id;
+  const int32_t* G;
   int64_t C;
   ATTNRES_HD void operator()(int64_t i) const {
     const int64_t s = i / C, c = i % C;
+    if (s >= *G) return;
     float* w = dwte + static_cast<int64_t>(id[s]) * C + c;
     float acc = *w;
     for (int32_t k = start[s]; k < start[s + 1]; k++) acc += dout[static_cast<int64_t>(perm[k]) * C + c];
@@ -622,6 +676,22 @@ struct AdamW {
     m[i] = mi;
     v[i] = vi;
     p[i] = p[i] * decay - step_size * mi / (::sqrtf(vi) * inv_bc2_sqrt + eps);
+  }
+};
+
+// AdamW with the step's factors read from the step scalars s (written by the host and NormClip):
+// the same arithmetic as AdamW; nothing changes when s[kOk] is 0.
+struct AdamWScaled {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  const float* s;
+  bool decay;
+  ATTNRES_HD void operator()(int64_t i) const {
+    if (s[step::kOk] == 0.0f) return;
+    AdamW{p, g, m, v, s[step::kBeta1], s[step::kBeta2], s[step::kStepSize],
+          s[step::kInvBc2Sqrt], s[step::kEps], s[step::kClip], decay ? s[step::kDecay] : 1.0f}(i);
   }
 };
 

@@ -251,18 +251,25 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, 
   return run_forward(*main_, tokens, targets, B, T);
 }
 
-// The stage's part of the forward: embedding (first stage), its layers, the head (last stage).
+void Model::stage_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {
+  stage_inputs(*main_, tokens, targets, B, T);
+}
+
+void Model::forward_staged(float* step_scalars) { run_staged(*main_, step_scalars); }
+
 double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* targets, int64_t B,
                           int64_t T) {
+  stage_inputs(p, tokens, targets, B, T);
+  return run_staged(p, nullptr);
+}
+
+// Checks the ids and puts them where the stage's forward and backward read them.
+void Model::stage_inputs(StagePass& p, const int32_t* tokens, const int32_t* targets, int64_t B,
+                         int64_t T) {
   ensure_acts(p, B, T);
   Acts& a = *p.acts;
-  DepthRouter& router = *p.router;
   Backend& be = *be_;
-  const bool record_stats = record_stats_ && &p == main_.get();
-  const int64_t N = B * T, d = cfg_.d_model, V = cfg_.vocab_size, F = cfg_.ffn_hidden;
-  const ops::AttnShape as{B, T, cfg_.n_head, cfg_.n_kv_head, cfg_.head_dim()};
-  const int64_t QKV = as.ld(), HD = as.H * as.hd;
-  const float eps = static_cast<float>(cfg_.norm_eps);
+  const int64_t N = B * T, V = cfg_.vocab_size;
   for (int64_t n = 0; n < N; n++) {  // (later stages may pass no tokens: only the first reads them)
     if (a.first && (tokens[n] < 0 || tokens[n] >= V)) {
       throw Error("token id " + std::to_string(tokens[n]) + " is outside the vocabulary [0, " +
@@ -278,6 +285,21 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
   }
   a.have_targets = targets != nullptr;
   if (targets) be.upload(a.targets.data(), targets, sizeof(int32_t) * N);
+  // (training: the embedding's backward follows)
+  if (a.first && targets) be.prepare_embedding_backward(a.tokens.data(), tokens, N);
+}
+
+// The stage's part of the forward: embedding (first stage), its layers, the head (last stage).
+double Model::run_staged(StagePass& p, float* step_scalars) {
+  Acts& a = *p.acts;
+  DepthRouter& router = *p.router;
+  Backend& be = *be_;
+  const bool record_stats = record_stats_ && &p == main_.get();
+  const int64_t B = a.B, T = a.T;
+  const int64_t N = B * T, d = cfg_.d_model, V = cfg_.vocab_size, F = cfg_.ffn_hidden;
+  const ops::AttnShape as{B, T, cfg_.n_head, cfg_.n_kv_head, cfg_.head_dim()};
+  const int64_t QKV = as.ld(), HD = as.H * as.hd;
+  const float eps = static_cast<float>(cfg_.norm_eps);
 
   const float* wte = param("tok_embeddings.weight");
   if (a.first) {
@@ -379,8 +401,12 @@ double Model::run_forward(StagePass& p, const int32_t* tokens, const int32_t* ta
     prof::Scope ps(prof::kMatmul, prof::kForward);
     be.matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V, false, a.head_mm());
   }
-  if (!targets) return 0.0;
+  if (!a.have_targets) return 0.0;
   prof::Scope ps(prof::kCrossEntropy, prof::kForward);
+  if (step_scalars) {
+    be.cross_entropy_loss_add(step_scalars, a.lse.data(), a.logits.data(), a.targets.data(), N, V);
+    return 0.0;
+  }
   return be.cross_entropy_forward(a.lse.data(), a.logits.data(), a.targets.data(), N, V);
 }
 

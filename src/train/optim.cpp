@@ -7,6 +7,7 @@
 
 #include "attnres/error.hpp"
 #include "core/backend.hpp"
+#include "core/step_scalars.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres {
@@ -100,6 +101,29 @@ void AdamW::step(float* params, const float* grads, double lr, float grad_scale)
     const float decay = e.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
     ops::adamw_update_in_parallel(params + lo, grads + lo, m_.data() + (lo - begin_), v_.data() + (lo - begin_),
                 hi - lo, decay, k);
+  }
+}
+
+void AdamW::write_factors(double lr, float* s) {
+  t_ += 1;
+  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(t_)));
+  // (the same floats as step()'s ops::AdamStep and decay)
+  s[step::kBeta1] = static_cast<float>(cfg_.beta1);
+  s[step::kBeta2] = static_cast<float>(cfg_.beta2);
+  s[step::kStepSize] = static_cast<float>(lr / bc1);
+  s[step::kInvBc2Sqrt] = static_cast<float>(1.0 / bc2_sqrt);
+  s[step::kEps] = static_cast<float>(cfg_.eps);
+  s[step::kDecay] = static_cast<float>(1.0 - lr * cfg_.weight_decay);
+}
+
+void AdamW::step_scaled(float* params, const float* grads, const float* dev_s) {
+  check(be_ && !be_->is_cpu(), "internal: AdamW::step_scaled runs on a device backend");
+  for (const ParamEntry& e : layout_.entries()) {
+    const int64_t lo = std::max(e.offset, begin_), hi = std::min(e.offset + e.numel, end_);
+    if (lo >= hi) continue;
+    be_->adamw_update_scaled(params + lo, grads + lo, m_.data() + (lo - begin_),
+                             v_.data() + (lo - begin_), hi - lo, e.decay, dev_s);
   }
 }
 

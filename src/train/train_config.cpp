@@ -40,6 +40,8 @@ void TrainConfig::validate() const {
   need(precision == "fp32" || device != "cpu",
        "--precision bf16 runs on --device cuda (or cuda-host, its emulation); the CPU trains in "
        "fp32");
+  need(!cuda_graphs || device != "cpu",
+       "--cuda-graphs captures the step on --device cuda (or cuda-host, its emulation)");
   need(device == "cpu" || (pipeline == 1 && !zero1),
        "--device " + device + " trains data-parallel only for now: drop --pipeline and --zero1 "
        "(or use --device cpu)");

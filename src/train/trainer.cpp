@@ -23,6 +23,7 @@
 #include "attnres/pipeline.hpp"
 #include "attnres/train.hpp"
 #include "core/backend.hpp"
+#include "train/device_step.hpp"
 
 namespace fs = std::filesystem;
 
@@ -474,6 +475,19 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   const int64_t rows = piped ? cfg.batch_size : cfg.batch_size / ranks;
   const int64_t row0 = piped ? 0 : comm.rank() * rows;
   std::vector<Batch> micro_batches(piped ? cfg.grad_accum : 0);
+  // One process on a device: the step's scalars stay on the device (device_step.hpp). (A test's
+  // loss_hook needs the loss on the host before the update: it keeps the host path.)
+  std::unique_ptr<DeviceStep> dstep;
+  bool graphs_off_told = false;
+  if (!model.on_cpu() && ranks == 1 && !piped && !ev.loss_hook) {
+    dstep = std::make_unique<DeviceStep>(model, opt, cfg.grad_clip,
+                                         1.0f / static_cast<float>(cfg.grad_accum),
+                                         cfg.cuda_graphs);
+  } else if (cfg.cuda_graphs) {
+    msg(std::string("note: --cuda-graphs is not used ") +
+        (model.on_cpu() ? "on the CPU" : "with several ranks or a pipeline") +
+        "; the steps run uncaptured");
+  }
   std::vector<const int32_t*> mb_inputs, mb_targets;
   int64_t step = start;
   for (; step < cfg.steps; step++) {
@@ -485,9 +499,15 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       break;
     }
     const auto ts = Clock::now();
-    model.zero_grad();
     double loss = 0.0;
-    if (pipeline) {  // this rank's stages of every micro-batch, in the 1F1B order
+    if (dstep) {  // on a device: no wait for the host until the update is queued
+      dstep->begin();
+      for (int64_t micro = 0; micro < cfg.grad_accum; micro++) {
+        data.train.sample_rows(cfg.seed, step, micro, row0, rows, cfg.seq_len, batch);
+        dstep->micro(batch.inputs.data(), batch.targets.data(), rows, cfg.seq_len);
+      }
+    } else if (pipeline) {
+      model.zero_grad();  // this rank's stages of every micro-batch, in the 1F1B order
       mb_inputs.clear();
       mb_targets.clear();
       for (int64_t micro = 0; micro < cfg.grad_accum; micro++) {
@@ -498,6 +518,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       }
       loss = pipeline->step(mb_inputs, mb_targets, rows, cfg.seq_len);
     } else {
+      model.zero_grad();
       for (int64_t micro = 0; micro < cfg.grad_accum; micro++) {
         data.train.sample_rows(cfg.seed, step, micro, row0, rows, cfg.seq_len, batch);
         loss += model.forward(batch.inputs.data(), batch.targets.data(), rows, cfg.seq_len);
@@ -514,16 +535,35 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     }
     // Equal slices and micro-batches: the global mean is the mean of the ranks' micro means.
     const int64_t parts = cfg.grad_accum * (piped ? 1 : ranks);
-    loss /= static_cast<double>(parts);
-    if (ev.loss_hook) loss = ev.loss_hook(step + 1, loss);
-    if (parts > 1) model.backend().scale(model.grads(), 1.0f / static_cast<float>(parts), nparams);
     const bool last = step + 1 == cfg.steps;
     const bool eval_now = (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last;
     std::vector<double> grad_norms;
-    if (eval_now && root) grad_norms = model.sublayer_grad_norms();  // before clipping
-    const double gnorm = std::sqrt(model.backend().sum_squares(model.grads(), nparams));
     const double lr = lr_at(cfg.schedule, cfg.adamw.lr, step);
-    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+    double gnorm = 0.0;
+    bool finite = true;
+    if (dstep) {
+      // (the per-sublayer norms: before the scale by 1/parts, so scaled here)
+      if (eval_now && root) {
+        grad_norms = model.sublayer_grad_norms();
+        for (double& g : grad_norms) g /= static_cast<double>(parts);
+      }
+      const DeviceStep::Result r = dstep->finish(lr);
+      loss = r.loss_sum / static_cast<double>(parts);
+      gnorm = r.norm;
+      finite = r.ok;
+      if (!dstep->off_reason().empty() && !graphs_off_told) {
+        msg("note: CUDA graphs turned off: " + dstep->off_reason() + "; the steps run uncaptured");
+        graphs_off_told = true;
+      }
+    } else {
+      loss /= static_cast<double>(parts);
+      if (ev.loss_hook) loss = ev.loss_hook(step + 1, loss);
+      if (parts > 1) model.backend().scale(model.grads(), 1.0f / static_cast<float>(parts), nparams);
+      if (eval_now && root) grad_norms = model.sublayer_grad_norms();  // before clipping
+      gnorm = std::sqrt(model.backend().sum_squares(model.grads(), nparams));
+      finite = std::isfinite(loss) && std::isfinite(gnorm);
+    }
+    if (!finite) {
       res.skipped_steps++;
       msg("step " + std::to_string(step + 1) + ": non-finite loss or gradient, update skipped (" +
           std::to_string(res.skipped_steps) + "/" + std::to_string(cfg.max_bad_steps) + ")");
@@ -534,7 +574,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
                 "last good checkpoint is in '" + cfg.out_dir + "'");
       continue;
     }
-    opt.step(model.params(), model.grads(), lr, clip_scale(gnorm, cfg.grad_clip));
+    if (!dstep) opt.step(model.params(), model.grads(), lr, clip_scale(gnorm, cfg.grad_clip));
     if (zero1) comm.allgather(model.params(), shard_counts);  // every rank's updated shard
     const double dt = seconds_since(ts);
     if (step > start) {
@@ -592,6 +632,16 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     }
   }
   res.steps_done = step;
+  if (dstep) {
+    res.graph_captures = dstep->captures();
+    res.graph_replays = dstep->replays();
+    res.graphs_off_reason = dstep->off_reason();
+    if (cfg.cuda_graphs && res.graph_captures > 0) {
+      msg("CUDA graphs: " + std::to_string(res.graph_captures) + " captured, " +
+          std::to_string(res.graph_replays) + " replays (forward+backward per micro-batch, "
+          "the update per step)");
+    }
+  }
   // A resumed run stopped before its first step has nothing new: re-saving step_N would replace
   // the very checkpoint `latest` names, opening a window in which a kill leaves none. (The
   // condition is the same on every rank.)
