@@ -119,7 +119,7 @@ std::string train_args(const std::string& data, const fs::path& out, int steps, 
 }
 
 struct Metrics {
-  std::vector<double> loss, val_loss;
+  std::vector<double> loss, val_loss, grad_norm;
 };
 
 Metrics read_metrics(const fs::path& file) {
@@ -129,6 +129,7 @@ Metrics read_metrics(const fs::path& file) {
   while (std::getline(f, line)) {
     const auto j = nlohmann::json::parse(line);
     if (j.contains("loss") && !j.contains("skipped")) m.loss.push_back(j["loss"].get<double>());
+    if (j.contains("grad_norm") && j["grad_norm"].is_number()) m.grad_norm.push_back(j["grad_norm"].get<double>());
     if (j.contains("val_loss")) m.val_loss.push_back(j["val_loss"].get<double>());
   }
   return m;
@@ -275,11 +276,18 @@ TEST(Dist, TwoRanksOnADeviceMatchOneRank) {
   ::unsetenv("ATTNRES_DEVICE_REDUCE");
   ASSERT_EQ(staged.code, 0) << staged.out;
   EXPECT_TRUE(contains(staged.out, "gradients: summed over the ranks by staged")) << staged.out;
+  // The device step's graphs, replayed on each rank with the gradients summed between them.
+  const CliRun graphs = shell(mpirun(2) + cli() + train_args(data, dir / "graphs", 6) + dev +
+                              " --cuda-graphs");
+  ASSERT_EQ(graphs.code, 0) << graphs.out;
+  EXPECT_TRUE(contains(graphs.out, "CUDA graphs: ")) << graphs.out;
   const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
   ASSERT_EQ(a.loss.size(), 6u);
-  for (const char* run : {"two", "staged"}) {
+  for (const char* run : {"two", "staged", "graphs"}) {
     const Metrics b = read_metrics(dir / run / "metrics.jsonl");
     expect_close(b.loss, a.loss, 1e-5, std::string(run) + ": training loss at step");
+    // (AdamW barely sees a wrong gradient scale: the norm does)
+    expect_close(b.grad_norm, a.grad_norm, 1e-4, std::string(run) + ": gradient norm at step");
     expect_close(b.val_loss, a.val_loss, 1e-5, std::string(run) + ": validation loss");
     EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / run / "model.safetensors"),
               1e-5);

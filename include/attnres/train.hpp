@@ -69,7 +69,7 @@ struct TrainConfig {
   // inputs, fp32 accumulation, fp32 master weights; cuda and cuda-host). A runtime choice.
   std::string precision = "fp32";
   // Capture the training step as CUDA graphs and replay it (src/train/device_step.hpp): cuda (and
-  // cuda-host, which records and replays the calls), one process. A runtime choice.
+  // cuda-host, which records and replays the calls). A runtime choice.
   bool cuda_graphs = false;
 
   void validate() const;  // throws Error naming the field

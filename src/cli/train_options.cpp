@@ -110,8 +110,8 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
       ->capture_default_str();
   s->add_flag("--cuda-graphs", c.cuda_graphs,
               "Capture the training step as CUDA graphs after its first run and replay them "
-              "(--device cuda or cuda-host; one process): two launches per step instead of "
-              "hundreds");
+              "(--device cuda or cuda-host): one launch per micro-batch and one per update instead "
+              "of hundreds");
   // model
   s->add_option("--n-layer", c.model.n_layer, "Transformer blocks")->capture_default_str();
   s->add_option("--n-head", c.model.n_head, "Attention heads")->capture_default_str();

@@ -475,18 +475,19 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   const int64_t rows = piped ? cfg.batch_size : cfg.batch_size / ranks;
   const int64_t row0 = piped ? 0 : comm.rank() * rows;
   std::vector<Batch> micro_batches(piped ? cfg.grad_accum : 0);
-  // One process on a device: the step's scalars stay on the device (device_step.hpp). (A test's
-  // loss_hook needs the loss on the host before the update: it keeps the host path.)
+  // On a device the step's scalars stay on the device (device_step.hpp). (A test's loss_hook
+  // needs the loss on the host before the update: it keeps the host path.)
   std::unique_ptr<DeviceStep> dstep;
   bool graphs_off_told = false;
-  if (!model.on_cpu() && ranks == 1 && !piped && !ev.loss_hook) {
-    dstep = std::make_unique<DeviceStep>(model, opt, cfg.grad_clip,
-                                         1.0f / static_cast<float>(cfg.grad_accum),
-                                         cfg.cuda_graphs);
+  if (!model.on_cpu() && !piped && !zero1 && !ev.loss_hook) {
+    // (with several ranks the gradients are summed between the forward+backward and the update:
+    // outside the graphs; the mean over ranks and micro-batches is the update's scale)
+    dstep = std::make_unique<DeviceStep>(
+        model, opt, cfg.grad_clip, 1.0f / static_cast<float>(cfg.grad_accum * ranks),
+        cfg.cuda_graphs);
   } else if (cfg.cuda_graphs) {
     msg(std::string("note: --cuda-graphs is not used ") +
-        (model.on_cpu() ? "on the CPU" : "with several ranks or a pipeline") +
-        "; the steps run uncaptured");
+        (model.on_cpu() ? "on the CPU" : "here") + "; the steps run uncaptured");
   }
   std::vector<const int32_t*> mb_inputs, mb_targets;
   int64_t step = start;
@@ -531,7 +532,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       // Pipeline: each rank's gradients are those of its stages' parameters (zero elsewhere);
       // the loss comes from the last stage's rank alone.
       reducer->allreduce_sum(model.grads(), nparams);
-      comm.allreduce_sum(&loss, 1);
+      if (!dstep) comm.allreduce_sum(&loss, 1);  // (the device step's loss comes after its update)
     }
     // Equal slices and micro-batches: the global mean is the mean of the ranks' micro means.
     const int64_t parts = cfg.grad_accum * (piped ? 1 : ranks);
@@ -548,7 +549,16 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
         for (double& g : grad_norms) g /= static_cast<double>(parts);
       }
       const DeviceStep::Result r = dstep->finish(lr);
-      loss = r.loss_sum / static_cast<double>(parts);
+      double sums[2] = {r.loss_sum, r.ok ? 1.0 : 0.0};
+      if (ranks > 1) {
+        comm.allreduce_sum(sums, 2);
+        // Every rank's verdict comes from the same summed gradients (a non-finite loss makes its
+        // rank's gradients, so the sum, non-finite): a split verdict would be a bug, and the
+        // replicas would drift apart.
+        check(sums[1] == 0.0 || sums[1] == static_cast<double>(ranks),
+              "internal: the ranks disagree on skipping step " + std::to_string(step + 1));
+      }
+      loss = sums[0] / static_cast<double>(parts);
       gnorm = r.norm;
       finite = r.ok;
       if (!dstep->off_reason().empty() && !graphs_off_told) {
