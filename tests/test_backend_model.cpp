@@ -401,8 +401,18 @@ TEST_P(BackendRuns, DeviceStepMatchesTheHostStep) {
       EXPECT_EQ(ds.off_reason(), "");
     }
 
+    // Another batch shape: a forward captured for the first one is not replayed for it.
+    {
+      const TokenBatch tb(T, cfg.vocab_size, 99);
+      const double want = cpu.forward(tb.tok.data(), tb.tgt.data(), 1, T);
+      ds.begin();
+      ds.micro(tb.tok.data(), tb.tgt.data(), 1, T);
+      EXPECT_NEAR(ds.finish(0.0).loss_sum, want, 1e-3 * want);
+    }
+
     // A NaN weight: the loss is NaN, the update skipped on the device, the step taken back.
-    std::vector<float> bad = pd;
+    const int64_t taken = od.steps_taken();
+    std::vector<float> bad = dev.params_to_host();
     bad[dev.layout().find("tok_embeddings.weight")->offset] = NAN;
     dev.params_from_host(bad.data());
     const std::vector<float> m0 = od.m().download();
@@ -411,7 +421,7 @@ TEST_P(BackendRuns, DeviceStepMatchesTheHostStep) {
     ds.micro(zeros.data(), zeros.data(), B, T);
     const DeviceStep::Result r = ds.finish(lr);
     EXPECT_FALSE(r.ok);
-    EXPECT_EQ(od.steps_taken(), 4);
+    EXPECT_EQ(od.steps_taken(), taken);
     const std::vector<float> after = dev.params_to_host();
     EXPECT_EQ(0, std::memcmp(after.data(), bad.data(), sizeof(float) * bad.size()));
     EXPECT_EQ(od.m().download(), m0);

@@ -196,6 +196,55 @@ TEST(WarpKernels, DepthMixMatchesFunctor) {
   }
 }
 
+// The by-source backward (Full AttnRes) and its dx . x, for every tile size and option.
+TEST(WarpKernels, BySourceBackwardMatchesFunctor) {
+  const int64_t N = 3, K = 3;
+  for (int64_t dh : {5, 200, 500, 700, 1000}) {
+    for (int64_t H : {1, 3}) {
+      if (H > 1 && dh > 200) continue;
+      for (int opts = 0; opts < 4; opts++) {
+        if (dh != 200 && opts != 3) continue;
+        const bool softmax = opts & 1, key_norm = opts & 2;
+        SCOPED_TRACE("H=" + std::to_string(H) + " dh=" + std::to_string(dh) +
+                     (softmax ? " softmax" : " sigmoid") + (key_norm ? " rms" : " none"));
+        const int64_t d = dh * H;
+        rows::Mix m;
+        m.d = d;
+        m.H = H;
+        m.softmax = softmax;
+        m.key_norm = key_norm;
+        const auto v = randn(N * d, 40, 1.5), q = randn(K * d, 41, 0.2);
+        std::vector<float> r(N * H);
+        rows::run_rows_host(rows::DepthRstd{r.data(), v.data(), d, H, 1e-5f}, N * H);
+        std::vector<std::vector<float>> dx, x, lse, D;
+        std::vector<rows::Reader> rd;
+        for (int64_t k = 0; k < K; k++) {
+          dx.push_back(randn(N * d, 50 + k));
+          x.push_back(randn(N * d, 60 + k));
+          lse.push_back(randn(N * H, 70 + k));
+          D.emplace_back(N * H);
+          std::vector<float> Dw(N * H);
+          rows::run_rows_host(rows::DepthDxDot{D[k].data(), dx[k].data(), x[k].data(), m}, N * H);
+          run_warp(warp::DepthDxDot{{Dw.data(), dx[k].data(), x[k].data(), m}}, N * H);
+          EXPECT_LT(rel(Dw, D[k]), 1e-5);
+        }
+        for (int64_t k = 0; k < K; k++) {
+          rd.push_back({dx[k].data(), lse[k].data(), D[k].data(), q.data() + k * d});
+        }
+        std::vector<float> dva(N * d), dvb(N * d, 7.0f), sa(H * K * N), sb(H * K * N);
+        rows::run_rows_host(
+            rows::DepthSourceBackward{dva.data(), sa.data(), v.data(), r.data(), rd.data(), K, N, m},
+            N * H);
+        run_tiled<warp::DepthSourceBackward>(
+            dh, N * H,
+            rows::DepthSourceBackward{dvb.data(), sb.data(), v.data(), r.data(), rd.data(), K, N, m});
+        EXPECT_LT(rel(dvb, dva), 1e-5);
+        EXPECT_LT(rel(sb, sa), 1e-5);
+      }
+    }
+  }
+}
+
 // Two-phase Block AttnRes: phase 1 with 6 queries (groups of 4 and 2, as the launcher splits
 // them) and phase 2, for every tile size.
 TEST(WarpKernels, TwoPhaseMatchesFunctor) {

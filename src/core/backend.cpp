@@ -62,6 +62,13 @@ void Backend::adamw_update_scaled(float*, const float*, float*, float*, int64_t,
                                   const float*) {
   no_device_step(*this, "adamw_update_scaled");
 }
+void Backend::depth_dx_dot(float*, const float*, const float*, const ops::DepthMix&, int64_t) {
+  no_device_step(*this, "depth_dx_dot");
+}
+void Backend::depth_source_backward(float*, const ops::DepthSource&, const ops::DepthReader*,
+                                    int64_t, float*, const ops::DepthMix&, int64_t) {
+  no_device_step(*this, "depth_source_backward");
+}
 void Backend::prepare_embedding_backward(const int32_t*, const int32_t*, int64_t) {}
 void Backend::begin_capture() { no_device_step(*this, "begin_capture"); }
 std::unique_ptr<Captured> Backend::end_capture() { no_device_step(*this, "end_capture"); }

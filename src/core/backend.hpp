@@ -145,6 +145,16 @@ class Backend {
   virtual void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
                                 const ops::DepthSource& p, const float* qg, const ops::DepthMix& m,
                                 int64_t N) = 0;
+  // By-source backward of Full AttnRes with static queries (as ops::depth_dx_dot and
+  // ops::depth_source_backward; device backends only, the CPU model calls the ops itself):
+  // D (N,H) = dx . x per head slice; dv (N,d) = the source's gradient through its K readers (a
+  // HOST array, pointers in this backend's memory; dq_offset unused) (OVERWRITTEN), and
+  // dq + k d (d) += reader k's query gradient from this source.
+  virtual void depth_dx_dot(float* D, const float* dx, const float* x, const ops::DepthMix& m,
+                            int64_t N);
+  virtual void depth_source_backward(float* dv, const ops::DepthSource& src,
+                                     const ops::DepthReader* rd, int64_t K, float* dq,
+                                     const ops::DepthMix& m, int64_t N);
   // One tensor's AdamW update of n elements.
   virtual void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                             const ops::AdamStep& k) = 0;
@@ -156,7 +166,7 @@ class Backend {
   virtual void cross_entropy_loss_add(float* s, float* lse, const float* logits,
                                       const int32_t* targets, int64_t N, int64_t V);
   // From the gradients g (n): s[kNorm] = their L2 norm, s[kClip] = clip_scale(norm,
-  // s[kMaxNorm]), s[kOk] = 1 when s[kLoss] and the norm are finite, else 0.
+  // s[kMaxNorm]), s[kOk] = 1 when the norm (and, if s[kLossCheck], s[kLoss]) is finite, else 0.
   virtual void grad_norm_clip(float* s, const float* g, int64_t n);
   // adamw_update with the factors from s (kBeta1 .. kEps, kDecay when decay, kClip as the
   // gradient scale); nothing changes when s[kOk] is 0.

@@ -13,6 +13,7 @@ enum Scalar : int {
   kClip,        // the factor the gradients are multiplied by (1 unless clipped)
   kOk,          // 1 when the loss and the norm are finite, else 0 (the update is skipped)
   kMaxNorm,     // the clip threshold (0: no clipping)
+  kLossCheck,   // 1: a non-finite loss skips the update too (one rank); 0: the norm alone decides
   kBeta1,       // AdamW's factors (ops::AdamStep): the host writes them before each update
   kBeta2,
   kStepSize,    // lr / (1 - beta1^t)

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -282,10 +283,16 @@ struct CudaExec {
     ATTNRES_CUBLAS_CHECK(cublasSetStream(h_, s_));  // (resets the workspace: set it after)
     ATTNRES_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
     ATTNRES_CUBLAS_CHECK(cublasSetWorkspace(h_, ws_, kWorkspace));
+    ATTNRES_CUDA_CHECK(cudaMallocHost(&stage_, kStageSlots * kStageBytes));
+    for (auto& e : stage_ev_) ATTNRES_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   ~CudaExec() {
     if (capturing_) abort_capture();
     cudaStreamSynchronize(s_);
+    for (auto& e : stage_ev_) {
+      if (e) cudaEventDestroy(e);
+    }
+    if (stage_) cudaFreeHost(stage_);
     cublasDestroy(h_);
     cudaFree(ws_);
     cudaStreamDestroy(s_);
@@ -301,6 +308,15 @@ struct CudaExec {
   uint64_t epoch_ = 0;
   bool capturing_ = false, freed_while_capturing_ = false;
   std::vector<void*> deferred_;  // frees asked for while capturing, done after it
+  // Uploads go through pinned staging slots, copied asynchronously on the stream: the host does
+  // not wait for the device's queued work (a training step's batch, staged while the previous
+  // one still runs); a slot is reused once its copy is done (its event). Larger uploads (the
+  // weights at start-up) are synchronous.
+  static constexpr int kStageSlots = 16;
+  static constexpr size_t kStageBytes = size_t{1} << 20;
+  char* stage_ = nullptr;
+  cudaEvent_t stage_ev_[kStageSlots] = {};
+  int stage_next_ = 0;
 
   // A CUDA call that a stream capture cannot hold fails cleanly here, before it breaks the
   // capture (the trainer then runs the step uncaptured).
@@ -336,7 +352,18 @@ struct CudaExec {
   }
   void upload(void* dst, const void* host, size_t bytes) {
     refuse_while_capturing("an upload");
-    if (bytes) ATTNRES_CUDA_CHECK(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
+    if (bytes == 0) return;
+    if (bytes > kStageBytes) {  // (the legacy stream's copy waits for the stream's work)
+      ATTNRES_CUDA_CHECK(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
+      return;
+    }
+    const int k = stage_next_;
+    stage_next_ = (k + 1) % kStageSlots;
+    ATTNRES_CUDA_CHECK(cudaEventSynchronize(stage_ev_[k]));  // the slot's last copy is done
+    char* slot = stage_ + static_cast<size_t>(k) * kStageBytes;
+    std::memcpy(slot, host, bytes);
+    ATTNRES_CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, s_));
+    ATTNRES_CUDA_CHECK(cudaEventRecord(stage_ev_[k], s_));
   }
   void download(void* host, const void* src, size_t bytes) {
     refuse_while_capturing("a download");
@@ -445,6 +472,10 @@ struct CudaExec {
     }
   }
   void launch(const rows::DepthMixPhase2& f, int64_t n) { warps(warp::DepthMixPhase2{f}, n); }
+  void launch(const rows::DepthDxDot& f, int64_t n) { warps(warp::DepthDxDot{f}, n); }
+  void launch(const rows::DepthSourceBackward& f, int64_t n) {
+    depth<warp::DepthSourceBackward>(f, f.m.dh(), n);
+  }
   void launch(const rows::AttnRowDot& f, int64_t n) { warps(warp::AttnRowDot{f}, n); }
   void launch(const rows::AttnDecodePartial& f, int64_t n) {
     if (f.hd > warp::AttnDecodePartial::kMaxHead) return cuda::launch(f, n, s_);  // reference

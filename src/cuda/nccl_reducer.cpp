@@ -2,8 +2,9 @@
 // loaded with dlopen when a run needs it (libnccl.so.2 on the library path), so attnres links
 // and runs without it; only the handful of functions used are looked up. One NCCL communicator
 // per process, bootstrapped through the MPI communicator (rank 0's unique id broadcast); the
-// all-reduce is queued on the legacy default stream, the stream every other op of the cuda
-// backend uses, so it is ordered after the backward that produced the gradients.
+// all-reduce is queued on the legacy default stream, which the cuda backend's own stream (a
+// blocking stream: backend_cuda.cu) is ordered with, so it runs after the backward that produced
+// the gradients and before the update that reads them.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>

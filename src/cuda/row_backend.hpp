@@ -45,8 +45,9 @@ class RowBackend final : public Backend {
     }
   }
   ~RowBackend() override {
+    x_.abort_capture();  // (an exception may have left a capture open)
     for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &bf_d_, &ids_,
-                    &decode_, &gqa_, &step_part_}) {
+                    &decode_, &gqa_, &step_part_, &dsr_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
@@ -399,6 +400,32 @@ class RowBackend final : public Backend {
     const rows::Source ps{p.v, p.rstd, p.dv};
     x_.launch(rows::DepthMixPhase2{x, lse, o1, lse1, ps, qg, mix(m)}, N * m.H);
   }
+  void depth_dx_dot(float* D, const float* dx, const float* x, const ops::DepthMix& m,
+                    int64_t N) override {
+    x_.launch(rows::DepthDxDot{D, dx, x, mix(m)}, N * m.H);
+  }
+  // The source's gradient in one pass over its readers (each reader's dx read once, v and dv held
+  // per (token, head) slice), then each head's query gradients of all K readers as one GEMM:
+  // dq_k[h] (dh) += sum_n dsr[h][k][n] v_n[h], i.e. (K,dh) += (K,N) (N,dh) with v's rows d apart.
+  void depth_source_backward(float* dv, const ops::DepthSource& src, const ops::DepthReader* rd,
+                             int64_t K, float* dq, const ops::DepthMix& m, int64_t N) override {
+    if (N == 0) return;
+    if (K == 0) {
+      x_.zero(dv, sizeof(float) * N * m.d);
+      return;
+    }
+    readers_.resize(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; k++) readers_[k] = {rd[k].dx, rd[k].lse, rd[k].D, rd[k].qg};
+    const auto* table = static_cast<const rows::Reader*>(
+        tables_.get(readers_.data(), sizeof(rows::Reader) * K));
+    auto* dsr = static_cast<float*>(scratch(dsr_, sizeof(float) * m.H * K * N));
+    x_.launch(rows::DepthSourceBackward{dv, dsr, src.v, src.rstd, table, K, N, mix(m)}, N * m.H);
+    const int64_t dh = m.dh();
+    Batch& b = batch_;
+    b.clear();
+    for (int64_t h = 0; h < m.H; h++) b.add(dsr + h * K * N, src.v + h * dh, dq + h * dh);
+    gemm<float>(b, false, false, K, dh, N, 1.0f, N, m.d, 1.0f, m.d);
+  }
   void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                     const ops::AdamStep& k) override {
     x_.launch(
@@ -639,7 +666,8 @@ class RowBackend final : public Backend {
   std::vector<const void*> flat_;
   std::vector<rows::Source> src_;
   Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_, decode_, gqa_,
-      step_part_;
+      step_part_, dsr_;
+  std::vector<rows::Reader> readers_;
   std::vector<int32_t> host_ids_, host_perm_, host_groups_;
   const int32_t* prep_ids_ = nullptr;  // the ids whose grouping ids_ holds (host_ids_ on the host)
   std::vector<double> host_partials_;

@@ -126,7 +126,8 @@ struct NormClip {
     s[step::kClip] = clip;
     // (x - x is 0 for a finite x, NaN for an infinite or NaN one)
     const double loss = s[step::kLoss];
-    s[step::kOk] = loss - loss == 0.0 && norm - norm == 0.0 ? 1.0f : 0.0f;
+    const bool loss_ok = s[step::kLossCheck] == 0.0f || loss - loss == 0.0;
+    s[step::kOk] = loss_ok && norm - norm == 0.0 ? 1.0f : 0.0f;
   }
 };
 
@@ -517,6 +518,62 @@ struct DepthMixBackward {
   }
 };
 
+// ---- by-source backward (Full AttnRes, static queries; ops::depth_source_backward) ----
+// A mixer that reads the source: its dx (N,d), lse and D = dx . x (N,H), its query (d).
+struct Reader {
+  const float* dx;
+  const float* lse;
+  const float* D;
+  const float* qg;
+};
+// index n * H + h: D = dx . x over the head slice.
+struct DepthDxDot {
+  float* D;
+  const float* dx;
+  const float* x;
+  Mix m;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
+    float acc = 0.0f;
+    for (int64_t c = 0; c < dh; c++) acc += dx[off + c] * x[off + c];
+    D[idx] = acc;
+  }
+};
+// index n * H + h: the source's whole gradient dv (OVERWRITTEN) from its K readers, as each
+// reader's DepthMixBackward would add it; dsr ((H,K,N): [h][k][n]) gets ds * r, from which the
+// caller forms the readers' query gradients (dq_k += sum_n dsr v_n per head: one GEMM per head).
+struct DepthSourceBackward {
+  float* dv;
+  float* dsr;
+  const float* v;
+  const float* rstd;
+  const Reader* rd;
+  int64_t K, N;
+  Mix m;
+  ATTNRES_HD void operator()(int64_t idx) const {
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
+    const float* vh = v + off;
+    float* d = dv + off;
+    for (int64_t c = 0; c < dh; c++) d[c] = 0.0f;
+    const float r = m.key_norm ? rstd[idx] : 1.0f;
+    for (int64_t k = 0; k < K; k++) {
+      const Reader& R = rd[k];
+      const float* qh = R.qg + h * dh;
+      const float* g = R.dx + off;
+      float qv = 0.0f, gv = 0.0f;
+      for (int64_t c = 0; c < dh; c++) {
+        qv += qh[c] * vh[c];
+        gv += g[c] * vh[c];
+      }
+      const float s = m.key_norm ? qv * r : qv;
+      const float a = m.softmax ? ::expf(s - R.lse[idx]) : sigmoidf(s);
+      const float ds = m.softmax ? a * (gv - R.D[idx]) : a * (1.0f - a) * gv;
+      const float kk = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
+      for (int64_t c = 0; c < dh; c++) d[c] += a * g[c] + ds * (r * qh[c] - kk * vh[c]);
+      dsr[(h * K + k) * N + n] = ds * r;
+    }
+  }
+};
 
 // ---- causal self-attention ----  Run as batched GEMMs around these row kernels (RowBackend):
 // scores = q k^T / sqrt(hd) into att (B,H,T,T), the causal softmax below in place, out = att v;

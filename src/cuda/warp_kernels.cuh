@@ -235,6 +235,66 @@ ATTNRES_UNROLL
   }
 };
 
+// dx . x over one (token, head) slice (see rows::DepthDxDot).
+struct DepthDxDot {
+  rows::DepthDxDot f;
+  __device__ void operator()(int64_t idx, int lane) const {
+    const rows::Mix& m = f.m;
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
+    float acc = 0.0f;
+    for (int64_t c = lane; c < dh; c += kWarp) acc += f.dx[off + c] * f.x[off + c];
+    acc = warp_sum(acc);
+    if (lane == 0) f.D[idx] = acc;
+  }
+};
+
+// The by-source backward for one (token, head) slice (see rows::DepthSourceBackward): the
+// source's slice and its gradient in registers; per reader one read of its dx and its query.
+template <int kMaxPerLane>
+struct DepthSourceBackward {
+  rows::DepthSourceBackward f;
+  __device__ void operator()(int64_t idx, int lane) const {
+    const rows::Mix& m = f.m;
+    const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
+    float vv[kMaxPerLane], dv[kMaxPerLane];
+ATTNRES_UNROLL
+    for (int j = 0; j < kMaxPerLane; j++) {
+      const int64_t c = lane + j * kWarp;
+      vv[j] = c < dh ? f.v[off + c] : 0.0f;
+      dv[j] = 0.0f;
+    }
+    const float r = m.key_norm ? f.rstd[idx] : 1.0f;
+    for (int64_t k = 0; k < f.K; k++) {
+      const rows::Reader R = f.rd[k];
+      const float* qh = R.qg + h * dh;
+      const float* gh = R.dx + off;
+      float q[kMaxPerLane], g[kMaxPerLane], qv = 0.0f, gv = 0.0f;
+ATTNRES_UNROLL
+      for (int j = 0; j < kMaxPerLane; j++) {
+        const int64_t c = lane + j * kWarp;
+        q[j] = c < dh ? qh[c] : 0.0f;
+        g[j] = c < dh ? gh[c] : 0.0f;
+        qv += q[j] * vv[j];
+        gv += g[j] * vv[j];
+      }
+      qv = warp_sum(qv);
+      gv = warp_sum(gv);
+      const float s = m.key_norm ? qv * r : qv;
+      const float a = m.softmax ? ::expf(s - R.lse[idx]) : rows::sigmoidf(s);
+      const float ds = m.softmax ? a * (gv - R.D[idx]) : a * (1.0f - a) * gv;
+      const float kk = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
+ATTNRES_UNROLL
+      for (int j = 0; j < kMaxPerLane; j++) dv[j] += a * g[j] + ds * (r * q[j] - kk * vv[j]);
+      if (lane == 0) f.dsr[(h * f.K + k) * f.N + n] = ds * r;
+    }
+ATTNRES_UNROLL
+    for (int j = 0; j < kMaxPerLane; j++) {
+      const int64_t c = lane + j * kWarp;
+      if (c < dh) f.dv[off + c] = dv[j];
+    }
+  }
+};
+
 // Phase 1 of two-phase Block AttnRes for queries [k0, k0 + kn), kn <= kQueries: each source slice
 // is read once and scored by all of them (the reference functor runs the queries one by one).
 constexpr int kQueries = 4;

@@ -9,9 +9,9 @@
 // Backward: dL/d(out of sublayer (n,k)) = dL/dB_n + sum_{i>k} dL/dP^(i), kept in B_n's gradient
 // buffer, which the partial sums' gradients are added to as the pass moves back.
 //
-// All buffers and ops are the backend's (attnres/backend.hpp). The CPU backend also has a fast
-// host-only scheme, the by-source backward; other backends run by mixer (same results up to
-// rounding).
+// All buffers and ops are the backend's (attnres/backend.hpp). Full AttnRes with static queries
+// runs its backward by source (below); on the CPU with the host kernels of src/ops, on a device
+// with the backend's depth_source_backward.
 #include <omp.h>
 
 #include <cmath>
@@ -49,7 +49,6 @@ class AttnResRouter final : public DepthRouter {
     two_phase_ = c.residual.two_phase && mix_.softmax && !dynamic_ && window_ == 0 && S_ > 1;
     // Full AttnRes with static queries: backward by source (see begin_backward).
     by_source_ = S_ == 1 && !dynamic_ && (window_ == 0 || window_ >= L_);
-    if (!be_.is_cpu()) by_source_ = false;  // a CPU kernel
     last_ = L_;
     own_.be = &be_;
     qg_.on(&be_);
@@ -179,10 +178,14 @@ class AttnResRouter final : public DepthRouter {
   void begin_backward(const float* dh) override {
     const int64_t nd = n_ * d_;
     if (by_source_) {
-      std::memcpy(dxs_[L_].data(), dh, sizeof(float) * nd);
-      ops::depth_dx_dot(D_[L_].data(), dxs_[L_].data(), final_.data(), mix_, n_);
-      nthr_ = omp_get_max_threads();
-      dq_part_.assign(static_cast<size_t>(nthr_) * (L_ + 1) * d_, 0.0f);
+      be_.copy(dxs_[L_].data(), dh, sizeof(float) * nd);
+      dx_dot(D_[L_].data(), dxs_[L_].data(), final_.data());
+      if (be_.is_cpu()) {
+        nthr_ = omp_get_max_threads();
+        dq_part_.assign(static_cast<size_t>(nthr_) * (L_ + 1) * d_, 0.0f);
+      } else {
+        dq_all_.on(&be_).assign_zero(static_cast<size_t>((L_ + 1) * d_));
+      }
       return;
     }
     if (!stage_) {  // a stage's store gradients already hold what later stages added
@@ -217,7 +220,7 @@ class AttnResRouter final : public DepthRouter {
 
   void commit_grad_input(int64_t l) override {
     if (by_source_) {
-      ops::depth_dx_dot(D_[l].data(), dxs_[l].data(), xin_[l].data(), mix_, n_);
+      dx_dot(D_[l].data(), dxs_[l].data(), xin_[l].data());
       return;
     }
     // The partial source P^(k)'s gradient lands in B_n's gradient, turning it into dL/d out_{l-1}.
@@ -227,6 +230,10 @@ class AttnResRouter final : public DepthRouter {
   const float* grad_embedding() override {
     if (!by_source_) return emb().g.data();
     source_backward(emb().g.data(), emb(), 0);  // read by every mixer
+    if (!be_.is_cpu()) {  // the readers' query gradients, summed on the device
+      for (int64_t m = 0; m <= L_; m++) accumulate_query_grad(m, dq_all_.data() + m * d_);
+      return emb().g.data();
+    }
     // Query gradients: each thread's partial sums, combined in thread order.
     std::vector<float> dqg(d_);
     for (int64_t m = 0; m <= L_; m++) {
@@ -461,8 +468,20 @@ class AttnResRouter final : public DepthRouter {
       rd.push_back({dxs_[m].data(), lse_[m].data(), D_[m].data(), qg_.data() + m * d_, m * d_});
     }
     const ops::DepthSource s{src.v.data(), src.r.data(), nullptr};
+    if (!be_.is_cpu()) {
+      be_.depth_source_backward(dv, s, rd.data(), static_cast<int64_t>(rd.size()),
+                                dq_all_.data() + first * d_, mix_, n_);
+      return;
+    }
     ops::depth_source_backward(dv, s, rd.data(), static_cast<int64_t>(rd.size()), dq_part_.data(),
                                (L_ + 1) * d_, nthr_, mix_, n_);
+  }
+  void dx_dot(float* D, const float* dx, const float* x) {
+    if (be_.is_cpu()) {
+      ops::depth_dx_dot(D, dx, x, mix_, n_);
+    } else {
+      be_.depth_dx_dot(D, dx, x, mix_, n_);
+    }
   }
 
   // Backpropagates dx through mixer m into its sources' gradients and its parameters.
@@ -521,6 +540,7 @@ class AttnResRouter final : public DepthRouter {
   Buf final_, out_, dx_, qdyn_, qraw_, dq_, qprod_;
   std::vector<Buf> dxs_, D_;  // by source: every mixer's dx (N,d) and dx . x (N,H)
   Buf dv_cur_;
+  Buf dq_all_;  // by source, on a device: every mixer's query gradient ((L+1), d)
   std::vector<float> dq_part_;  // by source: one source's gradient; query partials
 };
 

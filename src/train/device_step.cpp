@@ -13,13 +13,18 @@ namespace attnres {
 
 static_assert(step::kCount <= 32, "DeviceStep::host_ holds the step scalars");
 
-DeviceStep::DeviceStep(Model& model, AdamW& opt, double max_norm, float grad_scale, bool graphs)
+DeviceStep::DeviceStep(Model& model, AdamW& opt, double max_norm, float grad_scale, bool graphs,
+                       bool loss_check)
     : model_(model), opt_(opt), be_(model.backend()), grad_scale_(grad_scale), graphs_(graphs) {
   check(!be_.is_cpu(), "internal: DeviceStep runs on a device backend");
   check(!graphs || be_.can_capture(),
         "device " + be_.name() + " cannot capture steps as graphs; drop --cuda-graphs");
   scalars_.on(&be_).assign_zero(step::kCount);
   host_[step::kMaxNorm] = static_cast<float>(max_norm);
+  host_[step::kLossCheck] = loss_check ? 1.0f : 0.0f;
+  // Sizes the norm's scratch now (the result is discarded: begin() zeroes it), so that the first
+  // update does not grow the backend's memory and with it invalidate a captured forward.
+  be_.grad_norm_clip(scalars_.data(), model_.grads(), model_.layout().total());
 }
 
 DeviceStep::~DeviceStep() = default;
@@ -33,7 +38,10 @@ DeviceStep::~DeviceStep() = default;
 template <class F>
 void DeviceStep::run(Slot& s, F&& work) {
   if (!graphs_) return work();
-  if (s.graph && be_.memory_epoch() != s.epoch) s.graph.reset();
+  if (s.graph && be_.memory_epoch() != s.epoch) {
+    s.graph.reset();
+    s.warm = false;  // (run once uncaptured first: it may need new memory)
+  }
   if (!s.graph) {
     if (!s.warm) {
       work();
@@ -58,6 +66,9 @@ void DeviceStep::run(Slot& s, F&& work) {
       }
       work();  // nothing of it ran while capturing
       return;
+    } catch (...) {
+      be_.abort_capture();
+      throw;
     }
   }
   s.graph->run();
@@ -71,6 +82,11 @@ void DeviceStep::begin() {
 
 void DeviceStep::micro(const int32_t* inputs, const int32_t* targets, int64_t B, int64_t T) {
   model_.stage_batch(inputs, targets, B, T);
+  if (fb_.B != B || fb_.T != T) {  // a captured forward is for one batch shape
+    fb_.graph.reset();
+    fb_.warm = false;
+    fb_.B = B, fb_.T = T;
+  }
   run(fb_, [&] {
     model_.forward_staged(scalars_.data());
     model_.backward();

@@ -21,8 +21,11 @@ class Model;
 class DeviceStep {
  public:
   // max_norm: the clip threshold (0: none); grad_scale multiplies the summed gradients before
-  // the norm (1 / the micro-batches averaged); graphs: capture and replay.
-  DeviceStep(Model& model, AdamW& opt, double max_norm, float grad_scale, bool graphs);
+  // the norm (1 / the micro-batches averaged); graphs: capture and replay. loss_check: a
+  // non-finite loss skips the update too; with several ranks pass false, so that every rank
+  // decides from the same summed gradients alone (a non-finite loss makes them non-finite).
+  DeviceStep(Model& model, AdamW& opt, double max_norm, float grad_scale, bool graphs,
+             bool loss_check = true);
   ~DeviceStep();
 
   // Zero gradients and loss; then micro() for each micro-batch; then finish().
@@ -44,7 +47,8 @@ class DeviceStep {
   struct Slot {
     std::unique_ptr<Captured> graph;
     uint64_t epoch = 0;  // the backend's memory epoch the graph was captured at
-    bool warm = false;   // ran once uncaptured since the last capture failure
+    bool warm = false;   // ran once uncaptured since the last capture failure or change
+    int64_t B = 0, T = 0;  // the batch shape it was captured for (forward+backward)
     int failures = 0;    // consecutive capture failures
   };
   template <class F>

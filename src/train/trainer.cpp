@@ -484,7 +484,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     // outside the graphs; the mean over ranks and micro-batches is the update's scale)
     dstep = std::make_unique<DeviceStep>(
         model, opt, cfg.grad_clip, 1.0f / static_cast<float>(cfg.grad_accum * ranks),
-        cfg.cuda_graphs);
+        cfg.cuda_graphs, /*loss_check=*/ranks == 1);
   } else if (cfg.cuda_graphs) {
     msg(std::string("note: --cuda-graphs is not used ") +
         (model.on_cpu() ? "on the CPU" : "here") + "; the steps run uncaptured");
@@ -552,9 +552,9 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       double sums[2] = {r.loss_sum, r.ok ? 1.0 : 0.0};
       if (ranks > 1) {
         comm.allreduce_sum(sums, 2);
-        // Every rank's verdict comes from the same summed gradients (a non-finite loss makes its
-        // rank's gradients, so the sum, non-finite): a split verdict would be a bug, and the
-        // replicas would drift apart.
+        // Every rank's verdict comes from the same summed gradients alone (a non-finite loss
+        // makes its rank's gradients, so the sum, non-finite): a split verdict would be a bug,
+        // and the replicas would drift apart.
         check(sums[1] == 0.0 || sums[1] == static_cast<double>(ranks),
               "internal: the ranks disagree on skipping step " + std::to_string(step + 1));
       }
