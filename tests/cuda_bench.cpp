@@ -184,6 +184,35 @@ int main(int argc, char** argv) {
     std::printf("| depth mix fwd+bwd with the sources' RMS (cf. tools/depth_mix_torch.py) | same "
                 "| %.3f | %.0f GB/s at the minimum traffic |\n",
                 both, 4.0 * (2 * S + 1) * N * d / both / 1e6);
+    // The same with bf16 copies of the sources (--precision bf16 stores them for the depth mix).
+    std::vector<DevBuf<uint16_t>> vb(S);
+    std::vector<ops::DepthSource> srcb = src;
+    for (int64_t i = 0; i < S; i++) {
+      vb[i].on(&be).resize(static_cast<size_t>(N * d));
+      be.to_bf16(vb[i].data(), v[i].data(), N * d);
+      srcb[i].vb = vb[i].data();
+    }
+    const double fh = time_ms(
+        be, [&] { be.depth_mix_forward(x.data(), lse.data(), srcb.data(), S, q.data(), 0, m, N); });
+    const double bh = time_ms(be, [&] {
+      be.depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), srcb.data(), S, q.data(),
+                            0, m, N);
+    });
+    std::printf("| depth mix forward, bf16 sources | same | %.3f | %.2fx the fp32 sources' time |\n",
+                fh, fh / f);
+    std::printf("| depth mix backward, bf16 sources | same | %.3f | %.2fx |\n", bh, bh / bw);
+    // Full AttnRes's by-source backward: one source's gradient from S readers.
+    std::vector<DevBuf<float>> D;
+    std::vector<ops::DepthReader> rd;
+    for (int64_t k = 0; k < S; k++) D.push_back(buffer(be, N));
+    for (int64_t k = 0; k < S; k++) rd.push_back({dx.data(), lse.data(), D[k].data(), q.data(), 0});
+    auto dqs = buffer(be, S * d);
+    const double sb = time_ms(be, [&] {
+      be.depth_source_backward(dv[0].data(), src[0], rd.data(), S, dqs.data(), m, N);
+    });
+    std::printf("| by-source backward (Full AttnRes): one source, %lld readers | same | %.3f | "
+                "%.0f GB/s |\n",
+                static_cast<long long>(S), sb, 4.0 * (S + 2) * N * d / sb / 1e6);
   }
   // Whole fp32 training steps: GPT-2 small shapes (124M parameters with its 50257-token
   // vocabulary), B x T tokens per step.

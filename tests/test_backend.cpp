@@ -455,6 +455,88 @@ TEST_P(BackendOps, BySourceBackwardMatchesCpu) {
   }
 }
 
+// bf16 storage of the depth sources: given a source's bf16 copy (vb), every depth op reads it
+// instead of v: it computes what the CPU ops compute on the rounded values (v itself is left
+// unrounded, so an op that read v would be off by the rounding, ~1e-3).
+TEST_P(BackendOps, DepthOpsReadTheBf16Sources) {
+  const int64_t N = 70, d = 64, S = 4, H = 2;
+  ops::DepthMix m;
+  m.d = d;
+  m.H = H;
+  std::vector<std::vector<float>> v, vr, r;
+  std::vector<Buf> gv, gr;
+  std::vector<DBuf<uint16_t>> gvb;
+  std::vector<ops::DepthSource> os, gs;
+  for (int64_t i = 0; i < S; i++) {
+    v.push_back(randn(N * d, 400 + i, 1.0 + 0.5 * i));
+    vr.push_back(v[i]);
+    for (float& f : vr[i]) f = cuda_bf16_round(f);
+    r.emplace_back(N * H);
+    ops::depth_rstd(r[i].data(), vr[i].data(), N, d, H, 1e-5f);
+    gv.push_back(up(v[i]));
+    gr.push_back(up(r[i]));
+    gvb.emplace_back(N * d);
+    be->to_bf16(gvb[i].data(), gv[i].data(), N * d);
+  }
+  std::vector<std::vector<float>> dv(S, std::vector<float>(N * d, 0.0f));
+  std::vector<Buf> gdv;
+  for (int64_t i = 0; i < S; i++) gdv.push_back(zeros(N * d));
+  for (int64_t i = 0; i < S; i++) {
+    os.push_back({vr[i].data(), r[i].data(), dv[i].data()});
+    gs.push_back({gv[i].data(), gr[i].data(), gdv[i].data(), gvb[i].data()});
+  }
+  const auto q = randn(2 * d, 410, 0.5);
+  Buf gq(q);
+  // forward and backward
+  std::vector<float> x(N * d), lse(N * H);
+  Buf gx(N * d), glse(N * H);
+  ops::depth_mix_forward(x.data(), lse.data(), os.data(), S, q.data(), 0, m, N);
+  be->depth_mix_forward(gx.data(), glse.data(), gs.data(), S, gq.data(), 0, m, N);
+  EXPECT_LT(rel(gx.download(), x), 1e-5);
+  const auto dx = randn(N * d, 411);
+  Buf gdx(dx);
+  std::vector<float> dq(d, 0.0f);
+  Buf gdq(d);
+  ops::depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), os.data(), S, q.data(), 0,
+                          m, N);
+  be->depth_mix_backward(gdq.data(), gdx.data(), gx.data(), glse.data(), gs.data(), S, gq.data(),
+                         0, m, N);
+  EXPECT_LT(rel(gdq.download(), dq), 1e-4);
+  for (int64_t i = 0; i < S; i++) EXPECT_LT(rel(gdv[i].download(), dv[i]), 1e-5) << i;
+  // two-phase: phase 1 over sources 0..2, phase 2 merging source 3
+  {
+    std::vector<float> o(N * d), l1(N * H), x2(N * d), l2(N * H);
+    Buf go(N * d), gl1(N * H), gx2(N * d), gl2(N * H);
+    float* oo = o.data();
+    float* ol = l1.data();
+    const float* oq = q.data();
+    float* goo = go.data();
+    float* gol = gl1.data();
+    const float* gqq = gq.data();
+    ops::depth_mix_phase1(&oo, &ol, os.data(), S - 1, &oq, 1, m, N);
+    be->depth_mix_phase1(&goo, &gol, gs.data(), S - 1, &gqq, 1, m, N);
+    EXPECT_LT(rel(go.download(), o), 1e-5);
+    ops::depth_mix_phase2(x2.data(), l2.data(), o.data(), l1.data(), os[S - 1], q.data(), m, N);
+    be->depth_mix_phase2(gx2.data(), gl2.data(), go.data(), gl1.data(), gs[S - 1], gq.data(), m,
+                         N);
+    EXPECT_LT(rel(gx2.download(), x2), 1e-5);
+  }
+  // by source: source 1 read by two readers
+  {
+    std::vector<float> D(N * H), sdv(N * d), sdq(2 * d, 0.0f);
+    ops::depth_dx_dot(D.data(), dx.data(), x.data(), m, N);
+    Buf gD(D), gsdv(N * d), gsdq(2 * d);
+    const ops::DepthReader ord[2] = {{dx.data(), lse.data(), D.data(), q.data(), 0},
+                                     {dx.data(), lse.data(), D.data(), q.data() + d, d}};
+    const ops::DepthReader grd[2] = {{gdx.data(), glse.data(), gD.data(), gq.data(), 0},
+                                     {gdx.data(), glse.data(), gD.data(), gq.data() + d, 0}};
+    ops::depth_source_backward(sdv.data(), os[1], ord, 2, sdq.data(), 2 * d, 1, m, N);
+    be->depth_source_backward(gsdv.data(), gs[1], grd, 2, gsdq.data(), m, N);
+    EXPECT_LT(rel(gsdv.download(), sdv), 1e-5);
+    EXPECT_LT(rel(gsdq.download(), sdq), 1e-5);
+  }
+}
+
 // Two-phase Block AttnRes: phase 1 (K queries over the same sources; K = 18 takes two launches of
 // at most 16) and phase 2 (merging a partial sum) against the CPU ops.
 TEST_P(BackendOps, TwoPhaseDepthMixMatchesCpu) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -466,7 +467,7 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     ev.on_step = [losses](const StepInfo& si) { losses->push_back(si.loss); };
     return train(c, ev);
   };
-  std::vector<double> block_cpu;
+  std::map<std::string, std::vector<double>> cpu_losses;
   for (const char* mode : {"block", "full", "static", "denseformer"}) {
     SCOPED_TRACE(mode);
     std::vector<double> lc, ld, lg;
@@ -476,7 +477,7 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     for (size_t i = 0; i < lc.size(); i++) EXPECT_NEAR(ld[i], lc[i], 1e-4 * lc[i]) << "step " << i;
     EXPECT_LT(lc.back(), lc.front());  // it learned
     EXPECT_NEAR(rd.final_val_loss, rc.final_val_loss, 1e-4 * rc.final_val_loss);
-    if (std::string(mode) == "block") block_cpu = lc;
+    cpu_losses[mode] = lc;
     // --cuda-graphs: the replayed steps compute exactly what the uncaptured ones do (the same
     // kernels in the same order), across the evaluations and checkpoints between them. The
     // baselines read their mixing weights back on the host each step: graphs turn off, saying so.
@@ -491,10 +492,12 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
       EXPECT_NE(rg.graphs_off_reason.find("download"), std::string::npos) << rg.graphs_off_reason;
     }
   }
-  {  // bf16 GEMMs: the losses stay within bf16 rounding of the fp32 run's
-    const std::vector<double>& lc = block_cpu;
+  for (const char* mode : {"block", "full"}) {
+    // bf16 GEMMs and depth sources: the losses stay within bf16 rounding of the fp32 run's
+    SCOPED_TRACE(std::string(mode) + " bf16");
+    const std::vector<double>& lc = cpu_losses[mode];
     std::vector<double> lb;
-    run(GetParam(), "block", &lb, "bf16");
+    run(GetParam(), mode, &lb, "bf16");
     ASSERT_EQ(lb.size(), lc.size());
     for (size_t i = 0; i < lc.size(); i++) EXPECT_NEAR(lb[i], lc[i], 1e-2 * lc[i]) << "step " << i;
     EXPECT_LT(lb.back(), lb.front());

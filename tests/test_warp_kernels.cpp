@@ -28,6 +28,13 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
   return rel_diff(a.data(), b.data(), static_cast<int64_t>(a.size()));
 }
 
+// x rounded to bf16 bits (the sources' bf16 copies the depth kernels read where given).
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); i++) b[i] = rows::float_to_bf16_bits(x[i]);
+  return b;
+}
+
 // Runs Body<K> with the tile for dh, as the GPU launcher does; false when dh is too wide.
 template <template <int> class Body, class... Args>
 void run_tiled(int64_t dh, int64_t rows, const Args&... args) {
@@ -164,9 +171,12 @@ TEST(WarpKernels, DepthMixMatchesFunctor) {
           dvb.push_back(dva.back());
         }
         std::vector<rows::Source> sa(S), sb(S);
+        std::vector<std::vector<uint16_t>> vb;  // with several heads: bf16 sources
         for (int64_t i = 0; i < S; i++) {
-          sa[i] = {v[i].data(), r[i].data(), dva[i].data()};
-          sb[i] = {v[i].data(), r[i].data(), dvb[i].data()};
+          vb.push_back(to_bf16(v[i]));
+          const uint16_t* b = H > 1 ? vb[i].data() : nullptr;
+          sa[i] = {v[i].data(), r[i].data(), dva[i].data(), b};
+          sb[i] = {v[i].data(), r[i].data(), dvb[i].data(), b};
         }
         const int64_t q_ld = dynamic ? d : 0;
         const auto q = randn(dynamic ? N * d : d, 30, 0.2);
@@ -232,12 +242,12 @@ TEST(WarpKernels, BySourceBackwardMatchesFunctor) {
           rd.push_back({dx[k].data(), lse[k].data(), D[k].data(), q.data() + k * d});
         }
         std::vector<float> dva(N * d), dvb(N * d, 7.0f), sa(H * K * N), sb(H * K * N);
+        const auto vb = to_bf16(v);  // with several heads: a bf16 source
+        const rows::Source src{v.data(), r.data(), nullptr, H > 1 ? vb.data() : nullptr};
         rows::run_rows_host(
-            rows::DepthSourceBackward{dva.data(), sa.data(), v.data(), r.data(), rd.data(), K, N, m},
-            N * H);
+            rows::DepthSourceBackward{dva.data(), sa.data(), src, rd.data(), K, N, m}, N * H);
         run_tiled<warp::DepthSourceBackward>(
-            dh, N * H,
-            rows::DepthSourceBackward{dvb.data(), sb.data(), v.data(), r.data(), rd.data(), K, N, m});
+            dh, N * H, rows::DepthSourceBackward{dvb.data(), sb.data(), src, rd.data(), K, N, m});
         EXPECT_LT(rel(dvb, dva), 1e-5);
         EXPECT_LT(rel(sb, sa), 1e-5);
       }
@@ -267,7 +277,11 @@ TEST(WarpKernels, TwoPhaseMatchesFunctor) {
           rows::run_rows_host(rows::DepthRstd{r[i].data(), v[i].data(), d, H, 1e-5f}, N * H);
         }
         std::vector<rows::Source> src(S);
-        for (int64_t i = 0; i < S; i++) src[i] = {v[i].data(), r[i].data(), nullptr};
+        std::vector<std::vector<uint16_t>> vb;  // with two heads: bf16 sources
+        for (int64_t i = 0; i <= S; i++) vb.push_back(to_bf16(v[i]));
+        for (int64_t i = 0; i < S; i++) {
+          src[i] = {v[i].data(), r[i].data(), nullptr, H > 1 ? vb[i].data() : nullptr};
+        }
         std::vector<std::vector<float>> q, oa, ob, la, lb;
         rows::DepthMixPhase1 fa{}, fb{};
         for (int64_t k = 0; k < K; k++) {
@@ -297,7 +311,7 @@ TEST(WarpKernels, TwoPhaseMatchesFunctor) {
           EXPECT_LT(rel(ob[k], oa[k]), 1e-5) << "query " << k;
           EXPECT_LT(rel(lb[k], la[k]), 1e-5) << "query " << k;
         }
-        const rows::Source p{v[S].data(), r[S].data(), nullptr};
+        const rows::Source p{v[S].data(), r[S].data(), nullptr, H > 1 ? vb[S].data() : nullptr};
         std::vector<float> xa(N * d), xb(N * d), ya(N * H), yb(N * H);
         rows::run_rows_host(
             rows::DepthMixPhase2{xa.data(), ya.data(), oa[1].data(), la[1].data(), p, q[1].data(), m},

@@ -20,8 +20,9 @@ namespace attnres {
 
 class Backend;  // src/core/backend.hpp
 
-// How the linear layers' GEMMs compute. fp32: fp32 inputs and products. bf16: both inputs rounded
-// to bf16 (tensor cores on a GPU), products accumulated and stored in fp32; the weights, their
+// How the matrix products compute. fp32: fp32 inputs and products. bf16: both inputs rounded
+// to bf16 (tensor cores on a GPU), products accumulated and stored in fp32, and on a device the
+// AttnRes depth mix reads bf16 copies of its sources (fp32 accumulation); the weights, their
 // gradients and the optimizer stay fp32 (the master copy), and so does every other op.
 enum class MatmulPrecision { fp32, bf16 };
 // "fp32" / "bf16"; throws Error naming the choices for anything else.

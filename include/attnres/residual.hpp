@@ -37,8 +37,10 @@ namespace attnres {
 struct SourceStore {
   struct Entry {
     DevBuf<float> v, r, g;  // in the backend's memory
+    DevBuf<uint16_t> vb;    // v in bf16, for depth mixes that read bf16 sources (--precision bf16)
     bool present = false;   // v holds this micro-batch's value
     bool has_rstd = false;  // r is computed from v
+    bool has_bf16 = false;  // vb is rounded from v
   };
   std::vector<Entry> e;
   Backend* be = nullptr;  // where the entries live (null: the CPU)
@@ -52,7 +54,7 @@ struct SourceStore {
       x.r.on(be).resize(static_cast<size_t>(n * H));
       x.g.on(be).assign_zero(static_cast<size_t>(n * d));
       x.present = true;
-      x.has_rstd = false;
+      x.has_rstd = x.has_bf16 = false;
     }
     return x;
   }
@@ -61,7 +63,7 @@ struct SourceStore {
   }
   // Forgets every source (keeps the memory for the next micro-batch).
   void clear() {
-    for (auto& x : e) x.present = x.has_rstd = false;
+    for (auto& x : e) x.present = x.has_rstd = x.has_bf16 = false;
   }
 };
 

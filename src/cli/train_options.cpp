@@ -104,8 +104,8 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
       ->capture_default_str();
   s->add_option("--precision", c.precision,
                 "Matrix-product precision: fp32, or bf16 (bf16 operands on the tensor cores for "
-                "the linear layers and attention, fp32 accumulation and master weights; --device "
-                "cuda or cuda-host)")
+                "the linear layers and attention, bf16 copies of the depth-mix sources, fp32 "
+                "accumulation and master weights; --device cuda or cuda-host)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   s->add_flag("--cuda-graphs", c.cuda_graphs,

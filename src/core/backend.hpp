@@ -155,6 +155,8 @@ class Backend {
   virtual void depth_source_backward(float* dv, const ops::DepthSource& src,
                                      const ops::DepthReader* rd, int64_t K, float* dq,
                                      const ops::DepthMix& m, int64_t N);
+  // out (n) = in rounded to bf16 (uint16_t bits; device backends only: bf16 storage).
+  virtual void to_bf16(uint16_t* out, const float* in, int64_t n);
   // One tensor's AdamW update of n elements.
   virtual void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                             const ops::AdamStep& k) = 0;

@@ -47,7 +47,7 @@ class RowBackend final : public Backend {
   ~RowBackend() override {
     x_.abort_capture();  // (an exception may have left a capture open)
     for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &bf_d_, &ids_,
-                    &decode_, &gqa_, &step_part_, &dsr_}) {
+                    &decode_, &gqa_, &step_part_, &dsr_, &widen_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
@@ -397,7 +397,7 @@ class RowBackend final : public Backend {
   void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
                         const ops::DepthSource& p, const float* qg, const ops::DepthMix& m,
                         int64_t N) override {
-    const rows::Source ps{p.v, p.rstd, p.dv};
+    const rows::Source ps{p.v, p.rstd, p.dv, p.vb};
     x_.launch(rows::DepthMixPhase2{x, lse, o1, lse1, ps, qg, mix(m)}, N * m.H);
   }
   void depth_dx_dot(float* D, const float* dx, const float* x, const ops::DepthMix& m,
@@ -419,12 +419,22 @@ class RowBackend final : public Backend {
     const auto* table = static_cast<const rows::Reader*>(
         tables_.get(readers_.data(), sizeof(rows::Reader) * K));
     auto* dsr = static_cast<float*>(scratch(dsr_, sizeof(float) * m.H * K * N));
-    x_.launch(rows::DepthSourceBackward{dv, dsr, src.v, src.rstd, table, K, N, mix(m)}, N * m.H);
+    const rows::Source s{src.v, src.rstd, nullptr, src.vb};
+    x_.launch(rows::DepthSourceBackward{dv, dsr, s, table, K, N, mix(m)}, N * m.H);
     const int64_t dh = m.dh();
+    const float* vq = src.v;  // the values the scores used: the bf16 copy, widened, if any
+    if (src.vb) {
+      auto* w = static_cast<float*>(scratch(widen_, sizeof(float) * N * m.d));
+      x_.launch(rows::FromBf16{w, src.vb}, N * m.d);
+      vq = w;
+    }
     Batch& b = batch_;
     b.clear();
-    for (int64_t h = 0; h < m.H; h++) b.add(dsr + h * K * N, src.v + h * dh, dq + h * dh);
+    for (int64_t h = 0; h < m.H; h++) b.add(dsr + h * K * N, vq + h * dh, dq + h * dh);
     gemm<float>(b, false, false, K, dh, N, 1.0f, N, m.d, 1.0f, m.d);
+  }
+  void to_bf16(uint16_t* out, const float* in, int64_t n) override {
+    x_.launch(rows::ToBf16{out, in}, n);
   }
   void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                     const ops::AdamStep& k) override {
@@ -603,7 +613,7 @@ class RowBackend final : public Backend {
   // The kernels' table of the S depth sources.
   const rows::Source* sources(const ops::DepthSource* src, int64_t S) {
     src_.resize(static_cast<size_t>(S));
-    for (int64_t i = 0; i < S; i++) src_[i] = {src[i].v, src[i].rstd, src[i].dv};
+    for (int64_t i = 0; i < S; i++) src_[i] = {src[i].v, src[i].rstd, src[i].dv, src[i].vb};
     return static_cast<const rows::Source*>(tables_.get(src_.data(), sizeof(rows::Source) * S));
   }
   // dst[g] += the sum of the P partial sums part[g P .. (g + 1) P) (executor memory), g < G,
@@ -666,7 +676,7 @@ class RowBackend final : public Backend {
   std::vector<const void*> flat_;
   std::vector<rows::Source> src_;
   Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_, decode_, gqa_,
-      step_part_, dsr_;
+      step_part_, dsr_, widen_;
   std::vector<rows::Reader> readers_;
   std::vector<int32_t> host_ids_, host_perm_, host_groups_;
   const int32_t* prep_ids_ = nullptr;  // the ids whose grouping ids_ holds (host_ids_ on the host)

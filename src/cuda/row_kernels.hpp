@@ -25,6 +25,24 @@ namespace attnres::cuda::rows {
 
 ATTNRES_HD inline float sigmoidf(float a) { return 1.0f / (1.0f + ::expf(-a)); }
 
+// bf16 = the top 16 bits of an fp32, rounded to nearest even; NaN stays a (quiet) NaN.
+// Bit-exact with __float2bfloat16_rn and torch's .to(torch.bfloat16).
+ATTNRES_HD inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN: keep sign, force quiet
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<uint16_t>(u >> 16);
+}
+ATTNRES_HD inline float bf16_bits_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
 // Calls f(i) for i in [0, n): the host stand-in for a kernel launch.
 template <class F>
 void run_rows_host(const F& f, int64_t n) {
@@ -366,6 +384,8 @@ struct Source {
   const float* v;     // (N,d)
   const float* rstd;  // (N,H)
   float* dv;          // (N,d) or null
+  const uint16_t* vb = nullptr;  // (N,d) v in bf16: where set, the depth kernels read it instead
+  ATTNRES_HD float at(int64_t i) const { return vb ? bf16_bits_to_float(vb[i]) : v[i]; }
 };
 struct Mix {
   int64_t d = 0, H = 1;
@@ -390,10 +410,9 @@ struct DepthRstd {
 
 ATTNRES_HD inline float depth_score(const Source& s, const float* q, const Mix& m, int64_t n,
                                     int64_t h) {
-  const int64_t dh = m.dh();
-  const float* v = s.v + n * m.d + h * dh;
+  const int64_t dh = m.dh(), off = n * m.d + h * dh;
   float dot = 0.0f;
-  for (int64_t c = 0; c < dh; c++) dot += q[c] * v[c];
+  for (int64_t c = 0; c < dh; c++) dot += q[c] * s.at(off + c);
   return m.key_norm ? dot * s.rstd[n * m.H + h] : dot;
 }
 
@@ -416,7 +435,8 @@ struct DepthMixForward {
     float mx = -INFINITY, z = 0.0f;
     for (int64_t i = 0; i < S; i++) {
       const float s = depth_score(src[i], qh, m, n, h);
-      const float* v = src[i].v + n * m.d + h * dh;
+      const Source& v = src[i];
+      const int64_t off = n * m.d + h * dh;
       float w;
       if (m.softmax) {
         if (s > mx) {
@@ -430,7 +450,7 @@ struct DepthMixForward {
       } else {
         w = sigmoidf(s);
       }
-      for (int64_t c = 0; c < dh; c++) out[c] += w * v[c];
+      for (int64_t c = 0; c < dh; c++) out[c] += w * v.at(off + c);
     }
     if (m.softmax) {
       for (int64_t c = 0; c < dh; c++) out[c] /= z;
@@ -471,7 +491,7 @@ struct DepthMixPhase2 {
     const float s = depth_score(p, q + h * dh, m, n, h);
     const float l1 = lse1[idx];
     const float w = sigmoidf(s - l1);
-    for (int64_t c = 0; c < dh; c++) x[off + c] = o1[off + c] + w * (p.v[off + c] - o1[off + c]);
+    for (int64_t c = 0; c < dh; c++) x[off + c] = o1[off + c] + w * (p.at(off + c) - o1[off + c]);
     const float mx = s > l1 ? s : l1;
     lse[idx] = mx + ::logf(::expf(l1 - mx) + ::expf(s - mx));
   }
@@ -503,17 +523,17 @@ struct DepthMixBackward {
     for (int64_t i = 0; i < S; i++) {
       const float s = depth_score(src[i], qh, m, n, h);
       const float a = m.softmax ? ::expf(s - lse[idx]) : sigmoidf(s);
-      const float* v = src[i].v + off;
+      const Source& sv = src[i];
       float gv = 0.0f;
-      for (int64_t c = 0; c < dh; c++) gv += g[c] * v[c];
+      for (int64_t c = 0; c < dh; c++) gv += g[c] * sv.at(off + c);
       const float ds = m.softmax ? a * (gv - D) : a * (1.0f - a) * gv;
       const float r = m.key_norm ? src[i].rstd[idx] : 1.0f;
       const float k = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
       if (src[i].dv) {
         float* dv = src[i].dv + off;
-        for (int64_t c = 0; c < dh; c++) dv[c] += a * g[c] + ds * (r * qh[c] - k * v[c]);
+        for (int64_t c = 0; c < dh; c++) dv[c] += a * g[c] + ds * (r * qh[c] - k * sv.at(off + c));
       }
-      for (int64_t c = 0; c < dh; c++) dq[off + c] += ds * r * v[c];
+      for (int64_t c = 0; c < dh; c++) dq[off + c] += ds * r * sv.at(off + c);
     }
   }
 };
@@ -545,14 +565,13 @@ struct DepthDxDot {
 struct DepthSourceBackward {
   float* dv;
   float* dsr;
-  const float* v;
-  const float* rstd;
+  Source src;  // v (or its bf16 copy) and rstd; dv unused
   const Reader* rd;
   int64_t K, N;
   Mix m;
   ATTNRES_HD void operator()(int64_t idx) const {
     const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
-    const float* vh = v + off;
+    const float* rstd = src.rstd;
     float* d = dv + off;
     for (int64_t c = 0; c < dh; c++) d[c] = 0.0f;
     const float r = m.key_norm ? rstd[idx] : 1.0f;
@@ -562,14 +581,14 @@ struct DepthSourceBackward {
       const float* g = R.dx + off;
       float qv = 0.0f, gv = 0.0f;
       for (int64_t c = 0; c < dh; c++) {
-        qv += qh[c] * vh[c];
-        gv += g[c] * vh[c];
+        qv += qh[c] * src.at(off + c);
+        gv += g[c] * src.at(off + c);
       }
       const float s = m.key_norm ? qv * r : qv;
       const float a = m.softmax ? ::expf(s - R.lse[idx]) : sigmoidf(s);
       const float ds = m.softmax ? a * (gv - R.D[idx]) : a * (1.0f - a) * gv;
       const float kk = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
-      for (int64_t c = 0; c < dh; c++) d[c] += a * g[c] + ds * (r * qh[c] - kk * vh[c]);
+      for (int64_t c = 0; c < dh; c++) d[c] += a * g[c] + ds * (r * qh[c] - kk * src.at(off + c));
       dsr[(h * K + k) * N + n] = ds * r;
     }
   }
@@ -752,24 +771,8 @@ struct AdamWScaled {
   }
 };
 
-// ---- bf16 storage (mixed precision: bf16 activations and weights for the GEMMs, fp32 master
-// weights and accumulation) ----  bf16 = the top 16 bits of an fp32, rounded to nearest even;
-// NaN stays a (quiet) NaN. Bit-exact with __float2bfloat16_rn and torch's .to(torch.bfloat16).
-ATTNRES_HD inline uint16_t float_to_bf16_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN: keep sign, force quiet
-  }
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<uint16_t>(u >> 16);
-}
-ATTNRES_HD inline float bf16_bits_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+// ---- bf16 storage (mixed precision: bf16 activations and weights for the GEMMs, bf16 depth
+// sources, fp32 master weights and accumulation; the conversions are at the top) ----
 // index i: out[i] = bf16(in[i]) / float(in[i])
 struct ToBf16 {
   uint16_t* out;

@@ -141,12 +141,12 @@ ATTNRES_UNROLL
     }
     float mx = -INFINITY, z = 0.0f;
     for (int64_t i = 0; i < f.S; i++) {
-      const float* v = f.src[i].v + off;
+      const rows::Source& v = f.src[i];
       float vv[kMaxPerLane], dot = 0.0f;
 ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
         const int64_t c = lane + j * kWarp;
-        vv[j] = c < dh ? v[c] : 0.0f;
+        vv[j] = c < dh ? v.at(off + c) : 0.0f;
         dot += q[j] * vv[j];
       }
       dot = warp_sum(dot);
@@ -200,12 +200,12 @@ ATTNRES_UNROLL
     if (m.softmax) D = warp_sum(D);
     const float lse = m.softmax ? f.lse[idx] : 0.0f;
     for (int64_t i = 0; i < f.S; i++) {
-      const float* v = f.src[i].v + off;
+      const rows::Source& v = f.src[i];
       float vv[kMaxPerLane], dot = 0.0f, gv = 0.0f;
 ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
         const int64_t c = lane + j * kWarp;
-        vv[j] = c < dh ? v[c] : 0.0f;
+        vv[j] = c < dh ? v.at(off + c) : 0.0f;
         dot += q[j] * vv[j];
         gv += g[j] * vv[j];
       }
@@ -260,10 +260,10 @@ struct DepthSourceBackward {
 ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
-      vv[j] = c < dh ? f.v[off + c] : 0.0f;
+      vv[j] = c < dh ? f.src.at(off + c) : 0.0f;
       dv[j] = 0.0f;
     }
-    const float r = m.key_norm ? f.rstd[idx] : 1.0f;
+    const float r = m.key_norm ? f.src.rstd[idx] : 1.0f;
     for (int64_t k = 0; k < f.K; k++) {
       const rows::Reader R = f.rd[k];
       const float* qh = R.qg + h * dh;
@@ -314,12 +314,12 @@ ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) acc[k][j] = 0.0f;
     }
     for (int64_t i = 0; i < f.S; i++) {
-      const float* v = f.src[i].v + off;
+      const rows::Source& v = f.src[i];
       float vv[kMaxPerLane];
 ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
         const int64_t c = lane + j * kWarp;
-        vv[j] = c < dh ? v[c] : 0.0f;
+        vv[j] = c < dh ? v.at(off + c) : 0.0f;
       }
       const float r = m.key_norm ? f.src[i].rstd[idx] : 1.0f;
 ATTNRES_UNROLL
@@ -368,13 +368,13 @@ struct DepthMixPhase2 {  // row = n * H + h
     const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
     const float* qh = f.q + h * dh;
     float dot = 0.0f;
-    for (int64_t c = lane; c < dh; c += kWarp) dot += qh[c] * f.p.v[off + c];
+    for (int64_t c = lane; c < dh; c += kWarp) dot += qh[c] * f.p.at(off + c);
     dot = warp_sum(dot);
     const float s = m.key_norm ? dot * f.p.rstd[idx] : dot;
     const float l1 = f.lse1[idx];
     const float w = rows::sigmoidf(s - l1);
     for (int64_t c = lane; c < dh; c += kWarp) {
-      f.x[off + c] = f.o1[off + c] + w * (f.p.v[off + c] - f.o1[off + c]);
+      f.x[off + c] = f.o1[off + c] + w * (f.p.at(off + c) - f.o1[off + c]);
     }
     if (lane == 0) {
       const float mxs = fmaxf(s, l1);

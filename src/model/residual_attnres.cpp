@@ -107,6 +107,7 @@ class AttnResRouter final : public DepthRouter {
 
   // ---------------------------------------------------------------- forward
   void begin(const float* emb, int64_t n) override {
+    set_storage();
     alloc(n);
     Source& e = st_->ensure(0, n, d_, mix_.H);
     be_.copy(e.v.data(), emb, sizeof(float) * n * d_);
@@ -115,6 +116,7 @@ class AttnResRouter final : public DepthRouter {
 
   void begin_stage(int64_t n) override {
     check(stage_ && first_ > 0, "internal: begin_stage() on a router that is not a later stage");
+    set_storage();
     alloc(n);
     for (int64_t id = 0; id < boundary_sources(first_); id++) {
       check(st_->has(id), "internal: pipeline stage at sublayer " + std::to_string(first_) +
@@ -129,6 +131,7 @@ class AttnResRouter final : public DepthRouter {
       Source& s = st_->e[static_cast<size_t>(id)];
       if (mix_.key_norm && !s.has_rstd) be_.depth_rstd(s.r.data(), s.v.data(), n_, d_, mix_.H, eps_);
       s.has_rstd = true;
+      if (!s.has_bf16) round_to_bf16(s);
     }
     // Static queries fold the key-norm gain in once per pass: (w * g) . v_hat (SPEC 2 identity).
     if (!dynamic_) {
@@ -159,6 +162,7 @@ class AttnResRouter final : public DepthRouter {
     if (k != 0) be_.add(p, part_[l].v.data(), out_.data(), nd);
     if (mix_.key_norm) be_.depth_rstd(dst.r.data(), p, N, d_, mix_.H, eps_);
     dst.has_rstd = true;
+    round_to_bf16(dst);
     if (l + 1 < last_) {
       prepare_input(l + 1);
     } else if (l + 1 == L_) {
@@ -317,7 +321,7 @@ class AttnResRouter final : public DepthRouter {
       s.r.on(&be_).resize(nh);
       if (grad) s.g.on(&be_).resize(nd);
       s.present = true;
-      s.has_rstd = false;
+      s.has_rstd = s.has_bf16 = false;  // this pass's values come
     };
     if (!stage_) {  // the router's own sources, gradients zeroed by begin_backward
       own_.e.resize(static_cast<size_t>(NB_ + 1));
@@ -365,20 +369,34 @@ class AttnResRouter final : public DepthRouter {
     }
   }
 
+  // bf16 storage (--precision bf16 on a device): each source is also rounded to bf16 once, when
+  // it is formed, and every depth mix reads that copy (half the traffic of the O(L^2) reads;
+  // scores, mixes and gradients still accumulate in fp32).
+  void set_storage() {
+    bf16_ = !be_.is_cpu() && be_.matmul_precision() == MatmulPrecision::bf16;
+  }
+  void round_to_bf16(Source& s) {
+    if (!bf16_) return;
+    s.vb.on(&be_).resize(static_cast<size_t>(n_ * d_));
+    be_.to_bf16(s.vb.data(), s.v.data(), n_ * d_);
+    s.has_bf16 = true;
+  }
+  const uint16_t* bf16_of(const Source& s) const { return bf16_ ? s.vb.data() : nullptr; }
+
   // Sources of mixer m (m == L_: the output mix), with gradient accumulators.
   std::vector<ops::DepthSource> sources(int64_t m, bool completed_only = false) {
     std::vector<ops::DepthSource> s;
     const int64_t nb = m == L_ ? NB_ : m / S_;
     for (int64_t j = 0; j < nb; j++) {
-      s.push_back({blk(j).v.data(), blk(j).r.data(), blk(j).g.data()});
+      s.push_back({blk(j).v.data(), blk(j).r.data(), blk(j).g.data(), bf16_of(blk(j))});
     }
     if (m < L_ && m % S_ != 0 && !completed_only) {
-      s.push_back({part_[m].v.data(), part_[m].r.data(), blk(m / S_).g.data()});
+      s.push_back({part_[m].v.data(), part_[m].r.data(), blk(m / S_).g.data(), bf16_of(part_[m])});
     }
     if (window_ > 0 && static_cast<int64_t>(s.size()) > window_) {
       s.erase(s.begin(), s.end() - window_);
     }
-    s.insert(s.begin(), {emb().v.data(), emb().r.data(), emb().g.data()});
+    s.insert(s.begin(), {emb().v.data(), emb().r.data(), emb().g.data(), bf16_of(emb())});
     return s;
   }
 
@@ -444,7 +462,7 @@ class AttnResRouter final : public DepthRouter {
       be_.copy(lse_[l].data(), lse1_[0].data(), sizeof(float) * n_ * mix_.H);
     } else {
       // Phase 2: only the partial sum is new; merge it by log-sum-exp.
-      const ops::DepthSource p{part_[l].v.data(), part_[l].r.data(), nullptr};
+      const ops::DepthSource p{part_[l].v.data(), part_[l].r.data(), nullptr, bf16_of(part_[l])};
       be_.depth_mix_phase2(xin_[l].data(), lse_[l].data(), o1_[k].data(), lse1_[k].data(), p,
                            qg_.data() + l * d_, mix_, n_);
     }
@@ -467,7 +485,7 @@ class AttnResRouter final : public DepthRouter {
     for (int64_t m = first; m <= L_; m++) {
       rd.push_back({dxs_[m].data(), lse_[m].data(), D_[m].data(), qg_.data() + m * d_, m * d_});
     }
-    const ops::DepthSource s{src.v.data(), src.r.data(), nullptr};
+    const ops::DepthSource s{src.v.data(), src.r.data(), nullptr, bf16_of(src)};
     if (!be_.is_cpu()) {
       be_.depth_source_backward(dv, s, rd.data(), static_cast<int64_t>(rd.size()),
                                 dq_all_.data() + first * d_, mix_, n_);
@@ -525,6 +543,7 @@ class AttnResRouter final : public DepthRouter {
   int64_t NB_ = 0, n_ = 0;
   bool two_phase_ = false;
   bool by_source_ = false;
+  bool bf16_ = false;  // the depth mixes read bf16 copies of the sources (set_storage)
   int nthr_ = 1;
   float* params_ = nullptr;
   float* grads_ = nullptr;

@@ -84,6 +84,9 @@ struct DepthSource {
   const float* v;      // (N,d) the source
   const float* rstd;   // (N,H) inverse RMS per head slice (key norm rms), else unused
   float* dv;           // (N,d) gradient accumulator (backward), may be null to drop it
+  // (N,d) v rounded to bf16 (uint16_t bits), or null: where set, a device backend's depth ops
+  // read it instead of v (bf16 storage of the sources; the CPU ops always read v).
+  const uint16_t* vb = nullptr;
 };
 struct DepthMix {
   int64_t d = 0, H = 1;
