@@ -50,6 +50,26 @@ __global__ void rows_kernel(Body body, int64_t rows) {
   }
 }
 
+// A source's (token, head) slice into the lane's registers vv[j] = channel lane + 32 j (0 past
+// dh), from its bf16 copy where it has one: one branch per slice, not per element.
+template <int kMaxPerLane>
+__device__ inline void load_slice(float (&vv)[kMaxPerLane], const rows::Source& s, int64_t off,
+                                  int64_t dh, int lane) {
+  if (s.vb) {
+ATTNRES_UNROLL
+    for (int j = 0; j < kMaxPerLane; j++) {
+      const int64_t c = lane + j * kWarp;
+      vv[j] = c < dh ? rows::bf16_bits_to_float(s.vb[off + c]) : 0.0f;
+    }
+  } else {
+ATTNRES_UNROLL
+    for (int j = 0; j < kMaxPerLane; j++) {
+      const int64_t c = lane + j * kWarp;
+      vv[j] = c < dh ? s.v[off + c] : 0.0f;
+    }
+  }
+}
+
 // Calls run(Body<K>{args...}) with the smallest register tile K (channels per lane: 4, 8, 16, 24
 // or 32) that holds a dh-channel slice; false, without calling it, when dh > 1024.
 template <template <int> class Body, class Run, class... Args>
@@ -141,14 +161,10 @@ ATTNRES_UNROLL
     }
     float mx = -INFINITY, z = 0.0f;
     for (int64_t i = 0; i < f.S; i++) {
-      const rows::Source& v = f.src[i];
       float vv[kMaxPerLane], dot = 0.0f;
+      load_slice(vv, f.src[i], off, dh, lane);
 ATTNRES_UNROLL
-      for (int j = 0; j < kMaxPerLane; j++) {
-        const int64_t c = lane + j * kWarp;
-        vv[j] = c < dh ? v.at(off + c) : 0.0f;
-        dot += q[j] * vv[j];
-      }
+      for (int j = 0; j < kMaxPerLane; j++) dot += q[j] * vv[j];
       dot = warp_sum(dot);
       const float s = m.key_norm ? dot * f.src[i].rstd[idx] : dot;
       float w;
@@ -200,12 +216,10 @@ ATTNRES_UNROLL
     if (m.softmax) D = warp_sum(D);
     const float lse = m.softmax ? f.lse[idx] : 0.0f;
     for (int64_t i = 0; i < f.S; i++) {
-      const rows::Source& v = f.src[i];
       float vv[kMaxPerLane], dot = 0.0f, gv = 0.0f;
+      load_slice(vv, f.src[i], off, dh, lane);
 ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
-        const int64_t c = lane + j * kWarp;
-        vv[j] = c < dh ? v.at(off + c) : 0.0f;
         dot += q[j] * vv[j];
         gv += g[j] * vv[j];
       }
@@ -257,12 +271,9 @@ struct DepthSourceBackward {
     const rows::Mix& m = f.m;
     const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
     float vv[kMaxPerLane], dv[kMaxPerLane];
+    load_slice(vv, f.src, off, dh, lane);
 ATTNRES_UNROLL
-    for (int j = 0; j < kMaxPerLane; j++) {
-      const int64_t c = lane + j * kWarp;
-      vv[j] = c < dh ? f.src.at(off + c) : 0.0f;
-      dv[j] = 0.0f;
-    }
+    for (int j = 0; j < kMaxPerLane; j++) dv[j] = 0.0f;
     const float r = m.key_norm ? f.src.rstd[idx] : 1.0f;
     for (int64_t k = 0; k < f.K; k++) {
       const rows::Reader R = f.rd[k];
@@ -314,13 +325,8 @@ ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) acc[k][j] = 0.0f;
     }
     for (int64_t i = 0; i < f.S; i++) {
-      const rows::Source& v = f.src[i];
       float vv[kMaxPerLane];
-ATTNRES_UNROLL
-      for (int j = 0; j < kMaxPerLane; j++) {
-        const int64_t c = lane + j * kWarp;
-        vv[j] = c < dh ? v.at(off + c) : 0.0f;
-      }
+      load_slice(vv, f.src[i], off, dh, lane);
       const float r = m.key_norm ? f.src[i].rstd[idx] : 1.0f;
 ATTNRES_UNROLL
       for (int k = 0; k < kQueries; k++) {
