@@ -471,8 +471,8 @@ TEST_P(BackendOps, DepthOpsReadTheBf16Sources) {
     v.push_back(randn(N * d, 400 + i, 1.0 + 0.5 * i));
     vr.push_back(v[i]);
     for (float& f : vr[i]) f = cuda_bf16_round(f);
-    r.emplace_back(N * H);
-    ops::depth_rstd(r[i].data(), vr[i].data(), N, d, H, 1e-5f);
+    r.emplace_back(N * H);  // (from the fp32 values, as the model computes it)
+    ops::depth_rstd(r[i].data(), v[i].data(), N, d, H, 1e-5f);
     gv.push_back(up(v[i]));
     gr.push_back(up(r[i]));
     gvb.emplace_back(N * d);
@@ -668,6 +668,36 @@ TEST_P(BackendOps, ScalarMixAndRowHelpersMatchCpu) {
   for (int64_t i = 0; i < S; i++) {
     EXPECT_NEAR(gdw[i], dw[i], 1e-9 * (1 + std::abs(dw[i]))) << i;
     EXPECT_LT(rel(gdsrc[i].download(), dsrc[i]), 1e-6) << i;
+  }
+  {  // the same with the weights in device memory (no host round trip), and the static
+     // residual's softmax over its logits and its backward
+    Buf gw(w), gout2(n), gda(S);
+    be->scalar_mix_forward_dev(gout2.data(), gsp.data(), gw.data(), S, n);
+    EXPECT_LT(rel(gout2.download(), out), 1e-5);
+    std::vector<double> dw2(S, 0.0);
+    std::vector<float*> dp2(S, nullptr), gdp2(S, nullptr);
+    dp2[5] = dsrc[5].data();
+    gdp2[5] = gdsrc[5].data();
+    ops::scalar_mix_backward(dp2.data(), dw2.data(), dout.data(), sp.data(), w.data(), S, n);
+    be->scalar_mix_backward_dev(gdp2.data(), gda.data(), gdout.data(), gsp.data(), gw.data(), S,
+                                n);
+    const std::vector<float> da = gda.download();
+    for (int64_t i = 0; i < S; i++) EXPECT_NEAR(da[i], dw2[i], 1e-6 * (1 + std::abs(dw2[i]))) << i;
+    EXPECT_LT(rel(gdsrc[5].download(), dsrc[5]), 1e-6);
+    Buf ga(S), gdz(S);
+    be->softmax_small(ga.data(), gw.data(), S);
+    double mx = w[0], sum = 0, dot = 0;
+    for (float z : w) mx = std::max(mx, double(z));
+    for (float z : w) sum += std::exp(z - mx);
+    std::vector<float> a(S), dz(S);
+    for (int64_t i = 0; i < S; i++) a[i] = static_cast<float>(std::exp(w[i] - mx) / sum);
+    EXPECT_LT(rel(ga.download(), a), 1e-6);
+    const std::vector<float> dz0 = randn(S, 87);
+    Buf gdz0(dz0);
+    be->softmax_small_backward(gdz0.data(), ga.data(), gda.data(), S);
+    for (int64_t i = 0; i < S; i++) dot += double(a[i]) * da[i];
+    for (int64_t i = 0; i < S; i++) dz[i] = dz0[i] + static_cast<float>(a[i] * (da[i] - dot));
+    EXPECT_LT(rel(gdz0.download(), dz), 1e-5);
   }
   const int64_t N = 150, C = 33;
   const auto x = randn(N * C, 60), row = randn(C, 61);

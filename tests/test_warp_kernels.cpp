@@ -244,11 +244,21 @@ TEST(WarpKernels, BySourceBackwardMatchesFunctor) {
         std::vector<float> dva(N * d), dvb(N * d, 7.0f), sa(H * K * N), sb(H * K * N);
         const auto vb = to_bf16(v);  // with several heads: a bf16 source
         const rows::Source src{v.data(), r.data(), nullptr, H > 1 ? vb.data() : nullptr};
-        rows::run_rows_host(
-            rows::DepthSourceBackward{dva.data(), sa.data(), src, rd.data(), K, N, m}, N * H);
+        std::vector<float> wa(N * d), wb(N * d);  // the values used, written out (bf16 case)
+        rows::run_rows_host(rows::DepthSourceBackward{dva.data(), sa.data(), src, rd.data(), K, N,
+                                                      m, H > 1 ? wa.data() : nullptr},
+                            N * H);
         run_tiled<warp::DepthSourceBackward>(
-            dh, N * H, rows::DepthSourceBackward{dvb.data(), sb.data(), src, rd.data(), K, N, m});
+            dh, N * H,
+            rows::DepthSourceBackward{dvb.data(), sb.data(), src, rd.data(), K, N, m,
+                                      H > 1 ? wb.data() : nullptr});
         EXPECT_LT(rel(dvb, dva), 1e-5);
+        EXPECT_EQ(wb, wa);
+        if (H > 1) {
+          for (int64_t i = 0; i < N * d; i++) {
+            ASSERT_EQ(wa[i], rows::bf16_bits_to_float(vb[i])) << i;
+          }
+        }
         EXPECT_LT(rel(sb, sa), 1e-5);
       }
     }

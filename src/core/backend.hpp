@@ -115,6 +115,17 @@ class Backend {
   virtual void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
                                    const float* const* src, const float* w, int64_t S,
                                    int64_t n) = 0;
+  // The same with the S weights in this backend's memory (device backends only: no host round
+  // trip, so a step can be captured); the backward writes da (S, this backend's memory,
+  // OVERWRITTEN) = sum_k dout[k] src[i][k] (summed in double in a fixed order).
+  virtual void scalar_mix_forward_dev(float* out, const float* const* src, const float* w,
+                                      int64_t S, int64_t n);
+  virtual void scalar_mix_backward_dev(float* const* dsrc, float* da, const float* dout,
+                                       const float* const* src, const float* w, int64_t S,
+                                       int64_t n);
+  // w (S) = softmax(z (S)); dz (S) += its backward a_i (da_i - sum_j a_j da_j) (device only).
+  virtual void softmax_small(float* w, const float* z, int64_t S);
+  virtual void softmax_small_backward(float* dz, const float* a, const float* da, int64_t S);
   // KV-cache decoding: out (n,H*hd) for the n new queries q (n,H*hd) at positions pos0.. against
   // the cached keys and values kc, vc (rows of Hkv*hd; query t sees positions [0, pos0 + t]).
   virtual void attention_decode(float* out, const float* q, const float* kc, const float* vc,

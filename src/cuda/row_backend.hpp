@@ -47,7 +47,7 @@ class RowBackend final : public Backend {
   ~RowBackend() override {
     x_.abort_capture();  // (an exception may have left a capture open)
     for (auto* s : {&dq_, &partials_, &losses_, &cols_, &bf_a_, &bf_b_, &bf_c_, &bf_d_, &ids_,
-                    &decode_, &gqa_, &step_part_, &dsr_, &widen_}) {
+                    &decode_, &gqa_, &step_part_, &dsr_, &widen_, &mix_part_}) {
       if (s->p) x_.release(s->p, s->bytes);
     }
   }
@@ -316,6 +316,58 @@ class RowBackend final : public Backend {
       add_partials(dw + i0, part, s, P);
     }
   }
+  void scalar_mix_forward_dev(float* out, const float* const* src, const float* w, int64_t S,
+                              int64_t n) override {
+    constexpr int64_t kMax = rows::kMaxMix;
+    if (S == 0) return zero(out, sizeof(float) * n);
+    for (int64_t i0 = 0; i0 < S; i0 += kMax) {
+      rows::ScalarMix f{};
+      f.out = out;
+      f.S = std::min(kMax, S - i0);
+      f.accumulate = i0 > 0;
+      f.wp = w + i0;
+      for (int64_t i = 0; i < f.S; i++) f.src[i] = src[i0 + i];
+      x_.launch(f, n);
+    }
+  }
+  // As scalar_mix_backward, the partial sums then added on the device: chunks of them in
+  // parallel, then each source's chunks in order.
+  void scalar_mix_backward_dev(float* const* dsrc, float* da, const float* dout,
+                               const float* const* src, const float* w, int64_t S,
+                               int64_t n) override {
+    constexpr int64_t kMax = rows::kMaxMix, kChunks = 64;
+    const int64_t P = std::max<int64_t>(1, std::min<int64_t>(n, 4096));
+    for (int64_t i0 = 0; i0 < S; i0 += kMax) {
+      const int64_t s = std::min(kMax, S - i0);
+      rows::ScalarMixGrad g{};
+      rows::ScalarMixDot dot{};
+      g.dout = dot.dout = dout;
+      g.S = s;
+      g.wp = w + i0;
+      dot.n = n;
+      dot.P = P;
+      for (int64_t i = 0; i < s; i++) {
+        g.dsrc[i] = dsrc[i0 + i];
+        dot.src[i] = src[i0 + i];
+      }
+      auto* part = static_cast<double*>(scratch(mix_part_, sizeof(double) * s * (P + kChunks)));
+      dot.part = part;
+      if (n > 0) {
+        x_.launch(dot, s * P);
+        x_.launch(g, n);
+      } else {
+        x_.zero(part, sizeof(double) * s * P);
+      }
+      x_.launch(rows::ChunkSums{part + s * P, part, P, kChunks}, s * kChunks);
+      x_.launch(rows::PartialsToFloat{da + i0, part + s * P, kChunks}, s);
+    }
+  }
+  void softmax_small(float* w, const float* z, int64_t S) override {
+    if (S > 0) x_.launch(rows::SoftmaxSmall{w, z, S}, 1);
+  }
+  void softmax_small_backward(float* dz, const float* a, const float* da, int64_t S) override {
+    if (S > 0) x_.launch(rows::SoftmaxSmallBackward{dz, a, da, S}, 1);
+  }
   // Split over chunks of kDecodeKeys cached keys, then merged (row_kernels.hpp); a long prefill
   // in blocks of kDecodeQueries queries, so the partials stay small.
   void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
@@ -418,16 +470,19 @@ class RowBackend final : public Backend {
     for (int64_t k = 0; k < K; k++) readers_[k] = {rd[k].dx, rd[k].lse, rd[k].D, rd[k].qg};
     const auto* table = static_cast<const rows::Reader*>(
         tables_.get(readers_.data(), sizeof(rows::Reader) * K));
-    auto* dsr = static_cast<float*>(scratch(dsr_, sizeof(float) * m.H * K * N));
+    // (Full AttnRes asks for K = 1, 2, .. L + 1 readers in turn: room for a power of two of them,
+    // so the scratch grows a few times, not L)
+    int64_t room = 1;
+    while (room < K) room *= 2;
+    auto* dsr = static_cast<float*>(scratch(dsr_, sizeof(float) * m.H * room * N));
+    // The GEMM multiplies by the values the scores used: with a bf16 copy, the kernel writes
+    // them out widened on the way.
+    float* widened =
+        src.vb ? static_cast<float*>(scratch(widen_, sizeof(float) * N * m.d)) : nullptr;
     const rows::Source s{src.v, src.rstd, nullptr, src.vb};
-    x_.launch(rows::DepthSourceBackward{dv, dsr, s, table, K, N, mix(m)}, N * m.H);
+    x_.launch(rows::DepthSourceBackward{dv, dsr, s, table, K, N, mix(m), widened}, N * m.H);
     const int64_t dh = m.dh();
-    const float* vq = src.v;  // the values the scores used: the bf16 copy, widened, if any
-    if (src.vb) {
-      auto* w = static_cast<float*>(scratch(widen_, sizeof(float) * N * m.d));
-      x_.launch(rows::FromBf16{w, src.vb}, N * m.d);
-      vq = w;
-    }
+    const float* vq = widened ? widened : src.v;
     Batch& b = batch_;
     b.clear();
     for (int64_t h = 0; h < m.H; h++) b.add(dsr + h * K * N, vq + h * dh, dq + h * dh);
@@ -676,7 +731,7 @@ class RowBackend final : public Backend {
   std::vector<const void*> flat_;
   std::vector<rows::Source> src_;
   Scratch dq_, partials_, losses_, cols_, bf_a_, bf_b_, bf_c_, bf_d_, ids_, decode_, gqa_,
-      step_part_, dsr_, widen_;
+      step_part_, dsr_, widen_, mix_part_;
   std::vector<rows::Reader> readers_;
   std::vector<int32_t> host_ids_, host_perm_, host_groups_;
   const int32_t* prep_ids_ = nullptr;  // the ids whose grouping ids_ holds (host_ids_ on the host)

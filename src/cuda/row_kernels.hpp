@@ -153,15 +153,17 @@ struct NormClip {
 // their pointers and weights passed by value.
 constexpr int kMaxMix = 32;
 // index k of n: out[k] (+)= sum_i w[i] src[i][k]
+// (wp: the weights in device memory instead, where not null)
 struct ScalarMix {
   float* out;
   const float* src[kMaxMix];
   float w[kMaxMix];
   int64_t S;
   bool accumulate;
+  const float* wp = nullptr;
   ATTNRES_HD void operator()(int64_t k) const {
     float acc = accumulate ? out[k] : 0.0f;
-    for (int64_t i = 0; i < S; i++) acc += w[i] * src[i][k];
+    for (int64_t i = 0; i < S; i++) acc += (wp ? wp[i] : w[i]) * src[i][k];
     out[k] = acc;
   }
 };
@@ -171,11 +173,60 @@ struct ScalarMixGrad {
   float w[kMaxMix];
   const float* dout;
   int64_t S;
+  const float* wp = nullptr;
   ATTNRES_HD void operator()(int64_t k) const {
     const float g = dout[k];
     for (int64_t i = 0; i < S; i++) {
-      if (dsrc[i]) dsrc[i][k] += w[i] * g;
+      if (dsrc[i]) dsrc[i][k] += (wp ? wp[i] : w[i]) * g;
     }
+  }
+};
+// index t = i C + c: out[t] = the sum, in order, of part[i P + p] for p in chunk c of the P
+// (chunks of ceil(P / C)); then PartialsToFloat adds the C chunk sums of each i in order.
+struct ChunkSums {
+  double* out;
+  const double* part;
+  int64_t P, C;
+  ATTNRES_HD void operator()(int64_t t) const {
+    const int64_t i = t / C, c = t % C, len = (P + C - 1) / C;
+    double s = 0.0;
+    for (int64_t p = c * len; p < P && p < (c + 1) * len; p++) s += part[i * P + p];
+    out[t] = s;
+  }
+};
+struct PartialsToFloat {
+  float* out;
+  const double* part;
+  int64_t C;
+  ATTNRES_HD void operator()(int64_t i) const {
+    double s = 0.0;
+    for (int64_t c = 0; c < C; c++) s += part[i * C + c];
+    out[i] = static_cast<float>(s);
+  }
+};
+// One thread: w (S) = softmax(z (S)), computed in double (the static residual's mixing weights).
+struct SoftmaxSmall {
+  float* w;
+  const float* z;
+  int64_t S;
+  ATTNRES_HD void operator()(int64_t) const {
+    double mx = z[0];
+    for (int64_t i = 1; i < S; i++) mx = z[i] > mx ? z[i] : mx;
+    double sum = 0.0;
+    for (int64_t i = 0; i < S; i++) sum += ::exp(static_cast<double>(z[i]) - mx);
+    for (int64_t i = 0; i < S; i++) w[i] = static_cast<float>(::exp(z[i] - mx) / sum);
+  }
+};
+// One thread: dz (S) += a_i (da_i - sum_j a_j da_j), the softmax's backward (in double).
+struct SoftmaxSmallBackward {
+  float* dz;
+  const float* a;
+  const float* da;
+  int64_t S;
+  ATTNRES_HD void operator()(int64_t) const {
+    double dot = 0.0;
+    for (int64_t i = 0; i < S; i++) dot += static_cast<double>(a[i]) * da[i];
+    for (int64_t i = 0; i < S; i++) dz[i] += static_cast<float>(a[i] * (da[i] - dot));
   }
 };
 // index t = i P + p: part[t] = sum over k = p, p + P, ... < n of dout[k] src[i][k] (double)
@@ -562,6 +613,7 @@ struct DepthDxDot {
 // index n * H + h: the source's whole gradient dv (OVERWRITTEN) from its K readers, as each
 // reader's DepthMixBackward would add it; dsr ((H,K,N): [h][k][n]) gets ds * r, from which the
 // caller forms the readers' query gradients (dq_k += sum_n dsr v_n per head: one GEMM per head).
+// vout (N,d), if not null, gets the source values used (its bf16 copy widened: the GEMM's operand).
 struct DepthSourceBackward {
   float* dv;
   float* dsr;
@@ -569,11 +621,15 @@ struct DepthSourceBackward {
   const Reader* rd;
   int64_t K, N;
   Mix m;
+  float* vout = nullptr;
   ATTNRES_HD void operator()(int64_t idx) const {
     const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
     const float* rstd = src.rstd;
     float* d = dv + off;
     for (int64_t c = 0; c < dh; c++) d[c] = 0.0f;
+    if (vout) {
+      for (int64_t c = 0; c < dh; c++) vout[off + c] = src.at(off + c);
+    }
     const float r = m.key_norm ? rstd[idx] : 1.0f;
     for (int64_t k = 0; k < K; k++) {
       const Reader& R = rd[k];

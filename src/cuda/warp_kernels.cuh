@@ -273,7 +273,11 @@ struct DepthSourceBackward {
     float vv[kMaxPerLane], dv[kMaxPerLane];
     load_slice(vv, f.src, off, dh, lane);
 ATTNRES_UNROLL
-    for (int j = 0; j < kMaxPerLane; j++) dv[j] = 0.0f;
+    for (int j = 0; j < kMaxPerLane; j++) {
+      const int64_t c = lane + j * kWarp;
+      dv[j] = 0.0f;
+      if (f.vout && c < dh) f.vout[off + c] = vv[j];
+    }
     const float r = m.key_norm ? f.src.rstd[idx] : 1.0f;
     for (int64_t k = 0; k < f.K; k++) {
       const rows::Reader R = f.rd[k];

@@ -182,6 +182,7 @@ class AttnResRouter final : public DepthRouter {
   void begin_backward(const float* dh) override {
     const int64_t nd = n_ * d_;
     if (by_source_) {
+      alloc_by_source();
       be_.copy(dxs_[L_].data(), dh, sizeof(float) * nd);
       dx_dot(D_[L_].data(), dxs_[L_].data(), final_.data());
       if (be_.is_cpu()) {
@@ -295,8 +296,9 @@ class AttnResRouter final : public DepthRouter {
   int64_t activation_bytes(int64_t n) const override {
     const int64_t H = mix_.H;
     const int64_t sources = 1 + NB_ + L_;  // embedding, blocks, partials (upper bound)
-    const int64_t per_row =
-        sources * (2 * d_ + H) + L_ * (d_ + H) + 4 * d_ + (two_phase_ ? S_ * (d_ + H) : 0);
+    const int64_t per_row = sources * (2 * d_ + H) + L_ * (d_ + H) + 4 * d_ +
+                            (two_phase_ ? S_ * (d_ + H) : 0) +
+                            (bf16_ ? sources * d_ / 2 : 0);  // (bf16 copies: half a float each)
     return static_cast<int64_t>(sizeof(float)) * n * per_row;
   }
 
@@ -346,13 +348,7 @@ class AttnResRouter final : public DepthRouter {
       grow(lse_[L_], nh);
       grow(final_, nd);
     }
-    if (by_source_) {
-      dxs_.resize(L_ + 1);
-      for (auto& x : dxs_) grow(x, nd);
-      D_.resize(L_ + 1);
-      for (auto& x : D_) grow(x, nh);
-      grow(dv_cur_, nd);
-    } else {
+    if (!by_source_) {  // (the by-source buffers come with the backward: alloc_by_source)
       grow(out_, nd);  // S == 1 never uses it, but block mode does
       grow(dx_, nd);
     }
@@ -369,9 +365,21 @@ class AttnResRouter final : public DepthRouter {
     }
   }
 
+  // The by-source backward's buffers: every mixer's dx (N,d) and D (N,H), the current source's
+  // gradient. Allocated by the first backward (a forward-only run, as generation, needs none).
+  void alloc_by_source() {
+    const size_t nd = static_cast<size_t>(n_ * d_), nh = static_cast<size_t>(n_ * mix_.H);
+    dxs_.resize(L_ + 1);
+    for (auto& x : dxs_) x.on(&be_).resize(nd);
+    D_.resize(L_ + 1);
+    for (auto& x : D_) x.on(&be_).resize(nh);
+    dv_cur_.on(&be_).resize(nd);
+  }
+
   // bf16 storage (--precision bf16 on a device): each source is also rounded to bf16 once, when
   // it is formed, and every depth mix reads that copy (half the traffic of the O(L^2) reads;
-  // scores, mixes and gradients still accumulate in fp32).
+  // scores, mixes and gradients still accumulate in fp32; the key norm's inverse RMS comes from
+  // the fp32 values).
   void set_storage() {
     bf16_ = !be_.is_cpu() && be_.matmul_precision() == MatmulPrecision::bf16;
   }
