@@ -691,11 +691,12 @@ TEST_P(BackendRuns, BenchOnTheDeviceMatchesTheCpu) {
   std::string why;
   if (!backend_or_skip(GetParam(), &why)) GTEST_SKIP() << "no " << GetParam() << " test: " << why;
   attnres::testing::TempDir td;
-  auto bench = [&](const std::string& name, const std::string& extra) {
+  auto bench = [&](const std::string& name, const std::string& extra,
+                   const std::string& steps = "--steps 1 --warmup 0") {
     const std::string js = td.path + "/" + name + ".json";
     const auto r = attnres::testing::run_cli(
-        "bench --d-model 32 --n-layer 2 --n-head 2 --seq-len 32 --batch-size 2 --vocab 64 "
-        "--steps 1 --warmup 0 --decode-tokens 4 --json " + js + " " + extra);
+        "bench --d-model 32 --n-layer 2 --n-head 2 --seq-len 32 --batch-size 2 --vocab 64 " +
+        steps + " --decode-tokens 4 --json " + js + " " + extra);
     EXPECT_EQ(r.code, 0) << r.out;
     std::ifstream f(js);
     return nlohmann::json::parse(f, nullptr, false);
@@ -713,6 +714,11 @@ TEST_P(BackendRuns, BenchOnTheDeviceMatchesTheCpu) {
     EXPECT_GT(d.at("tokens_per_s").get<double>(), 0.0);
     EXPECT_GT(d.at("decode_ms_per_token").get<double>(), 0.0);
   }
+  // --cuda-graphs: the timed steps replay graphs
+  const auto g = bench("graphs", "--cuda-graphs --device " + std::string(GetParam()),
+                       "--steps 2 --warmup 1");
+  ASSERT_FALSE(g.is_discarded());
+  for (const auto& r : g.at("modes")) EXPECT_GT(r.at("graph_replays").get<int64_t>(), 0) << r;
   const auto bad = attnres::testing::run_cli("bench --precision bf16 --steps 1");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--device cuda"), std::string::npos) << bad.out;

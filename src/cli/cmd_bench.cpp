@@ -29,6 +29,7 @@
 #include "core/blas.hpp"
 #include "core/profile.hpp"
 #include "core/rng.hpp"
+#include "train/device_step.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -49,6 +50,7 @@ struct BenchArgs {
   std::string torch_pythons;  // comma-separated interpreters for tools/bench_torch.py
   std::string weights_out;    // internal: child writes weights + batch here (for PyTorch)
   DeviceArgs dev;
+  bool cuda_graphs = false;  // on a device: time the steps replayed from CUDA graphs
 };
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -132,7 +134,7 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
   }
   AdamW opt(m.layout(), AdamWConfig{}, be.get());
   const double loss0 = m.forward(tok.data(), tgt.data(), B, T);
-  auto step = [&] {
+  auto host_step = [&] {  // driven from the host, op by op (the profiled step)
     m.forward(tok.data(), tgt.data(), B, T);
     m.zero_grad();
     m.backward();
@@ -141,6 +143,16 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
     opt.step(m.params(), m.grads(), 1e-4, clip_scale(norm, 1.0));
     be->synchronize();
   };
+  // On a device the timed steps run as `train` runs them (train/device_step.hpp): no wait for
+  // the host inside a step, and with --cuda-graphs replayed from graphs.
+  std::unique_ptr<DeviceStep> ds;
+  if (!be->is_cpu()) ds = std::make_unique<DeviceStep>(m, opt, 1.0, 1.0f, a.cuda_graphs);
+  auto step = [&] {
+    if (!ds) return host_step();
+    ds->begin();
+    ds->micro(tok.data(), tgt.data(), B, T);
+    ds->finish(1e-4);  // (reads the step's loss back: waits for the device)
+  };
   for (int64_t i = 0; i < a.warmup; i++) step();
   std::vector<double> times;
   for (int64_t i = 0; i < a.steps; i++) {
@@ -148,10 +160,11 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
     step();
     times.push_back(secs(t0));
   }
+  const int64_t graph_replays = ds ? ds->replays() : 0;
   prof::reset();
   prof::enable(true);
   const auto tp = Clock::now();
-  step();
+  host_step();
   const double prof_total = secs(tp);
   prof::enable(false);
   json ops = json::object();
@@ -193,6 +206,7 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
           {"prefill_tokens_per_s", P / median(pre)},
           {"decode_ms_per_token", 1e3 * median(dect)},
           {"activation_bytes", m.activation_bytes()},
+          {"graph_replays", graph_replays},
           {"peak_rss_mib", ru.ru_maxrss / 1024.0}};
 }
 
@@ -245,13 +259,14 @@ std::string self_args(const BenchArgs& a) {
   std::snprintf(buf, sizeof buf,
                 "--d-model %lld --n-layer %lld --n-head %lld --seq-len %lld --batch-size %lld "
                 "--vocab %lld --block-size %lld --steps %lld --warmup %lld --decode-tokens %lld "
-                "--device %s --precision %s",
+                "--device %s --precision %s%s",
                 static_cast<long long>(a.d_model), static_cast<long long>(a.n_layer),
                 static_cast<long long>(a.n_head), static_cast<long long>(a.seq_len),
                 static_cast<long long>(a.batch), static_cast<long long>(a.vocab),
                 static_cast<long long>(a.block_size), static_cast<long long>(a.steps),
                 static_cast<long long>(a.warmup), static_cast<long long>(a.decode_tokens),
-                a.dev.device.c_str(), a.dev.precision.c_str());
+                a.dev.device.c_str(), a.dev.precision.c_str(),
+                a.cuda_graphs ? " --cuda-graphs" : "");
   return buf;
 }
 
@@ -282,6 +297,8 @@ void run_bench(const BenchArgs& a) {
     return;
   }
   open_backend(a.dev);  // bad --device / --precision: an error before any work
+  check(!a.cuda_graphs || a.dev.device != "cpu",
+        "--cuda-graphs captures the steps on --device cuda (or cuda-host, its emulation)");
   check(a.torch_pythons.empty() || a.dev.device == "cpu",
         "--torch compares with PyTorch on the CPU: drop --torch, or use --device cpu");
   const ModelConfig probe = bench_config(a, "prenorm");
@@ -344,8 +361,11 @@ void run_bench(const BenchArgs& a) {
       const std::string line = last_json_line(cmd + " 2>&1", &all);
       check(!line.empty(), "benchmark of mode " + mode + " failed:\n" + all);
       rounds[mi].push_back(json::parse(line));
-      std::printf("  %-8s round %lld: %.1f tok/s\n", mode.c_str(), static_cast<long long>(rep + 1),
-                  rounds[mi].back()["tokens_per_s"].get<double>());
+      std::printf("  %-8s round %lld: %.1f tok/s%s\n", mode.c_str(),
+                  static_cast<long long>(rep + 1), rounds[mi].back()["tokens_per_s"].get<double>(),
+                  rounds[mi].back().value("graph_replays", int64_t{0}) > 0
+                      ? " (steps replayed from CUDA graphs)"
+                      : "");
       std::fflush(stdout);
     }
   }
@@ -482,6 +502,8 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   s->add_option("--json", a->json_out, "Also write the results as JSON to this file");
   add_device_options(s, a->dev);
+  s->add_flag("--cuda-graphs", a->cuda_graphs,
+              "On a device, time the steps replayed from CUDA graphs (as train --cuda-graphs)");
   s->add_option("--torch", a->torch_pythons,
                 "Python interpreter(s) with PyTorch, comma-separated, to run tools/bench_torch.py "
                 "on the same weights and batch (e.g. /usr/bin/python3)");
