@@ -256,6 +256,48 @@ TEST_P(BackendOps, MatmulMemoGivesTheSameResults) {
   be->set_matmul_precision(MatmulPrecision::fp32);
 }
 
+// The LM head's backward from the loss in one op: with fp32 products exactly the two ops it
+// replaces; with bf16 products (the gradient rounded as it is formed, never stored in fp32) the
+// same results as rounding the fp32 gradient first, bit for bit, with the memo or without.
+TEST_P(BackendOps, HeadBackwardMatchesTheTwoOps) {
+  const int64_t N = 29, IC = 40, V = 53;
+  const auto x = randn(N * IC, 31), w = randn(V * IC, 32, 0.3), logits = randn(N * V, 33, 2.0);
+  const auto tg = ids(N, V);
+  std::vector<float> lse(N);
+  for (int64_t n = 0; n < N; n++) {
+    double z = 0, mx = logits[n * V];
+    for (int64_t j = 0; j < V; j++) mx = std::max(mx, double(logits[n * V + j]));
+    for (int64_t j = 0; j < V; j++) z += std::exp(logits[n * V + j] - mx);
+    lse[n] = static_cast<float>(mx + std::log(z));
+  }
+  for (const auto p : {MatmulPrecision::fp32, MatmulPrecision::bf16}) {
+    SCOPED_TRACE(p == MatmulPrecision::bf16 ? "bf16" : "fp32");
+    be->set_matmul_precision(p);
+    auto run = [&](bool fused, bool memo_on) {
+      Buf gx(x), gw(w), gl(logits), glse(lse), gy(N * V), gdx(randn(N * IC, 34)),
+          gdw(randn(V * IC, 35));
+      IBuf gt(tg);
+      MatmulMemo memo;
+      MatmulMemo* mm = memo_on ? &memo : nullptr;
+      be->matmul_forward(gy.data(), gx.data(), gw.data(), N, IC, V, false, mm);
+      if (fused) {
+        be->head_backward(gdx.data(), gdw.data(), gl.data(), glse.data(), gt.data(), N, V,
+                          1.0f / N, gx.data(), gw.data(), IC, mm);
+      } else {
+        be->cross_entropy_backward(gl.data(), gl.data(), glse.data(), gt.data(), N, V, 1.0f / N);
+        be->matmul_backward(gdx.data(), gdw.data(), gl.data(), gx.data(), gw.data(), N, IC, V, mm);
+      }
+      return std::make_pair(gdx.download(), gdw.download());
+    };
+    for (bool memo_on : {false, true}) {
+      const auto two = run(false, memo_on), one = run(true, memo_on);
+      EXPECT_EQ(one.first, two.first);
+      EXPECT_EQ(one.second, two.second);
+    }
+  }
+  be->set_matmul_precision(MatmulPrecision::fp32);
+}
+
 TEST_P(BackendOps, RowKernelsMatchCpu) {
   const int64_t N = 70, C = 64, V = 37, F = 96;
   // embedding

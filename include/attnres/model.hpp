@@ -73,8 +73,8 @@ class Model {
   // (Backend::begin_capture) and replayed for every later batch staged the same way.
   void stage_batch(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T);
   void forward_staged(float* step_scalars);
-  // (B,T,V) logits of the last forward, in the backend's memory. backward() overwrites them
-  // with their gradient.
+  // (B,T,V) logits of the last forward, in the backend's memory. backward() may overwrite them
+  // (with their gradient): read them before it.
   const float* logits() const;
   // Sets all gradients to zero.
   void zero_grad();

@@ -139,6 +139,16 @@ class Backend {
   virtual void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                                       const int32_t* targets, int64_t N, int64_t V,
                                       float dloss) = 0;
+  // The language-model head's backward from the loss: cross_entropy_backward into logits (N,V)
+  // (OVERWRITTEN), then matmul_backward of out (N,V) = inp (N,IC) w^T with them (memo as
+  // there). A backend may instead keep the gradient only in the form its products read (a
+  // device with bf16 products: bf16; logits then keep their values).
+  virtual void head_backward(float* dinp, float* dw, float* logits, const float* lse,
+                             const int32_t* targets, int64_t N, int64_t V, float dloss,
+                             const float* inp, const float* w, int64_t IC, MatmulMemo* memo) {
+    cross_entropy_backward(logits, logits, lse, targets, N, V, dloss);
+    matmul_backward(dinp, dw, logits, inp, w, N, IC, V, memo);
+  }
   virtual void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H,
                           float eps) = 0;
   // src: a HOST array of S sources whose pointers are this backend's memory.

@@ -213,15 +213,23 @@ class RowBackend final : public Backend {
       x_.matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
       return;
     }
-    const uint16_t* g = bf16(bf_c_, dout, N * OC);
-    if (dinp) {  // dinp (N,IC) += dout (N,OC) w (OC,IC)
-      const uint16_t* b = kept ? memo->w.data() : bf16(bf_b_, w, OC * IC);
-      x_.gemm_bf16(false, false, N, IC, OC, g, OC, b, IC, 1.0f, dinp, IC);
+    backward_bf16(dinp, dw, bf16(bf_c_, dout, N * OC), inp, w, N, IC, OC, kept ? memo : nullptr);
+  }
+  // With bf16 products the loss's gradient is rounded to bf16 as it is computed: the fp32
+  // dlogits (N,V), the largest activation of a language model, are never written nor read.
+  void head_backward(float* dinp, float* dw, float* logits, const float* lse,
+                     const int32_t* targets, int64_t N, int64_t V, float dloss, const float* inp,
+                     const float* w, int64_t IC, MatmulMemo* memo) override {
+    if (precision_ == MatmulPrecision::fp32 || N == 0 || IC == 0 || V == 0) {
+      Backend::head_backward(dinp, dw, logits, lse, targets, N, V, dloss, inp, w, IC, memo);
+      return;
     }
-    if (dw) {  // dw (OC,IC) += dout^T (OC,N) inp (N,IC)
-      const uint16_t* a = kept ? memo->inp.data() : bf16(bf_a_, inp, N * IC);
-      x_.gemm_bf16(true, false, OC, IC, N, g, OC, a, IC, 1.0f, dw, IC);
-    }
+    const bool kept = memo && memo->valid && memo->inp_src == inp && memo->w_src == w &&
+                      memo->N == N && memo->IC == IC && memo->OC == V;
+    if (memo) memo->valid = false;
+    auto* g = static_cast<uint16_t*>(scratch(bf_c_, sizeof(uint16_t) * N * V));
+    x_.launch(rows::CrossEntropyBackwardBf16{g, logits, lse, targets, V, dloss}, N * V);
+    backward_bf16(dinp, dw, g, inp, w, N, IC, V, kept ? memo : nullptr);
   }
   void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
                     int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) override {
@@ -690,6 +698,19 @@ class RowBackend final : public Backend {
     }
     x_.launch(rows::ToBf16{b.data(), x}, n);
     return b.data();
+  }
+  // matmul_backward's bf16 products from the bf16 gradient g (N,OC); the operands from the memo
+  // when it holds them (kept), else rounded here.
+  void backward_bf16(float* dinp, float* dw, const uint16_t* g, const float* inp, const float* w,
+                     int64_t N, int64_t IC, int64_t OC, const MatmulMemo* kept) {
+    if (dinp) {  // dinp (N,IC) += dout (N,OC) w (OC,IC)
+      const uint16_t* b = kept ? kept->w.data() : bf16(bf_b_, w, OC * IC);
+      x_.gemm_bf16(false, false, N, IC, OC, g, OC, b, IC, 1.0f, dinp, IC);
+    }
+    if (dw) {  // dw (OC,IC) += dout^T (OC,N) inp (N,IC)
+      const uint16_t* a = kept ? kept->inp.data() : bf16(bf_a_, inp, N * IC);
+      x_.gemm_bf16(true, false, OC, IC, N, g, OC, a, IC, 1.0f, dw, IC);
+    }
   }
   // x (n floats) rounded to bf16 into scratch s.
   const uint16_t* bf16(Scratch& s, const float* x, int64_t n) {

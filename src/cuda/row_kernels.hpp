@@ -430,6 +430,21 @@ struct CrossEntropyBackward {  // index i = n * V + j
   }
 };
 
+// The same rounded to bf16 (bits), for bf16 products that read it: g[i] = bf16(dlogits[i]).
+struct CrossEntropyBackwardBf16 {  // index i = n * V + j
+  uint16_t* g;
+  const float* logits;
+  const float* lse;
+  const int32_t* targets;
+  int64_t V;
+  float dloss;
+  ATTNRES_HD void operator()(int64_t i) const {
+    const int64_t n = i / V, j = i % V;
+    const float p = ::expf(logits[i] - lse[n]);
+    g[i] = float_to_bf16_bits((p - (j == targets[n] ? 1.0f : 0.0f)) * dloss);
+  }
+};
+
 // ---- depth attention (SPEC 2-4) ----  index = n * H + h (one head slice of one token)
 struct Source {
   const float* v;     // (N,d)

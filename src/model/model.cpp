@@ -439,16 +439,21 @@ void Model::run_backward(StagePass& p) {
   if (a.head) {
     // LM head and final norm. dlogits overwrite the logits (dead after the loss).
     float* dlogits = a.logits.data();
-    {
-      prof::Scope ps(prof::kCrossEntropy, prof::kBackward);
-      be.cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), a.targets.data(), N, V,
-                                1.0f / static_cast<float>(N));
-    }
     const float* wout = cfg_.tied ? wte : param("output.weight");
     float* dxf = zeroed(a.d_a, N * d);
-    {
+    const float dloss = 1.0f / static_cast<float>(N);
+    if (be.is_cpu()) {
+      {
+        prof::Scope ps(prof::kCrossEntropy, prof::kBackward);
+        be.cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), a.targets.data(), N, V,
+                                  dloss);
+      }
       prof::Scope ps(prof::kMatmul, prof::kBackward);
       be.matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V, a.head_mm());
+    } else {  // one op (a device may round the gradient as it forms it; profiled as matmul)
+      prof::Scope ps(prof::kMatmul, prof::kBackward);
+      be.head_backward(dxf, grad_of(wout), dlogits, a.lse.data(), a.targets.data(), N, V, dloss,
+                       a.xf.data(), wout, d, a.head_mm());
     }
     float* dh = zeroed(a.d_b, N * d);
     const float* gnorm = param("norm.weight");
