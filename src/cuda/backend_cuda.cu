@@ -273,29 +273,41 @@ struct CudaExec {
   // other code use), its own cuBLAS handle on that stream with a fixed workspace (so a captured
   // GEMM allocates nothing).
   explicit CudaExec(int device) : device_(device) {
-    ATTNRES_CUDA_CHECK(cudaSetDevice(device));
-    ATTNRES_CUDA_CHECK(
-        cudaDeviceGetAttribute(&smem_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    ATTNRES_CUDA_CHECK(cudaStreamCreate(&s_));
-    ATTNRES_CUBLAS_CHECK(cublasCreate(&h_));
-    // fp32 GEMMs stay fp32 (no TF32): the tests compare with the CPU at fp32 tolerances.
-    ATTNRES_CUBLAS_CHECK(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH));
-    ATTNRES_CUBLAS_CHECK(cublasSetStream(h_, s_));  // (resets the workspace: set it after)
-    ATTNRES_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
-    ATTNRES_CUBLAS_CHECK(cublasSetWorkspace(h_, ws_, kWorkspace));
-    ATTNRES_CUDA_CHECK(cudaMallocHost(&stage_, kStageSlots * kStageBytes));
-    for (auto& e : stage_ev_) ATTNRES_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    try {
+      ATTNRES_CUDA_CHECK(cudaSetDevice(device));
+      ATTNRES_CUDA_CHECK(
+          cudaDeviceGetAttribute(&smem_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+      ATTNRES_CUDA_CHECK(cudaStreamCreate(&s_));
+      ATTNRES_CUBLAS_CHECK(cublasCreate(&h_));
+      // fp32 GEMMs stay fp32 (no TF32): the tests compare with the CPU at fp32 tolerances.
+      ATTNRES_CUBLAS_CHECK(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH));
+      ATTNRES_CUBLAS_CHECK(cublasSetStream(h_, s_));  // (resets the workspace: set it after)
+      ATTNRES_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
+      ATTNRES_CUBLAS_CHECK(cublasSetWorkspace(h_, ws_, kWorkspace));
+      ATTNRES_CUDA_CHECK(cudaMallocHost(&stage_, kStageSlots * kStageBytes));
+      for (auto& e : stage_ev_) {
+        ATTNRES_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      }
+    } catch (...) {  // (no destructor runs for a constructor that throws)
+      free_resources();
+      throw;
+    }
   }
   ~CudaExec() {
     if (capturing_) abort_capture();
-    cudaStreamSynchronize(s_);
+    free_resources();
+  }
+  void free_resources() noexcept {
+    if (s_) cudaStreamSynchronize(s_);
     for (auto& e : stage_ev_) {
       if (e) cudaEventDestroy(e);
+      e = nullptr;
     }
     if (stage_) cudaFreeHost(stage_);
-    cublasDestroy(h_);
-    cudaFree(ws_);
-    cudaStreamDestroy(s_);
+    if (h_) cublasDestroy(h_);
+    if (ws_) cudaFree(ws_);
+    if (s_) cudaStreamDestroy(s_);
+    stage_ = nullptr, h_ = nullptr, ws_ = nullptr, s_ = nullptr;
   }
   CudaExec(const CudaExec&) = delete;
   CudaExec& operator=(const CudaExec&) = delete;
