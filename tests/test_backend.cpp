@@ -52,6 +52,15 @@ float cuda_bf16_round(float f) {
   return f;
 }
 
+ops::DepthMix depth_mix(int64_t d, int64_t H, bool softmax = true, bool key_norm = true) {
+  ops::DepthMix m;
+  m.d = d;
+  m.H = H;
+  m.softmax = softmax;
+  m.key_norm = key_norm;
+  return m;
+}
+
 double rel(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   return rel_diff(a.data(), b.data(), static_cast<int64_t>(a.size()));
@@ -440,11 +449,7 @@ TEST_P(BackendOps, BySourceBackwardMatchesCpu) {
       for (int64_t H : {1, 2, 4}) {
         SCOPED_TRACE(std::string(softmax ? "softmax" : "sigmoid") + (key_norm ? " rms" : "") +
                      " H=" + std::to_string(H));
-        ops::DepthMix m;
-        m.d = d;
-        m.H = H;
-        m.softmax = softmax;
-        m.key_norm = key_norm;
+        const ops::DepthMix m = depth_mix(d, H, softmax, key_norm);
         std::vector<std::vector<float>> v, r;
         std::vector<Buf> gv, gr;
         std::vector<ops::DepthSource> os, gs;
@@ -502,9 +507,7 @@ TEST_P(BackendOps, BySourceBackwardMatchesCpu) {
 // unrounded, so an op that read v would be off by the rounding, ~1e-3).
 TEST_P(BackendOps, DepthOpsReadTheBf16Sources) {
   const int64_t N = 70, d = 64, S = 4, H = 2;
-  ops::DepthMix m;
-  m.d = d;
-  m.H = H;
+  const ops::DepthMix m = depth_mix(d, H);
   std::vector<std::vector<float>> v, vr, r;
   std::vector<Buf> gv, gr;
   std::vector<DBuf<uint16_t>> gvb;

@@ -128,7 +128,7 @@ TEST(CudaRows, CrossEntropyMatchesCpu) {
   std::vector<float> da(N * V), db = logits;  // in place, as the model does
   ops::cross_entropy_backward(da.data(), logits.data(), sa.data(), t.data(), N, V, 0.25f);
   rows::run_rows_host(
-      rows::CrossEntropyBackward{db.data(), db.data(), sa.data(), t.data(), V, 0.25f}, N * V);
+      rows::CrossEntropyBackward{db.data(), {db.data(), sa.data(), t.data(), V, 0.25f}}, N * V);
   EXPECT_LT(rel(da, db), 1e-5);
 }
 

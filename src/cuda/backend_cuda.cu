@@ -278,7 +278,9 @@ struct CudaExec {
       ATTNRES_CUDA_CHECK(
           cudaDeviceGetAttribute(&smem_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
       ATTNRES_CUDA_CHECK(cudaStreamCreate(&s_));
-      ATTNRES_CUBLAS_CHECK(cublasCreate(&h_));
+      cublasHandle_t h = nullptr;  // (h_ only once it is a handle)
+      ATTNRES_CUBLAS_CHECK(cublasCreate(&h));
+      h_ = h;
       // fp32 GEMMs stay fp32 (no TF32): the tests compare with the CPU at fp32 tolerances.
       ATTNRES_CUBLAS_CHECK(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH));
       ATTNRES_CUBLAS_CHECK(cublasSetStream(h_, s_));  // (resets the workspace: set it after)

@@ -228,7 +228,7 @@ class RowBackend final : public Backend {
                       memo->N == N && memo->IC == IC && memo->OC == V;
     if (memo) memo->valid = false;
     auto* g = static_cast<uint16_t*>(scratch(bf_c_, sizeof(uint16_t) * N * V));
-    x_.launch(rows::CrossEntropyBackwardBf16{g, logits, lse, targets, V, dloss}, N * V);
+    x_.launch(rows::CrossEntropyBackwardBf16{g, {logits, lse, targets, V, dloss}}, N * V);
     backward_bf16(dinp, dw, g, inp, w, N, IC, V, kept ? memo : nullptr);
   }
   void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
@@ -279,96 +279,26 @@ class RowBackend final : public Backend {
     }
     attention_backward_as<float>(dqkv, scratch, dout, qkv, att, s);
   }
-  // In chunks of rows::kMaxMix sources (pointers and weights by value: no table to copy).
+  // In chunks of rows::kMaxMix sources (pointers, and host weights, by value: no table to copy).
   void scalar_mix_forward(float* out, const float* const* src, const float* w, int64_t S,
                           int64_t n) override {
-    constexpr int64_t kMax = rows::kMaxMix;
-    if (S == 0) return zero(out, sizeof(float) * n);
-    for (int64_t i0 = 0; i0 < S; i0 += kMax) {
-      rows::ScalarMix f{};
-      f.out = out;
-      f.S = std::min(kMax, S - i0);
-      f.accumulate = i0 > 0;
-      for (int64_t i = 0; i < f.S; i++) {
-        f.src[i] = src[i0 + i];
-        f.w[i] = w[i0 + i];
-      }
-      x_.launch(f, n);
-    }
-  }
-  // The weights' gradients: P partial sums per source (threads stride over the elements, so
-  // reads coalesce), added on the host in order (deterministic).
-  void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
-                           const float* const* src, const float* w, int64_t S,
-                           int64_t n) override {
-    constexpr int64_t kMax = rows::kMaxMix;
-    const int64_t P = std::max<int64_t>(1, std::min<int64_t>(n, 4096));
-    for (int64_t i0 = 0; i0 < S; i0 += kMax) {
-      const int64_t s = std::min(kMax, S - i0);
-      rows::ScalarMixGrad g{};
-      rows::ScalarMixDot dot{};
-      g.dout = dot.dout = dout;
-      g.S = s;
-      dot.n = n;
-      dot.P = P;
-      for (int64_t i = 0; i < s; i++) {
-        g.dsrc[i] = dsrc[i0 + i];
-        g.w[i] = w[i0 + i];
-        dot.src[i] = src[i0 + i];
-      }
-      if (n == 0) continue;
-      auto* part = static_cast<double*>(scratch(partials_, sizeof(double) * s * P));
-      dot.part = part;
-      x_.launch(dot, s * P);
-      x_.launch(g, n);
-      add_partials(dw + i0, part, s, P);
-    }
+    mix_forward(out, src, w, nullptr, S, n);
   }
   void scalar_mix_forward_dev(float* out, const float* const* src, const float* w, int64_t S,
                               int64_t n) override {
-    constexpr int64_t kMax = rows::kMaxMix;
-    if (S == 0) return zero(out, sizeof(float) * n);
-    for (int64_t i0 = 0; i0 < S; i0 += kMax) {
-      rows::ScalarMix f{};
-      f.out = out;
-      f.S = std::min(kMax, S - i0);
-      f.accumulate = i0 > 0;
-      f.wp = w + i0;
-      for (int64_t i = 0; i < f.S; i++) f.src[i] = src[i0 + i];
-      x_.launch(f, n);
-    }
+    mix_forward(out, src, nullptr, w, S, n);
   }
-  // As scalar_mix_backward, the partial sums then added on the device: chunks of them in
-  // parallel, then each source's chunks in order.
+  // The weights' gradients: P partial sums per source (threads stride over the elements, so
+  // reads coalesce), added in order: on the host (dw, host weights), or on the device (da).
+  void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
+                           const float* const* src, const float* w, int64_t S,
+                           int64_t n) override {
+    mix_backward(dsrc, dw, nullptr, dout, src, w, nullptr, S, n);
+  }
   void scalar_mix_backward_dev(float* const* dsrc, float* da, const float* dout,
                                const float* const* src, const float* w, int64_t S,
                                int64_t n) override {
-    constexpr int64_t kMax = rows::kMaxMix, kChunks = 64;
-    const int64_t P = std::max<int64_t>(1, std::min<int64_t>(n, 4096));
-    for (int64_t i0 = 0; i0 < S; i0 += kMax) {
-      const int64_t s = std::min(kMax, S - i0);
-      rows::ScalarMixGrad g{};
-      rows::ScalarMixDot dot{};
-      g.dout = dot.dout = dout;
-      g.S = s;
-      g.wp = w + i0;
-      dot.n = n;
-      dot.P = P;
-      for (int64_t i = 0; i < s; i++) {
-        g.dsrc[i] = dsrc[i0 + i];
-        dot.src[i] = src[i0 + i];
-      }
-      auto* part = static_cast<double*>(scratch(mix_part_, sizeof(double) * s * (P + kChunks)));
-      dot.part = part;
-      if (n > 0) {
-        x_.launch(dot, s * P);
-        x_.launch(g, n);
-      } else {
-        x_.zero(part, sizeof(double) * s * P);
-      }
-      x_.launch(rows::ChunkSums{part + s * P, part, P, kChunks}, s * kChunks);
-      x_.launch(rows::PartialsToFloat{da + i0, part + s * P, kChunks}, s);
-    }
+    mix_backward(dsrc, nullptr, da, dout, src, nullptr, w, S, n);
   }
   void softmax_small(float* w, const float* z, int64_t S) override {
     if (S > 0) x_.launch(rows::SoftmaxSmall{w, z, S}, 1);
@@ -410,7 +340,7 @@ class RowBackend final : public Backend {
   }
   void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                               const int32_t* targets, int64_t N, int64_t V, float dloss) override {
-    x_.launch(rows::CrossEntropyBackward{dlogits, logits, lse, targets, V, dloss}, N * V);
+    x_.launch(rows::CrossEntropyBackward{dlogits, {logits, lse, targets, V, dloss}}, N * V);
   }
   void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H,
                   float eps) override {
@@ -698,6 +628,63 @@ class RowBackend final : public Backend {
     }
     x_.launch(rows::ToBf16{b.data(), x}, n);
     return b.data();
+  }
+  // The scalar mixes with the weights on the host (wh) or in this backend's memory (wd).
+  void mix_forward(float* out, const float* const* src, const float* wh, const float* wd,
+                   int64_t S, int64_t n) {
+    constexpr int64_t kMax = rows::kMaxMix;
+    if (S == 0) return zero(out, sizeof(float) * n);
+    for (int64_t i0 = 0; i0 < S; i0 += kMax) {
+      rows::ScalarMix f{};
+      f.out = out;
+      f.S = std::min(kMax, S - i0);
+      f.accumulate = i0 > 0;
+      f.wp = wd ? wd + i0 : nullptr;
+      for (int64_t i = 0; i < f.S; i++) {
+        f.src[i] = src[i0 + i];
+        if (wh) f.w[i] = wh[i0 + i];
+      }
+      x_.launch(f, n);
+    }
+  }
+  // Host weights: dw (host, double) += the sums; device weights: da (device) = the sums, added
+  // on the device (chunks of the partial sums in parallel, then each source's chunks in order).
+  void mix_backward(float* const* dsrc, double* dw, float* da, const float* dout,
+                    const float* const* src, const float* wh, const float* wd, int64_t S,
+                    int64_t n) {
+    constexpr int64_t kMax = rows::kMaxMix, kChunks = 64;
+    const int64_t P = std::max<int64_t>(1, std::min<int64_t>(n, 4096));
+    for (int64_t i0 = 0; i0 < S; i0 += kMax) {
+      const int64_t s = std::min(kMax, S - i0);
+      rows::ScalarMixGrad g{};
+      rows::ScalarMixDot dot{};
+      g.dout = dot.dout = dout;
+      g.S = s;
+      g.wp = wd ? wd + i0 : nullptr;
+      dot.n = n;
+      dot.P = P;
+      for (int64_t i = 0; i < s; i++) {
+        g.dsrc[i] = dsrc[i0 + i];
+        if (wh) g.w[i] = wh[i0 + i];
+        dot.src[i] = src[i0 + i];
+      }
+      if (n == 0 && !da) continue;
+      auto* part = static_cast<double*>(
+          scratch(da ? mix_part_ : partials_, sizeof(double) * s * (P + (da ? kChunks : 0))));
+      dot.part = part;
+      if (n > 0) {
+        x_.launch(dot, s * P);
+        x_.launch(g, n);
+      } else {
+        x_.zero(part, sizeof(double) * s * P);
+      }
+      if (!da) {
+        add_partials(dw + i0, part, s, P);
+        continue;
+      }
+      x_.launch(rows::ChunkSums{part + s * P, part, P, kChunks}, s * kChunks);
+      x_.launch(rows::PartialsToFloat{da + i0, part + s * P, kChunks}, s);
+    }
   }
   // matmul_backward's bf16 products from the bf16 gradient g (N,OC); the operands from the memo
   // when it holds them (kept), else rounded here.

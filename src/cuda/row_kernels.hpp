@@ -86,31 +86,24 @@ struct Scale {  // x *= s
   float s;
   ATTNRES_HD void operator()(int64_t i) const { x[i] *= s; }
 };
-// index t of P: out[t] = sum of x[i]^2 over i = t, t + P, t + 2P, ... < n, in double (neighbouring
-// indices read neighbouring elements: coalesced on the GPU). The caller adds out in order.
-struct SumSquares {
-  double* out;
-  const float* x;
-  int64_t n, P;
-  ATTNRES_HD void operator()(int64_t t) const {
-    double s = 0.0;
-    for (int64_t i = t; i < n; i += P) s += static_cast<double>(x[i]) * x[i];
-    out[t] = s;
-  }
-};
-
-// index t of P: out[t] = sum of x[i] over i = t, t + P, ... < n (double partials, as SumSquares).
-template <class T>
+// index t of P: out[t] = sum of x[i] (or x[i]^2) over i = t, t + P, t + 2P, ... < n, in double
+// (neighbouring indices read neighbouring elements: coalesced on the GPU). The caller adds out in
+// order.
+template <class T, bool kSquare = false>
 struct SumStrided {
   double* out;
   const T* x;
   int64_t n, P;
   ATTNRES_HD void operator()(int64_t t) const {
     double s = 0.0;
-    for (int64_t i = t; i < n; i += P) s += static_cast<double>(x[i]);
+    for (int64_t i = t; i < n; i += P) {
+      const double v = static_cast<double>(x[i]);
+      s += kSquare ? v * v : v;
+    }
     out[t] = s;
   }
 };
+using SumSquares = SumStrided<float, true>;
 
 // ---- a training step's scalars (core/step_scalars.hpp) ----  one index
 // s[kLoss] += (the P partial sums, added in order) * scale: a micro-batch's mean loss.
@@ -415,34 +408,30 @@ struct CrossEntropyForward {
     if (losses) losses[n] = s - l[targets[n]];
   }
 };
-// dlogits = (softmax - onehot) * dloss; may alias logits (each element read before written).
-struct CrossEntropyBackward {  // index i = n * V + j
-  float* dlogits;
+// dlogits = (softmax - onehot) * dloss, element i = n * V + j.
+struct CrossEntropyGrad {
   const float* logits;
   const float* lse;
   const int32_t* targets;
   int64_t V;
   float dloss;
-  ATTNRES_HD void operator()(int64_t i) const {
+  ATTNRES_HD float at(int64_t i) const {
     const int64_t n = i / V, j = i % V;
     const float p = ::expf(logits[i] - lse[n]);
-    dlogits[i] = (p - (j == targets[n] ? 1.0f : 0.0f)) * dloss;
+    return (p - (j == targets[n] ? 1.0f : 0.0f)) * dloss;
   }
 };
-
+// index i: dlogits[i]; may alias logits (each element read before written).
+struct CrossEntropyBackward {
+  float* dlogits;
+  CrossEntropyGrad d;
+  ATTNRES_HD void operator()(int64_t i) const { dlogits[i] = d.at(i); }
+};
 // The same rounded to bf16 (bits), for bf16 products that read it: g[i] = bf16(dlogits[i]).
-struct CrossEntropyBackwardBf16 {  // index i = n * V + j
+struct CrossEntropyBackwardBf16 {
   uint16_t* g;
-  const float* logits;
-  const float* lse;
-  const int32_t* targets;
-  int64_t V;
-  float dloss;
-  ATTNRES_HD void operator()(int64_t i) const {
-    const int64_t n = i / V, j = i % V;
-    const float p = ::expf(logits[i] - lse[n]);
-    g[i] = float_to_bf16_bits((p - (j == targets[n] ? 1.0f : 0.0f)) * dloss);
-  }
+  CrossEntropyGrad d;
+  ATTNRES_HD void operator()(int64_t i) const { g[i] = float_to_bf16_bits(d.at(i)); }
 };
 
 // ---- depth attention (SPEC 2-4) ----  index = n * H + h (one head slice of one token)
