@@ -457,7 +457,11 @@ TEST_P(BackendRuns, GraphsTurnOffWhereTheStepReadsBack) {
           << ds.off_reason();
     }
   }
-  EXPECT_EQ(losses[1], losses[0]);
+  // (bit for bit on cuda-host; on a GPU cuBLAS may choose its algorithms anew in a capture)
+  const double tol = std::string(GetParam()) == "cuda-host" ? 0.0 : 1e-5;
+  for (size_t i = 0; i < losses[0].size(); i++) {
+    EXPECT_NEAR(losses[1][i], losses[0][i], tol * losses[0][i]) << "step " << i;
+  }
 }
 
 // `train --device`: the same run on the CPU and on the device; losses track step by step and the
@@ -512,8 +516,12 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     // --cuda-graphs: the replayed steps compute exactly what the uncaptured ones do (the same
     // kernels in the same order), across the evaluations and checkpoints between them.
     const TrainResult rg = run(GetParam(), mode, &lg, "fp32", true);
-    EXPECT_EQ(lg, ld);
-    EXPECT_EQ(rg.final_val_loss, rd.final_val_loss);
+    // (the same kernels in the same order: bit for bit on cuda-host; on a GPU cuBLAS may pick
+    // its algorithms anew inside a capture, so to rounding there)
+    const double tol = std::string(GetParam()) == "cuda-host" ? 0.0 : 1e-5;
+    ASSERT_EQ(lg.size(), ld.size());
+    for (size_t i = 0; i < lg.size(); i++) EXPECT_NEAR(lg[i], ld[i], tol * ld[i]) << "step " << i;
+    EXPECT_NEAR(rg.final_val_loss, rd.final_val_loss, tol * rd.final_val_loss);
     EXPECT_GT(rg.graph_captures, 0);
     EXPECT_GT(rg.graph_replays, 2 * rg.graph_captures);
     EXPECT_EQ(rg.graphs_off_reason, "");
