@@ -47,7 +47,23 @@ struct Model::Acts {
   std::vector<MatmulMemo> memo;
   MatmulMemo* mm(int64_t j, int k) { return &memo[static_cast<size_t>(4 * j + k)]; }
   MatmulMemo* head_mm() { return &memo.back(); }
+  // The GEMM-only inputs xn_att, xn_mlp and gate (read by nothing but their GEMMs) are kept per
+  // layer, or, with bf16 products on a device, whose memos keep their bf16 copies for the
+  // backward, stored in bf16 only: one layer's fp32 buffers then serve every layer.
+  bool shared_inputs = false;
+  int64_t in_j(int64_t j) const { return shared_inputs ? 0 : j; }
 };
+
+namespace {
+// Layer j's input of its k-th GEMM (n floats per layer) for that GEMM's backward. When one
+// layer's buffer serves all, only the memo's bf16 copy still holds layer j's values: the backend
+// must use it (it does while the memo is valid, which a forward and its backward keep).
+const float* gemm_input(Model::Acts& a, const DevBuf<float>& buf, int64_t j, int k, int64_t n) {
+  check(!a.shared_inputs || a.mm(j, k)->valid,
+        "internal: a layer's GEMM input is kept only in bf16, but its copy is gone");
+  return buf.data() + a.in_j(j) * n;
+}
+}  // namespace
 
 Model::StagePass::StagePass() = default;
 Model::StagePass::~StagePass() = default;
@@ -216,7 +232,10 @@ void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
   const int64_t QKV = (H + 2 * cfg_.n_kv_head) * hd;
   const int64_t att = be_->attention_state_floats({B, T, H, cfg_.n_kv_head, hd});
   if (a.memo.size() != static_cast<size_t>(4 * nl + 1)) a.memo.resize(4 * nl + 1);
-  if (N <= a.cap_rows && att <= a.cap_att) return;
+  const bool shared = !be_->is_cpu() && be_->matmul_precision() == MatmulPrecision::bf16;
+  if (N <= a.cap_rows && att <= a.cap_att && shared == a.shared_inputs && a.cap_rows > 0) return;
+  a.shared_inputs = shared;
+  const int64_t in_layers = shared ? std::min<int64_t>(nl, 1) : nl;
   a.cap_rows = std::max(a.cap_rows, N);
   a.cap_att = std::max(a.cap_att, att);
   const int64_t R = a.cap_rows, AT = a.cap_att;
@@ -225,15 +244,15 @@ void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
   grow(a.tokens, R);
   grow(a.targets, R);
   if (a.first) grow(a.emb, R * d);
-  grow(a.xn_att, nl * R * d);
+  grow(a.xn_att, in_layers * R * d);
   grow(a.rstd_att, nl * R);
   grow(a.qkv, nl * R * QKV);
   grow(a.att, nl * AT);
   grow(a.atty, nl * R * H * hd);
-  grow(a.xn_mlp, nl * R * d);
+  grow(a.xn_mlp, in_layers * R * d);
   grow(a.rstd_mlp, nl * R);
   grow(a.h13, nl * R * 2 * F);
-  grow(a.gate, nl * R * F);
+  grow(a.gate, in_layers * R * F);
   if (a.head) {
     grow(a.xf, R * d);
     grow(a.rstd_f, R);
@@ -328,7 +347,7 @@ double Model::run_staged(StagePass& p, float* step_scalars) {
     const LayerViews w = layer_views(layout_, params_.data(), i);
     const int64_t j = i - a.i0;  // index into this pass's layer buffers
     // --- attention sublayer (l = 2i) ---
-    float* xn = a.xn_att.data() + j * N * d;
+    float* xn = a.xn_att.data() + a.in_j(j) * N * d;
     float* qkv = a.qkv.data() + j * N * QKV;
     float* att = a.att.data() + j * a.cap_att;
     float* atty = a.atty.data() + j * N * HD;
@@ -363,9 +382,9 @@ double Model::run_staged(StagePass& p, float* step_scalars) {
       router.commit_output(2 * i);
     }
     // --- MLP sublayer (l = 2i+1) ---
-    float* xm = a.xn_mlp.data() + j * N * d;
+    float* xm = a.xn_mlp.data() + a.in_j(j) * N * d;
     float* h13 = a.h13.data() + j * N * 2 * F;
-    float* gate = a.gate.data() + j * N * F;
+    float* gate = a.gate.data() + a.in_j(j) * N * F;
     {
       prof::Scope ps(prof::kRmsNorm, prof::kForward);
       be.rmsnorm_forward(xm, a.rstd_mlp.data() + j * N, router.input(2 * i + 1), w.ffn_norm, N, d,
@@ -485,8 +504,8 @@ void Model::run_backward(StagePass& p) {
       float* dgate = zeroed(a.d_a, N * F);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(dgate, grad_of(w.w2), dy, a.gate.data() + j * N * F, w.w2, N, F, d,
-                           a.mm(j, 3));
+        be.matmul_backward(dgate, grad_of(w.w2), dy, gemm_input(a, a.gate, j, 3, N * F), w.w2, N,
+                           F, d, a.mm(j, 3));
       }
       float* dh13 = zeroed(a.d_b, N * 2 * F);
       {
@@ -496,8 +515,8 @@ void Model::run_backward(StagePass& p) {
       float* dxn = zeroed(a.d_c, N * d);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(dxn, grad_of(w.w13), dh13, a.xn_mlp.data() + j * N * d, w.w13, N, d,
-                           2 * F, a.mm(j, 2));
+        be.matmul_backward(dxn, grad_of(w.w13), dh13, gemm_input(a, a.xn_mlp, j, 2, N * d), w.w13,
+                           N, d, 2 * F, a.mm(j, 2));
       }
       float* dx = router.grad_input_slot(l);
       {
@@ -542,8 +561,8 @@ void Model::run_backward(StagePass& p) {
       float* dxn = zeroed(a.d_c, N * d);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(dxn, grad_of(w.wqkv), dqkv, a.xn_att.data() + j * N * d, w.wqkv, N, d,
-                           QKV, a.mm(j, 0));
+        be.matmul_backward(dxn, grad_of(w.wqkv), dqkv, gemm_input(a, a.xn_att, j, 0, N * d),
+                           w.wqkv, N, d, QKV, a.mm(j, 0));
       }
       float* dx = router.grad_input_slot(l);
       {
