@@ -507,8 +507,8 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
         data.train.sample_rows(cfg.seed, step, micro, row0, rows, cfg.seq_len, batch);
         dstep->micro(batch.inputs.data(), batch.targets.data(), rows, cfg.seq_len);
       }
-    } else if (pipeline) {
-      model.zero_grad();  // this rank's stages of every micro-batch, in the 1F1B order
+    } else if (pipeline) {  // this rank's stages of every micro-batch, in the 1F1B order
+      model.zero_grad();
       mb_inputs.clear();
       mb_targets.clear();
       for (int64_t micro = 0; micro < cfg.grad_accum; micro++) {
