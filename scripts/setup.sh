@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libdnnl-dev            # oneDNN: dnnl_sgemm (fastest GEMM measured on this CPU)
+  ocl-icd-opencl-dev     # oneDNN's CMake package looks for OpenCL (only a Recommends of libdnnl-dev)
   nlohmann-json3-dev     # JSON (configs, safetensors headers, metrics)
   libcli11-dev           # command-line parsing
   libsentencepiece-dev   # BPE tokenizer training and encoding

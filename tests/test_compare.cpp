@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -166,6 +167,96 @@ TEST(Compare, SweepAnyTrainOption) {
   EXPECT_NE(log.find("OPTION=V1,V2"), std::string::npos) << log;
   EXPECT_EQ(run("report " + (dir / "nothing").string(), &log), 1);
   EXPECT_NE(log.find("results.json"), std::string::npos) << log;
+}
+
+TEST(Compare, DivergedRunsAreReportedAsSuchNeverAsNumbers) {
+  TempDir td;
+  const std::string data = corpus(fs::path(td.path));
+  const fs::path out = fs::path(td.path) / "cmp";
+  std::string log;
+  ::setenv("ATTNRES_TEST_DIVERGE", "full", 1);  // full's losses turn NaN from step 3 on
+  const int code = run("compare --preset tiny --modes prenorm,full --seeds 3 --steps 20 "
+                       "--no-plots --data " + data + " --out " + out.string(),
+                       &log);
+  ::unsetenv("ATTNRES_TEST_DIVERGE");
+  ASSERT_EQ(code, 0) << log;
+  EXPECT_NE(log.find("diverged"), std::string::npos) << log;
+  const json r = json::parse(slurp(out / "results.json"));
+  int diverged = 0;
+  for (const auto& x : r["runs"]) {
+    if (x["group"] != "full") {
+      EXPECT_EQ(x["status"], "ok");
+      EXPECT_TRUE(x["final_val_loss"].is_number());
+      continue;
+    }
+    diverged++;
+    EXPECT_EQ(x["status"], "diverged");
+    EXPECT_TRUE(x["final_val_loss"].is_null()) << x.dump();
+    EXPECT_NE(x["reason"].get<std::string>().find("diverged"), std::string::npos);
+  }
+  EXPECT_EQ(diverged, 3);
+  for (const auto& g : r["groups"]) {
+    if (g["name"] != "full") continue;
+    EXPECT_TRUE(g["val_loss_mean"].is_null());
+    EXPECT_EQ(g["seeds"], 0);
+    EXPECT_EQ(g["seeds_failed"], 3);
+  }
+  EXPECT_EQ(r["analysis"]["failed_runs"].size(), 3u);
+  const std::string report = slurp(out / "report.md");
+  EXPECT_NE(report.find("| full | no finished run | 0 (3 failed) |"), std::string::npos) << report;
+  EXPECT_NE(report.find("Runs that did not finish"), std::string::npos) << report;
+  EXPECT_NE(report.find("`full` seed 1337: diverged"), std::string::npos) << report;
+  for (const char* bad : {" nan", " -nan", " inf", "0.0000 +-"}) {
+    EXPECT_EQ(report.find(bad), std::string::npos) << bad << "\n" << report;
+  }
+}
+
+TEST(Compare, ARunResumedAfterItsEndReportsItsMeasuredLoss) {
+  TempDir td;
+  const std::string data = corpus(fs::path(td.path));
+  const fs::path out = fs::path(td.path) / "cmp";
+  const std::string cmd = "compare --preset tiny --modes prenorm --seeds 1 --steps 20 --no-plots "
+                          "--data " + data + " --out " + out.string();
+  std::string log;
+  ASSERT_EQ(run(cmd, &log), 0) << log;
+  const json first = json::parse(slurp(out / "results.json"))["runs"][0];
+  // The run finished but its run.json is gone (e.g. a stop between the two): the rerun resumes
+  // it at its last step, which trains nothing, and must evaluate, not report 0.
+  const fs::path run_json = out / first["dir"].get<std::string>() / "run.json";
+  ASSERT_TRUE(fs::remove(run_json));
+  ASSERT_EQ(run(cmd, &log), 0) << log;
+  EXPECT_NE(log.find("resuming"), std::string::npos) << log;
+  const json again = json::parse(slurp(out / "results.json"))["runs"][0];
+  EXPECT_NEAR(again["final_val_loss"].get<double>(), first["final_val_loss"].get<double>(), 1e-6);
+  EXPECT_GT(again["final_val_loss"].get<double>(), 0.5);
+  // Nothing was timed in the second call: the throughput logged by the first is reported.
+  EXPECT_NEAR(again["tokens_per_s"].get<double>(), first["tokens_per_s"].get<double>(),
+              1e-6 * first["tokens_per_s"].get<double>());
+  // The CLI's train says the same: a number that was measured, or that none was.
+  const fs::path tr = fs::path(td.path) / "tr";
+  ASSERT_EQ(run("train --n-layer 1 --d-model 32 --n-head 2 --seq-len 16 --batch-size 4 --steps 6 "
+                "--eval-every 3 --data " + data + " --out " + tr.string(), &log), 0) << log;
+  const auto at = log.find("final val loss ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string loss = log.substr(at + 15, 6);
+  ASSERT_EQ(run("train --resume --out " + tr.string(), &log), 0) << log;
+  EXPECT_NE(log.find("final val loss " + loss), std::string::npos) << log;
+  EXPECT_NE(log.find("no steps timed in this call"), std::string::npos) << log;
+  EXPECT_EQ(log.find("0.0000 (ppl 1.00)"), std::string::npos) << log;
+}
+
+TEST(Compare, KeptRunsMustHaveTheCommandsSettings) {
+  TempDir td;
+  const std::string data = corpus(fs::path(td.path));
+  const fs::path out = fs::path(td.path) / "cmp";
+  const std::string cmd = "compare --preset tiny --modes prenorm --seeds 1 --no-plots --data " +
+                          data + " --out " + out.string();
+  std::string log;
+  ASSERT_EQ(run(cmd + " --steps 10", &log), 0) << log;
+  EXPECT_EQ(run(cmd + " --steps 12", &log), 1) << log;
+  EXPECT_NE(log.find("other settings"), std::string::npos) << log;
+  ASSERT_EQ(run(cmd + " --steps 10", &log), 0) << log;  // the same command keeps it
+  EXPECT_NE(log.find("already done"), std::string::npos) << log;
 }
 
 }  // namespace

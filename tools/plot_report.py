@@ -36,25 +36,44 @@ def main(run_dir):
     by_group = {g["name"]: [r for r in runs if r["group"] == g["name"]] for g in groups}
     written = []
 
-    # 1. Validation loss vs tokens: mean over seeds, shaded min..max.
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    # 1. Validation loss vs tokens and vs training wall time: mean over the seeds that
+    # finished, shaded min..max. (Curves are [tokens, loss, seconds]; older files lack seconds.)
+    def finished(rs):
+        return [r for r in rs if r.get("status", "ok") == "ok" and r.get("curve")]
+
+    longest = max([p[2] for r in runs for p in (r.get("curve") or [])
+                   if len(p) > 2 and p[2] is not None] or [0])
+    time_scale, time_unit = (60.0, "minutes") if longest > 120 else (1.0, "seconds")
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0), dpi=100)
     for g in groups:
-        rs = by_group[g["name"]]
-        if not rs or not rs[0]["curve"]:
+        rs = finished(by_group[g["name"]])
+        if not rs:
             continue
         n = min(len(r["curve"]) for r in rs)
-        toks = [rs[0]["curve"][i][0] for i in range(n)]
         vals = [[r["curve"][i][1] for r in rs] for i in range(n)]
         m = [mean(v) for v in vals]
-        line, = ax.plot(toks, m, marker="o", markersize=3, label=g["name"])
-        if len(rs) > 1:
-            ax.fill_between(toks, [min(v) for v in vals], [max(v) for v in vals],
-                            color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("validation loss (nats/token)")
-    ax.set_title("Validation loss\n(mean over seeds, band = min..max)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend()
+        for k, ax in enumerate(axes):
+            if k == 0:
+                xs = [rs[0]["curve"][i][0] for i in range(n)]
+            else:
+                if any(len(r["curve"][i]) < 3 or r["curve"][i][2] is None
+                       for r in rs for i in range(n)):
+                    continue
+                xs = [mean([r["curve"][i][2] for r in rs]) / time_scale for i in range(n)]
+            line, = ax.plot(xs, m, marker="o", markersize=3, label=g["name"])
+            if len(rs) > 1:
+                ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals],
+                                color=line.get_color(), alpha=0.15)
+    axes[0].set_xlabel("training tokens")
+    axes[1].set_xlabel("training wall time (%s, mean over seeds)" % time_unit)
+    for ax in axes:
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    axes[0].set_title("Validation loss vs tokens\n(mean over seeds, band = min..max)", fontsize=10)
+    axes[1].set_title("Validation loss vs wall time\n(%s)" % res.get("hardware", {}).get("cpu", ""),
+                      fontsize=10)
     fig.tight_layout()
     fig.savefig(os.path.join(run_dir, "val_loss.png"))
     plt.close(fig)
@@ -67,7 +86,8 @@ def main(run_dir):
     ]:
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
         for g in groups:
-            rs = [r for r in by_group[g["name"]] if r.get("diagnostics") and r["diagnostics"].get(key)]
+            rs = [r for r in by_group[g["name"]] if r.get("status", "ok") == "ok"
+                  and r.get("diagnostics") and r["diagnostics"].get(key)]
             if not rs:
                 continue
             L = len(rs[0]["diagnostics"][key])
@@ -87,8 +107,8 @@ def main(run_dir):
 
     # 4. Depth-attention weights heatmap per mode that has them (mean over seeds).
     for g in groups:
-        rs = [r for r in by_group[g["name"]]
-              if r.get("diagnostics") and r["diagnostics"].get("depth_weights")]
+        rs = [r for r in by_group[g["name"]] if r.get("status", "ok") == "ok"
+              and r.get("diagnostics") and r["diagnostics"].get("depth_weights")]
         if not rs:
             continue
         dw = rs[0]["diagnostics"]["depth_weights"]

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Independent PyTorch reference of the attnres model (float64, functional).
 
 This file restates /work/shared/SPEC.md sections 1-3 in plain PyTorch so that

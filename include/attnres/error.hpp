@@ -1,4 +1,4 @@
-// attnres/error.hpp — the one error type the library throws.
+// attnres/error.hpp — the error type the library throws (and its one refinement).
 //
 // Library code never prints or exits: it throws attnres::Error with a message that names the file
 // or value at fault and how to fix it. Only the CLI (src/cli) catches, prints and chooses the exit
@@ -13,6 +13,13 @@ namespace attnres {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Training stopped because it diverged (too many non-finite steps, or a non-finite evaluation).
+// A distinct type so that `compare` can record such a run as diverged and go on with the others.
+class DivergedError : public Error {
+ public:
+  explicit DivergedError(const std::string& what) : Error(what) {}
 };
 
 // Throws Error(msg) when cond is false. For checks on user input, not internal invariants.

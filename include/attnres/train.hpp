@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "attnres/config.hpp"
@@ -91,8 +92,14 @@ struct EvalInfo {
 struct TrainResult {
   int64_t steps_done = 0;
   bool interrupted = false;
-  double final_train_loss = 0, final_val_loss = 0;
-  double tokens_per_s = 0, model_gflops = 0, seconds = 0;
+  // Only what was measured: the validation loss of the final weights (the run's last evaluation;
+  // a run resumed after its last step evaluates its final weights once), absent when the run was
+  // interrupted before its end; the last optimizer step's training loss and the throughput, absent
+  // when this call ran no step (then look in metrics.jsonl for earlier calls' figures).
+  std::optional<double> final_val_loss;
+  std::optional<double> final_train_loss;
+  std::optional<double> tokens_per_s, model_gflops;
+  double seconds = 0;
   int64_t num_params = 0;
   int64_t skipped_steps = 0;
   std::string model_path;  // final model.safetensors
@@ -120,7 +127,8 @@ struct TrainEvents {
   std::function<double(int64_t step, double loss)> loss_hook;
 };
 
-// Trains according to cfg. With cfg.resume, continues the run in cfg.out_dir from its latest
+// Trains according to cfg. Throws DivergedError when more than cfg.max_bad_steps steps had a
+// non-finite loss or gradient, or an evaluation gave a non-finite loss. With cfg.resume, continues the run in cfg.out_dir from its latest
 // checkpoint, reproducing the uninterrupted run's losses exactly (same thread count).
 TrainResult train(const TrainConfig& cfg, const TrainEvents& events);
 

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +23,7 @@
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
 #include "core/backend.hpp"
+#include "report/analysis.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -33,7 +36,7 @@ struct CompareArgs {
   TrainArgs base;
   std::string out = "runs/compare";
   std::string modes = "prenorm,full,block";
-  int64_t seeds = 2;
+  int64_t seeds = 3;
   std::vector<std::string> sweeps;
   std::string preset = "small";
   bool no_plots = false;
@@ -128,18 +131,140 @@ std::string now_iso() {
   return buf;
 }
 
-// Validation curve and final diagnostics of a finished run, from its metrics.jsonl.
-void read_metrics(const fs::path& metrics, json& curve, json& diagnostics) {
-  curve = json::array();
-  diagnostics = nullptr;
+// What a run's metrics.jsonl holds over all its invocations: the validation curve ([tokens,
+// val loss, training seconds or null]), the last diagnostics, and the last logged training loss
+// and throughput (null if none was logged).
+struct RunMetrics {
+  json curve = json::array();
+  json diagnostics = nullptr;
+  json last_train_loss = nullptr, last_tokens_per_s = nullptr;
+};
+
+RunMetrics read_metrics(const fs::path& metrics) {
+  RunMetrics m;
   std::ifstream f(metrics);
   std::string line;
+  int64_t n = 0;
   while (std::getline(f, line)) {
+    n++;
     if (line.empty()) continue;
-    const json j = json::parse(line);
-    if (j.contains("val_loss")) curve.push_back({j["tokens"], j["val_loss"]});
-    if (j.value("kind", "") == "diagnostics") diagnostics = j;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      throw Error("'" + metrics.string() + "' line " + std::to_string(n) + " is not valid JSON (" +
+                  e.what() + "); delete that run's directory to train it again");
+    }
+    if (!j.is_object()) continue;
+    if (j.contains("val_loss")) {
+      m.curve.push_back({j.value("tokens", json(nullptr)), j["val_loss"],
+                         j.value("elapsed_s", json(nullptr))});
+    } else if (j.contains("loss") && !j.contains("skipped")) {
+      m.last_train_loss = j["loss"];
+      m.last_tokens_per_s = j.value("tokens_per_s", json(nullptr));
+    }
+    if (j.value("kind", "") == "diagnostics") m.diagnostics = j;
   }
+  return m;
+}
+
+// The settings a kept run must have been made with (its directory and resume flag aside).
+json run_settings(const TrainConfig& c) {
+  json j = json::parse(c.to_json());
+  j.erase("out_dir");
+  j.erase("data_dir");
+  return j;
+}
+
+std::string num_or(const json& x, const char* f, const char* none = "n/a") {
+  if (!x.is_number()) return none;
+  char b[48];
+  std::snprintf(b, sizeof b, f, x.get<double>());
+  return b;
+}
+
+// The results table, the paired comparisons and the claims, on the terminal.
+void print_summary(const json& results) {
+  std::printf("\n%-28s %24s %6s %12s\n", "configuration", "val loss (mean +- std)", "seeds",
+              "vs baseline");
+  for (const auto& g : results["groups"]) {
+    const std::string loss = g["val_loss_mean"].is_number()
+                                 ? num_or(g["val_loss_mean"], "%.4f") + " +- " + num_or(g["val_loss_std"], "%.4f")
+                                 : std::string("no finished run");
+    std::printf("%-28s %24s %3d/%-2lld %12s\n", g["name"].get<std::string>().c_str(), loss.c_str(),
+                g["seeds"].get<int>(),
+                static_cast<long long>(g["seeds"].get<int>() + g["seeds_failed"].get<int64_t>()),
+                num_or(g["delta_vs_baseline"], "%+.4f", "-").c_str());
+  }
+  const json& an = results["analysis"];
+  if (!an["comparisons"].empty()) {
+    std::printf("\npaired differences over seeds (95%% interval):\n");
+    for (const auto& c : an["comparisons"]) {
+      const std::string iv = c["n"].get<int>() >= 2
+                                 ? num_or(c["lo"], "%+.4f") + " .. " + num_or(c["hi"], "%+.4f")
+                                 : std::string("(no interval)");
+      std::printf("  %-26s - %-22s %s  %-18s  %s (%d seeds)\n", c["group"].get<std::string>().c_str(),
+                  c["vs"].get<std::string>().c_str(), num_or(c["mean"], "%+.4f").c_str(),
+                  iv.c_str(), c["verdict"].get<std::string>().c_str(), c["n"].get<int>());
+    }
+  }
+  if (!an["claims"].empty()) {
+    std::printf("\nthe paper's claims, measured (report.md has the table):\n");
+    for (const auto& c : an["claims"]) {
+      std::printf("  %-12s %-60.60s %s\n", c["subject"].get<std::string>().c_str(),
+                  c["claim"].get<std::string>().c_str(), c["verdict"].get<std::string>().c_str());
+    }
+  }
+  for (const auto& f : an["failed_runs"]) {
+    std::printf("run %s seed %s: %s\n", f["group"].get<std::string>().c_str(), f["seed"].dump().c_str(),
+                f["status"].get<std::string>().c_str());
+  }
+}
+
+// One configuration's row of the results table: means over its finished runs (null if none).
+json aggregate_group(const Group& g, const json& runs) {
+  std::vector<double> v, tps;
+  int64_t params = 0, failed = 0;
+  double fpt = 0;
+  bool has_w = false;
+  for (const auto& r : runs) {
+    if (r["group"] != g.name) continue;
+    params = r["params"];
+    fpt = r["flops_per_token"];
+    if (r.value("status", std::string("ok")) != "ok" || !r["final_val_loss"].is_number()) {
+      failed++;
+      continue;
+    }
+    v.push_back(r["final_val_loss"]);
+    if (r["tokens_per_s"].is_number()) tps.push_back(r["tokens_per_s"]);
+    has_w |= r["diagnostics"].is_object() && r["diagnostics"].contains("depth_weights");
+  }
+  auto mean_of = [](const std::vector<double>& x) {
+    double m = 0;
+    for (double e : x) m += e / static_cast<double>(x.size());
+    return m;
+  };
+  json j = {{"name", g.name},
+            {"mode", g.args.cfg.model.residual.mode},
+            {"residual", json::parse(g.args.cfg.model.to_json())},
+            {"sweep", g.sweep},
+            {"params", params},
+            {"flops_per_token", fpt},
+            {"seeds", static_cast<int>(v.size())},
+            {"seeds_failed", failed},
+            {"has_depth_weights", has_w}};
+  if (v.empty()) {
+    j["val_loss_mean"] = j["val_loss_std"] = j["ppl_mean"] = nullptr;
+  } else {
+    const double mean = mean_of(v);
+    double ss = 0;
+    for (double x : v) ss += (x - mean) * (x - mean);
+    j["val_loss_mean"] = mean;
+    j["val_loss_std"] = v.size() > 1 ? std::sqrt(ss / static_cast<double>(v.size() - 1)) : 0.0;
+    j["ppl_mean"] = std::exp(mean);
+  }
+  j["tokens_per_s_mean"] = tps.empty() ? json(nullptr) : json(mean_of(tps));
+  return j;
 }
 
 void run_compare(CompareArgs& a) {
@@ -269,10 +394,16 @@ void run_compare(CompareArgs& a) {
       const fs::path run_json = dir / "run.json";
       const double est = est_total / static_cast<double>(n_runs);
       if (fs::exists(run_json)) {
-        std::printf("[run %lld/%lld] %s seed %llu: already done, kept\n",
+        json kept = json::parse(read_file(run_json.string()));
+        check(!kept.contains("settings") || kept["settings"] == run_settings(c),
+              "'" + run_json.string() + "' was trained with other settings than this command's "
+              "(e.g. another --steps or --lr); use a new --out, or delete '" + dir.string() +
+              "' to train it again");
+        std::printf("[run %lld/%lld] %s seed %llu: already done (%s), kept\n",
                     static_cast<long long>(k + 1), static_cast<long long>(n_runs), g.name.c_str(),
-                    static_cast<unsigned long long>(c.seed));
-        runs.push_back(json::parse(read_file(run_json.string())));
+                    static_cast<unsigned long long>(c.seed),
+                    kept.value("status", std::string("ok")).c_str());
+        runs.push_back(kept);
         remaining -= est;
         continue;
       }
@@ -303,7 +434,22 @@ void run_compare(CompareArgs& a) {
                       e.val_loss);
         bar.message(f);
       };
-      const TrainResult r = train(c, ev);
+      // Fault injection for the tests (tests/test_compare.cpp): ATTNRES_TEST_DIVERGE=NAME makes
+      // configuration NAME's training losses NaN from step 3 on, as a diverging run's are.
+      if (const char* f = std::getenv("ATTNRES_TEST_DIVERGE"); f && g.name == f) {
+        ev.loss_hook = [](int64_t step, double loss) {
+          return step >= 3 ? std::numeric_limits<double>::quiet_NaN() : loss;
+        };
+      }
+      // A diverged run is a result (e.g. too high a learning rate in a sweep): recorded as such,
+      // with no loss, and the comparison goes on.
+      TrainResult r;
+      std::string diverged;
+      try {
+        r = train(c, ev);
+      } catch (const DivergedError& e) {
+        diverged = e.what();
+      }
       bar.finish();
       if (r.interrupted) {
         remove_stop_handler();
@@ -311,12 +457,11 @@ void run_compare(CompareArgs& a) {
         return;
       }
       remaining -= est;
-      json curve, diag;
-      read_metrics(dir / "metrics.jsonl", curve, diag);
-      // Fingerprints of the initial shared weights and the batch order. A resumed run's are
-      // recomputed the way the trainer computes them (init from the seed).
+      const RunMetrics rm = read_metrics(dir / "metrics.jsonl");
+      // Fingerprints of the initial shared weights and the batch order. A resumed (or diverged)
+      // run's are recomputed the way the trainer computes them (init from the seed).
       uint64_t init_hash = r.init_hash;
-      if (c.resume) {
+      if (c.resume || !diverged.empty()) {
         ModelConfig mc = c.model;
         mc.vocab_size = vocab;
         mc.max_seq_len = c.seq_len;
@@ -324,19 +469,30 @@ void run_compare(CompareArgs& a) {
         m.init_weights(c.seed);
         init_hash = m.shared_weights_hash();
       }
+      auto opt_num = [](const std::optional<double>& x, const json& fallback) {
+        return x ? json(*x) : fallback;
+      };
       json rj = {{"group", g.name},
                  {"seed", c.seed},
                  {"dir", fs::relative(dir, a.out).string()},
-                 {"final_val_loss", r.final_val_loss},
-                 {"final_train_loss", r.final_train_loss},
-                 {"tokens_per_s", r.tokens_per_s},
+                 {"status", diverged.empty() ? "ok" : "diverged"},
+                 {"final_val_loss", diverged.empty() ? opt_num(r.final_val_loss, nullptr) : json(nullptr)},
+                 {"final_train_loss", opt_num(r.final_train_loss, rm.last_train_loss)},
+                 {"tokens_per_s", opt_num(r.tokens_per_s, rm.last_tokens_per_s)},
                  {"seconds", r.seconds},
+                 {"skipped_steps", r.skipped_steps},
                  {"params", r.num_params},
                  {"flops_per_token", r.flops_per_token},
                  {"init_hash", std::to_string(init_hash)},
-                 {"batch_hash", std::to_string(r.batch_hash)},
-                 {"curve", curve},
-                 {"diagnostics", diag}};
+                 {"batch_hash", diverged.empty() ? json(std::to_string(r.batch_hash)) : json(nullptr)},
+                 {"settings", run_settings(c)},
+                 {"curve", rm.curve},
+                 {"diagnostics", rm.diagnostics}};
+      if (!diverged.empty()) {
+        rj["reason"] = diverged;
+        std::printf("  %s seed %llu diverged: %s\n", g.name.c_str(),
+                    static_cast<unsigned long long>(c.seed), diverged.c_str());
+      }
       write_file_atomic(run_json.string(), rj.dump() + "\n");
       runs.push_back(rj);
     }
@@ -344,53 +500,32 @@ void run_compare(CompareArgs& a) {
   remove_stop_handler();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
-  // Aggregate per configuration.
+  // Aggregate per configuration, over the runs that finished.
   const std::string baseline = std::find(modes.begin(), modes.end(), "prenorm") != modes.end() &&
                                        combos.size() == 1
                                    ? "prenorm"
                                    : groups.front().name;
   json gj = json::array();
-  double base_mean = 0;
-  for (const Group& g : groups) {
-    std::vector<double> v, tps;
-    int64_t params = 0;
-    double fpt = 0;
-    bool has_w = false;
-    for (const auto& r : runs) {
-      if (r["group"] != g.name) continue;
-      v.push_back(r["final_val_loss"]);
-      tps.push_back(r["tokens_per_s"]);
-      params = r["params"];
-      fpt = r["flops_per_token"];
-      has_w |= r["diagnostics"].is_object() && r["diagnostics"].contains("depth_weights");
-    }
-    double mean = 0, var = 0, tp = 0;
-    for (double x : v) mean += x / static_cast<double>(v.size());
-    for (double x : v) var += (x - mean) * (x - mean);
-    const double sd = v.size() > 1 ? std::sqrt(var / static_cast<double>(v.size() - 1)) : 0.0;
-    for (double x : tps) tp += x / static_cast<double>(tps.size());
-    if (g.name == baseline) base_mean = mean;
-    gj.push_back({{"name", g.name},
-                  {"mode", g.args.cfg.model.residual.mode},
-                  {"residual", json::parse(g.args.cfg.model.to_json())},
-                  {"sweep", g.sweep},
-                  {"params", params},
-                  {"flops_per_token", fpt},
-                  {"val_loss_mean", mean},
-                  {"val_loss_std", sd},
-                  {"ppl_mean", std::exp(mean)},
-                  {"tokens_per_s_mean", tp},
-                  {"seeds", static_cast<int>(v.size())},
-                  {"has_depth_weights", has_w}});
+  for (const Group& g : groups) gj.push_back(aggregate_group(g, runs));
+  const json* base_group = nullptr;
+  for (const auto& g : gj) {
+    if (g["name"] == baseline) base_group = &g;
   }
-  for (auto& g : gj) g["delta_vs_baseline"] = g["val_loss_mean"].get<double>() - base_mean;
+  for (auto& g : gj) {
+    const bool both = g["val_loss_mean"].is_number() && base_group && (*base_group)["val_loss_mean"].is_number();
+    g["delta_vs_baseline"] = both ? json(g["val_loss_mean"].get<double>() -
+                                         (*base_group)["val_loss_mean"].get<double>())
+                                  : json(nullptr);
+  }
   // The runs of one seed must share initial weights and batch order across configurations.
   bool same_init = true, same_batch = true;
   for (const auto& r1 : runs) {
     for (const auto& r2 : runs) {
       if (r1["seed"] != r2["seed"]) continue;
       same_init &= r1["init_hash"] == r2["init_hash"];
-      same_batch &= r1["batch_hash"] == r2["batch_hash"];
+      if (!r1["batch_hash"].is_null() && !r2["batch_hash"].is_null()) {
+        same_batch &= r1["batch_hash"] == r2["batch_hash"];
+      }
     }
   }
   TrainConfig mc = groups.front().args.cfg;
@@ -400,7 +535,7 @@ void run_compare(CompareArgs& a) {
   json seeds = json::array();
   for (int64_t s = 0; s < a.seeds; s++) seeds.push_back(b.seed + static_cast<uint64_t>(s));
   json results = {
-      {"format", "attnres-compare/1"},
+      {"format", "attnres-compare/2"},
       {"command", a.command_line},
       {"created", now_iso()},
       {"hardware",
@@ -435,6 +570,7 @@ void run_compare(CompareArgs& a) {
       {"groups", gj},
       {"runs", runs},
       {"checks", {{"shared_init", same_init}, {"shared_batches", same_batch}}}};
+  results["analysis"] = report::analyze(results);
   const std::string results_path = (fs::path(a.out) / "results.json").string();
   std::string why;
   bool plotted = false;
@@ -450,13 +586,7 @@ void run_compare(CompareArgs& a) {
   }
   write_report(a.out);
 
-  std::printf("\n%-28s %22s %10s %12s\n", "configuration", "val loss (mean +- std)", "ppl",
-              "vs baseline");
-  for (const auto& g : gj) {
-    std::printf("%-28s %13.4f +- %.4f %10.2f %+12.4f\n", g["name"].get<std::string>().c_str(),
-                g["val_loss_mean"].get<double>(), g["val_loss_std"].get<double>(),
-                g["ppl_mean"].get<double>(), g["delta_vs_baseline"].get<double>());
-  }
+  print_summary(results);
   std::printf("\nshared initial weights: %s, shared batch order: %s\n", same_init ? "yes" : "NO",
               same_batch ? "yes" : "NO");
   if (!plotted) std::printf("plots not drawn: %s\n", why.c_str());
@@ -476,7 +606,8 @@ void add_compare(CLI::App& app) {
   s->add_option("--out", a->out, "Run directory of the comparison")->capture_default_str();
   s->add_option("--modes", a->modes, "Residual modes to compare, comma-separated")
       ->capture_default_str();
-  s->add_option("--seeds", a->seeds, "Repeats with seeds seed, seed+1, ...")->capture_default_str();
+  s->add_option("--seeds", a->seeds,
+                "Repeats with seeds seed, seed+1, ... (at least 3 for a verdict on a difference)")->capture_default_str();
   s->add_option("--sweep", a->sweeps,
                 "Also vary a training option: OPTION=V1,V2,... (e.g. block-size=2,4,8; "
                 "repeatable: the product is run)");
@@ -508,6 +639,12 @@ void add_report(CLI::App& app) {
       r.erase("plots_note");
     } else {
       r["plots_note"] = why;
+    }
+    try {
+      r["analysis"] = report::analyze(r);  // the reading of the current version
+    } catch (const json::exception& e) {
+      throw Error("'" + rp + "' lacks a field the analysis needs (" + e.what() +
+                  "); it may come from another attnres version: rerun `attnres compare`");
     }
     write_file_atomic(rp, r.dump(1) + "\n");
     write_report(*dir);

@@ -99,6 +99,28 @@ int main(int argc, char** argv) {
   attnres::cli::add_compare(app);
   attnres::cli::add_report(app);
   attnres::cli::add_bench(app);
+  // An unknown command word is an error even with --help (CLI11 would print the main help and
+  // exit 0, or say only "A subcommand is required").
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    if (a == "--threads" || a == "--config") {
+      i++;
+      continue;
+    }
+    if (a.empty() || a[0] == '-') continue;
+    const CLI::App& top = app;
+    const auto subs = top.get_subcommands(std::function<bool(const CLI::App*)>());
+    std::string names;
+    bool known = false;
+    for (const CLI::App* s : subs) {
+      names += " " + s->get_name();
+      known |= s->get_name() == a;
+    }
+    if (known) break;
+    std::fprintf(stderr, "error: unknown command '%s'; the commands are:%s (attnres --help)\n",
+                 a.c_str(), names.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

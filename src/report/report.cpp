@@ -8,6 +8,7 @@
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/report.hpp"
+#include "report/analysis.hpp"
 
 namespace attnres {
 
@@ -26,6 +27,71 @@ std::string with_commas(int64_t n) {
     out += s[i];
   }
   return out;
+}
+
+// A number, or "n/a" for null (a figure that was not measured).
+std::string num(const nlohmann::json& x, const char* f) {
+  return x.is_number() ? fmt(f, x.get<double>()) : std::string("n/a");
+}
+
+void write_best_per_mode(std::ostringstream& md, const nlohmann::json& an) {
+  if (!an.contains("best_per_mode")) return;
+  md << "\n### Each mode at its best setting of the sweep\n\n"
+        "The setting with the lowest mean validation loss among those whose every seed finished "
+        "(chosen on the validation split itself, so slightly optimistic for every mode alike).\n\n"
+        "| mode | best setting | val loss | seeds |\n|---|---|---|---|\n";
+  for (const auto& b : an.at("best_per_mode")) {
+    md << "| " << b.at("mode").get<std::string>() << " | `" << b.at("group").get<std::string>()
+       << "` | " << num(b.at("val_loss_mean"), "%.4f") << " | " << b.at("seeds_ok").get<int64_t>()
+       << " |\n";
+  }
+}
+
+void write_comparisons(std::ostringstream& md, const nlohmann::json& an) {
+  if (an.at("comparisons").empty()) return;
+  md << "\n### Paired differences\n\n"
+        "Runs of one seed share initial weights and batch order, so differences are taken seed "
+        "by seed: mean, 95 % interval (Student t over seeds) and the verdict (`lower` or `higher` "
+        "when the interval excludes 0; at least 3 seeds for a verdict).\n\n"
+        "| configuration | vs | kind | mean diff | 95 % interval | seeds | verdict |\n"
+        "|---|---|---|---|---|---|---|\n";
+  for (const auto& c : an.at("comparisons")) {
+    md << "| " << c.at("group").get<std::string>() << " | " << c.at("vs").get<std::string>() << " | "
+       << c.at("kind").get<std::string>() << " | " << num(c.at("mean"), "%+.4f") << " | "
+       << (c.at("n").get<int>() >= 2
+               ? "[" + num(c.at("lo"), "%+.4f") + ", " + num(c.at("hi"), "%+.4f") + "]"
+               : std::string("-"))
+       << " | " << c.at("n").get<int>() << " | **" << c.at("verdict").get<std::string>()
+       << "** |\n";
+  }
+}
+
+void write_claims(std::ostringstream& md, const nlohmann::json& an) {
+  if (an.at("claims").empty()) return;
+  md << "\n### The paper's claims, measured here\n\n"
+        "Each claim of the paper (SPEC 6) on this run's numbers: the measured value, its 95 % "
+        "interval over seeds (paired with PreNorm where a comparison), and the verdict (`holds` "
+        "only when the interval excludes the no-effect value).\n\n"
+        "| claim | paper | configuration | measured | 95 % interval | verdict |\n"
+        "|---|---|---|---|---|---|\n";
+  for (const auto& c : an.at("claims")) {
+    md << "| " << c.at("claim").get<std::string>() << " | " << c.at("paper").get<std::string>()
+       << " | " << c.at("subject").get<std::string>() << " | "
+       << c.at("measured").get<std::string>() << " | " << c.at("interval").get<std::string>()
+       << " | **" << c.at("verdict").get<std::string>() << "** |\n";
+  }
+}
+
+void write_failed(std::ostringstream& md, const nlohmann::json& an) {
+  if (an.at("failed_runs").empty()) return;
+  md << "\n### Runs that did not finish\n\nReported as such: they count in no mean above.\n\n";
+  for (const auto& f : an.at("failed_runs")) {
+    md << "* `" << f.at("group").get<std::string>() << "` seed " << f.at("seed").dump() << ": "
+       << f.at("status").get<std::string>();
+    const std::string why = f.value("reason", std::string());
+    if (!why.empty()) md << " (" << why << ")";
+    md << "\n";
+  }
 }
 
 }  // namespace
@@ -87,50 +153,36 @@ void write_report(const std::string& run_dir) {
     md << "| evaluation | " << tr.at("eval_batches").get<int64_t>()
        << " validation batches every " << tr.at("eval_every").get<int64_t>() << " steps |\n\n";
 
+    const nlohmann::json an = report::analyze(r);
     md << "## Results\n\n";
-    md << "Final validation loss (nats/token) as mean +- sample std over seeds; the difference is "
-          "to `" << baseline << "`.\n\n";
-    md << "| configuration | val loss | perplexity | diff vs " << baseline
-       << " | parameters | tokens/s |\n|---|---|---|---|---|---|\n";
+    md << "Final validation loss (nats/token) as mean +- sample std over the seeds that finished; "
+          "the difference is of the means, to `" << baseline << "`.\n\n";
+    md << "| configuration | val loss | seeds | perplexity | diff vs " << baseline
+       << " | parameters | tokens/s |\n|---|---|---|---|---|---|---|\n";
     for (const auto& g : groups) {
       const int n = g.at("seeds").get<int>();
+      const int64_t failed = g.value("seeds_failed", int64_t{0});
+      const bool has = g.at("val_loss_mean").is_number();
       md << "| " << g.at("name").get<std::string>() << " | "
-         << fmt("%.4f", g.at("val_loss_mean").get<double>()) << " +- "
-         << fmt("%.4f", g.at("val_loss_std").get<double>()) << (n < 2 ? " (1 seed)" : "") << " | "
-         << fmt("%.2f", g.at("ppl_mean").get<double>()) << " | "
+         << (has ? num(g.at("val_loss_mean"), "%.4f") + " +- " + num(g.at("val_loss_std"), "%.4f")
+                 : std::string("no finished run"))
+         << " | " << n << (failed ? " (" + std::to_string(failed) + " failed)" : std::string())
+         << " | " << num(g.value("ppl_mean", nlohmann::json()), "%.2f") << " | "
          << (g.at("name") == baseline ? std::string("-")
-                                      : fmt("%+.4f", g.at("delta_vs_baseline").get<double>()))
+                                      : num(g.value("delta_vs_baseline", nlohmann::json()), "%+.4f"))
          << " | " << with_commas(g.at("params").get<int64_t>()) << " | "
-         << fmt("%.0f", g.at("tokens_per_s_mean").get<double>()) << " |\n";
+         << num(g.value("tokens_per_s_mean", nlohmann::json()), "%.0f") << " |\n";
     }
-    // A plain reading: which differences exceed the seed-to-seed spread.
-    md << "\n";
-    const auto* base = &groups[0];
-    for (const auto& g : groups) {
-      if (g.at("name") == baseline) base = &g;
-    }
-    for (const auto& g : groups) {
-      if (&g == base) continue;
-      const double d = g.at("delta_vs_baseline").get<double>();
-      const double spread = 2.0 * std::max(g.at("val_loss_std").get<double>(),
-                                           base->at("val_loss_std").get<double>());
-      md << "* `" << g.at("name").get<std::string>() << "`: " << fmt("%+.4f", d) << " vs `"
-         << baseline << "`, "
-         << (g.at("seeds").get<int>() < 2 ? std::string("one seed, so no spread to judge against")
-             : std::abs(d) > spread
-                 ? "larger than twice the seed std (" + fmt("%.4f", spread) + "): a clear " +
-                       (d < 0 ? std::string("improvement") : std::string("regression"))
-                 : "within twice the seed std (" + fmt("%.4f", spread) + "): not distinguishable "
-                   "at this budget")
-         << ".\n";
-    }
+    write_best_per_mode(md, an);
+    write_comparisons(md, an);
+    write_claims(md, an);
+    write_failed(md, an);
     if (r.contains("checks")) {
       md << "\nChecks: shared initial weights across configurations of a seed: "
          << (r["checks"].value("shared_init", false) ? "yes" : "NO")
          << "; identical batch order: " << (r["checks"].value("shared_batches", false) ? "yes" : "NO")
          << ".\n";
     }
-
     md << "\n## Plots\n\n";
     const std::string plots_note = r.value("plots_note", std::string());
     if (!plots_note.empty()) md << "Plots were not drawn: " << plots_note << ".\n\n";

@@ -82,6 +82,30 @@ double evaluate(Model& model, const TokenSpan& val, int64_t B, int64_t T, int64_
   return total / static_cast<double>(batches);
 }
 
+// The training wall time the run had logged by `step` (metrics.jsonl's elapsed_s on the last
+// line of the latest step <= step; 0 if none): where a resumed run's clock continues, so its
+// loss-vs-time curve carries on. (Checkpoints do not hold it: their bytes do not depend on
+// timing or on the rank count.) Unreadable lines are skipped.
+double logged_seconds_at(const fs::path& metrics, int64_t step) {
+  std::ifstream f(metrics);
+  std::string line;
+  int64_t best_step = -1;
+  double secs = 0.0;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("elapsed_s") || !j["elapsed_s"].is_number() ||
+        !j.contains("step") || !j["step"].is_number_integer()) {
+      continue;
+    }
+    const int64_t s = j["step"].get<int64_t>();
+    if (s <= step && s >= best_step) {
+      best_step = s;
+      secs = j["elapsed_s"].get<double>();
+    }
+  }
+  return std::max(0.0, secs);
+}
+
 // Fingerprint of everything that must be identical on every rank: weights, the AdamW step count
 // and (unless sharded, ZeRO-1) the AdamW moments.
 uint64_t replica_hash(const Model& model, AdamW& opt) {
@@ -367,6 +391,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   }
 
   int64_t start = 0;
+  double prior_seconds = 0.0;  // training wall time of the invocations before this one
   if (cfg.resume) {
     const std::string dir = run.latest();
     auto r = SafetensorsReader::open(dir + "/model.safetensors");
@@ -381,6 +406,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       opt.set_steps_taken(full.steps_taken());
     }
     start = std::stoll(r.metadata().at("step"));
+    prior_seconds = logged_seconds_at(fs::path(cfg.out_dir) / "metrics.jsonl", start);
     msg("resumed from " + dir + " at step " + std::to_string(start));
   } else if (root) {
     write_file_atomic(cfg_path.string(), cfg.to_json() + "\n");
@@ -439,6 +465,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   data.train.sample_batch(cfg.seed, 0, 0, cfg.batch_size, cfg.seq_len, batch);
   res.batch_hash = fnv1a64(std::string_view(reinterpret_cast<const char*>(batch.inputs.data()),
                                             batch.inputs.size() * sizeof(int32_t)));
+  const auto t0 = Clock::now();
   // Replicas must not drift: check before each checkpoint (which only rank 0 writes).
   auto save_checkpoint = [&](int64_t at_step) {
     comm.require_same(replica_hash(model, opt), "weights or optimizer state at step " +
@@ -466,7 +493,6 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     full.set_steps_taken(opt.steps_taken());
     run.save(model, full, at_step);
   };
-  const auto t0 = Clock::now();
   double timed_s = 0.0;  // excludes the first step (allocation, warm-up)
   int64_t timed_steps = 0;
   double recent_loss = 0.0;
@@ -578,8 +604,8 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       msg("step " + std::to_string(step + 1) + ": non-finite loss or gradient, update skipped (" +
           std::to_string(res.skipped_steps) + "/" + std::to_string(cfg.max_bad_steps) + ")");
       log_json({{"step", step + 1}, {"skipped", true}, {"loss", std::isfinite(loss) ? loss : -1}});
-      check(res.skipped_steps <= cfg.max_bad_steps,
-            "training diverged: " + std::to_string(res.skipped_steps) +
+      if (res.skipped_steps > cfg.max_bad_steps)
+        throw DivergedError("training diverged: " + std::to_string(res.skipped_steps) +
                 " steps had a non-finite loss or gradient; lower --lr or raise --warmup. The "
                 "last good checkpoint is in '" + cfg.out_dir + "'");
       continue;
@@ -603,7 +629,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     si.grad_norm = gnorm;
     const double per_step = timed_steps > 0 ? timed_s / static_cast<double>(timed_steps) : dt;
     si.tokens_per_s = static_cast<double>(tokens_per_step) / per_step;
-    si.elapsed_s = seconds_since(t0);
+    si.elapsed_s = prior_seconds + seconds_since(t0);
     si.eta_s = per_step * static_cast<double>(cfg.steps - step - 1);
     if (root && ev.on_step) ev.on_step(si);
     if ((step + 1) % cfg.log_every == 0 || last) {
@@ -620,9 +646,16 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       ei.train_loss = recent_loss / static_cast<double>(std::max<int64_t>(1, recent_n));
       recent_loss = 0.0;
       recent_n = 0;
+      if (!std::isfinite(ei.val_loss)) {
+        throw DivergedError("training diverged: the validation loss at step " +
+                            std::to_string(step + 1) + " is not finite (training loss " +
+                            std::to_string(loss) + "); lower --lr or raise --warmup. The last "
+                            "good checkpoint is in '" + cfg.out_dir + "'");
+      }
       res.final_val_loss = ei.val_loss;
       log_json({{"step", step + 1}, {"val_loss", ei.val_loss}, {"train_loss", ei.train_loss},
-                {"tokens", (step + 1) * tokens_per_step}});
+                {"tokens", (step + 1) * tokens_per_step},
+                {"elapsed_s", prior_seconds + seconds_since(t0)}});
       if (root) {
         // Magnitudes and depth weights on the first validation batch (SPEC 6 analyses).
         data.val.window_batch(0, cfg.batch_size, cfg.seq_len, batch);
@@ -656,9 +689,18 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   // the very checkpoint `latest` names, opening a window in which a kill leaves none. (The
   // condition is the same on every rank.)
   if (!(cfg.resume && step == start)) save_checkpoint(step);
+  // A run resumed after its last step ran no evaluation here: measure its final weights once
+  // (not logged: metrics.jsonl already has that step's evaluation).
+  if (!res.interrupted && step == start && step == cfg.steps) {
+    if (pipeline) pipeline->release_memory();
+    res.final_val_loss =
+        evaluate(model, data.val, cfg.batch_size, cfg.seq_len, cfg.eval_batches, comm, piped);
+  }
   res.seconds = seconds_since(t0);
-  res.tokens_per_s = timed_steps > 0 ? tokens_per_step * timed_steps / timed_s : 0.0;
-  res.model_gflops = res.tokens_per_s * flops_tok / 1e9;
+  if (timed_steps > 0) {
+    res.tokens_per_s = static_cast<double>(tokens_per_step * timed_steps) / timed_s;
+    res.model_gflops = *res.tokens_per_s * flops_tok / 1e9;
+  }
   if (pipeline) {
     const pipe::Traffic& t = pipeline->traffic();
     double sent = static_cast<double>(t.forward_bytes + t.backward_bytes);
