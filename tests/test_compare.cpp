@@ -235,7 +235,8 @@ TEST(Compare, ARunResumedAfterItsEndReportsItsMeasuredLoss) {
   // The CLI's train says the same: a number that was measured, or that none was.
   const fs::path tr = fs::path(td.path) / "tr";
   ASSERT_EQ(run("train --n-layer 1 --d-model 32 --n-head 2 --seq-len 16 --batch-size 4 --steps 6 "
-                "--eval-every 3 --data " + data + " --out " + tr.string(), &log), 0) << log;
+                "--eval-every 3 --save-every 3 --keep-checkpoints 3 --log-every 1 --data " + data +
+                    " --out " + tr.string(), &log), 0) << log;
   const auto at = log.find("final val loss ");
   ASSERT_NE(at, std::string::npos) << log;
   const std::string loss = log.substr(at + 15, 6);
@@ -243,6 +244,21 @@ TEST(Compare, ARunResumedAfterItsEndReportsItsMeasuredLoss) {
   EXPECT_NE(log.find("final val loss " + loss), std::string::npos) << log;
   EXPECT_NE(log.find("no steps timed in this call"), std::string::npos) << log;
   EXPECT_EQ(log.find("0.0000 (ppl 1.00)"), std::string::npos) << log;
+  // Resumed from step 3 (as if it had died there), the run's clock goes on from the time it had
+  // logged at step 3, so loss-vs-time curves continue.
+  std::ofstream(tr / "latest") << "step_00000003\n";
+  ASSERT_EQ(run("train --resume --out " + tr.string(), &log), 0) << log;
+  std::vector<double> at3, at4;  // elapsed_s of every step-3 / step-4 line, in file order
+  std::ifstream metrics(tr / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const json j = json::parse(line);
+    if (!j.contains("elapsed_s") || j.contains("val_loss")) continue;
+    if (j["step"] == 3) at3.push_back(j["elapsed_s"]);
+    if (j["step"] == 4) at4.push_back(j["elapsed_s"]);
+  }
+  ASSERT_EQ(at3.size(), 1u);
+  ASSERT_EQ(at4.size(), 2u);
+  EXPECT_GT(at4[1], at3[0]);
 }
 
 TEST(Compare, KeptRunsMustHaveTheCommandsSettings) {
