@@ -134,6 +134,54 @@ TEST(Model, SaveLoadGivesIdenticalLogits) {
   EXPECT_EQ(0, std::memcmp(m.logits(), m2->logits(), sizeof(float) * 8 * 13));
 }
 
+TEST(Model, InitialWeightsFromAPreNormCheckpointStartAnAttnResRun) {
+  // SPEC 2: with zero queries and unit key gains an AttnRes model computes its PreNorm model's
+  // function, so a PreNorm checkpoint starts a Full AttnRes run with the same logits.
+  ModelConfig pc = tiny(true, 2);
+  pc.norm_eps = 1e-12;  // (the identity is exact but for RMSNorm's epsilon)
+  Model pre(pc);
+  randomize(pre, 21);
+  const std::string path = temp_path("pre.safetensors");
+  save_model(path, pre, {});
+  ModelConfig fc = pc;
+  fc.residual.mode = "full";
+  Model full(fc);
+  full.init_weights(5);
+  const int64_t kept = load_initial_weights(full, path);
+  EXPECT_EQ(kept, static_cast<int64_t>(full.layout().entries().size() - full.core_entries()));
+  EXPECT_EQ(kept, 2 * (2 * pc.n_layer + 1));  // a query and a key gain per mixer
+  auto tok = ids(8, 13, 7);
+  pre.forward(tok.data(), nullptr, 1, 8);
+  full.forward(tok.data(), nullptr, 1, 8);
+  EXPECT_LT(rel_diff(pre.logits(), full.logits(), 8 * 13), 1e-5);
+  // The other way round (a Full checkpoint into a PreNorm model) has tensors it cannot place.
+  const std::string fpath = temp_path("full.safetensors");
+  save_model(fpath, full, {});
+  Model pre2(pc);
+  try {
+    load_initial_weights(pre2, fpath);
+    ADD_FAILURE() << "a full checkpoint loaded into a prenorm model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not"), std::string::npos) << e.what();
+  }
+  // Another size: a core tensor is missing or has another shape.
+  ModelConfig wide = pc;
+  wide.d_model = 32;
+  wide.ffn_hidden = 48;
+  Model w(wide);
+  EXPECT_THROW(load_initial_weights(w, path), Error);
+  // A non-finite weight is refused, naming the tensor.
+  pre.param("norm.weight")[3] = std::nanf("");
+  save_model(path, pre, {});
+  try {
+    load_initial_weights(full, path);
+    ADD_FAILURE() << "a NaN weight was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'norm.weight' holds a non-finite"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Model, BadCheckpointsGiveClearErrors) {
   Model m(tiny(true, 4));
   m.init_weights(1);

@@ -33,6 +33,13 @@ std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta = null
 // the file is from a different configuration).
 void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra = false);
 
+// The weights a new training run starts from (`train --init-from`): every tensor the model's
+// core needs must be in `path` with its shape; the residual mode's own tensors are taken from the
+// file when present and otherwise keep the model's initialisation (so a PreNorm checkpoint starts
+// an AttnRes run, computing the same function: SPEC 2). A tensor the model does not have, or a
+// non-finite value, is an Error naming the file. Returns the number of the mode's tensors kept.
+int64_t load_initial_weights(Model& model, const std::string& path);
+
 void save_optimizer(const std::string& path, const Model& model, AdamW& opt, const Metadata& meta);
 // Loads moments and the step count into opt; returns the file's metadata.
 Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt);

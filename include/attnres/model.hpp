@@ -46,6 +46,9 @@ class Model {
   float* grads() { return grads_.data(); }
   const float* grads() const { return grads_.data(); }
   int64_t num_params() const { return layout_.count(); }
+  // The layout entries every residual mode has (embedding, blocks, final norm, head) come first;
+  // entries from this index on are the residual mode's own (e.g. AttnRes queries and key gains).
+  size_t core_entries() const { return n_core_entries_; }
   // Start of the named tensor in params(); throws std::out_of_range for an unknown name.
   float* param(const std::string& name);
   const float* param(const std::string& name) const;

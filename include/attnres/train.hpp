@@ -48,6 +48,9 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t max_bad_steps = 10;  // non-finite loss/gradient steps skipped before giving up
   uint64_t seed = 1337;
+  // A checkpoint whose weights a new run starts from instead of the seed's (checkpoint.hpp
+  // load_initial_weights); "" = initialise from the seed. Ignored on resume.
+  std::string init_from;
   std::string out_dir = "runs/default";
   std::string data_dir;  // where the tokenizer and token cache live; "" = out_dir (compare shares one)
   bool resume = false;

@@ -167,6 +167,10 @@ void add_train(CLI::App& app) {
   s->add_option("--out", a->cfg.out_dir, "Run directory (checkpoints, metrics, final model)")
       ->capture_default_str();
   s->add_flag("--resume", a->cfg.resume, "Continue the run in --out from its latest checkpoint");
+  s->add_option("--init-from", a->cfg.init_from,
+                "Start from this checkpoint's weights instead of the seed's (same model size; "
+                "AttnRes tensors missing from it start as in a new run)")
+      ->check(CLI::ExistingFile);
   s->add_option("--sample-tokens", a->sample_tokens, "Tokens sampled after training (0 = none)")
       ->capture_default_str();
   s->add_option("--prompt", a->prompt, "Prompt of the final sample")->capture_default_str();

@@ -1,6 +1,7 @@
 // Model and optimizer checkpoints on top of the safetensors reader/writer.
 #include "attnres/checkpoint.hpp"
 
+#include <cmath>
 #include <set>
 
 #include "attnres/error.hpp"
@@ -48,6 +49,43 @@ void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra) {
     }
   }
   if (!model.on_cpu()) model.params_from_host(host.data());
+}
+
+int64_t load_initial_weights(Model& model, const std::string& path) {
+  const SafetensorsReader r = SafetensorsReader::open(path);
+  std::vector<float> p = model.params_to_host();
+  std::set<std::string> expected;
+  int64_t kept = 0;
+  const auto& entries = model.layout().entries();
+  for (size_t k = 0; k < entries.size(); k++) {
+    const ParamEntry& e = entries[k];
+    expected.insert(e.name);
+    if (!r.has(e.name)) {
+      if (k >= model.core_entries()) {
+        kept++;
+        continue;
+      }
+      throw Error("--init-from '" + path + "' has no tensor '" + e.name + "' that this model "
+                  "needs; give a checkpoint of the same size (layers, width, heads, vocabulary, "
+                  "tied or untied head)");
+    }
+    r.read_f32(e.name, e.shape, p.data() + e.offset);
+    for (int64_t i = 0; i < e.numel; i++) {
+      if (!std::isfinite(p[static_cast<size_t>(e.offset + i)])) {
+        throw Error("--init-from '" + path + "': tensor '" + e.name + "' holds a non-finite "
+                    "value (element " + std::to_string(i) + "); the checkpoint is unusable");
+      }
+    }
+  }
+  for (const std::string& n : r.names()) {
+    if (!expected.count(n)) {
+      throw Error("--init-from '" + path + "' has tensor '" + n + "' that this model does not "
+                  "(another residual mode, or another size); train with the checkpoint's own "
+                  "--residual and model options");
+    }
+  }
+  model.params_from_host(p.data());
+  return kept;
 }
 
 std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta, int64_t max_seq_len,

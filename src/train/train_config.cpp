@@ -76,6 +76,7 @@ std::string TrainConfig::to_json() const {
       {"log_every", log_every},
       {"max_bad_steps", max_bad_steps},
       {"seed", seed},
+      {"init_from", init_from},
       {"out_dir", out_dir},
       {"data_dir", data_dir},
   };
@@ -114,6 +115,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     get("log_every", c.log_every);
     get("max_bad_steps", c.max_bad_steps);
     get("seed", c.seed);
+    get("init_from", c.init_from);
     get("out_dir", c.out_dir);
     get("data_dir", c.data_dir);
   } catch (const nlohmann::json::exception& e) {

@@ -368,6 +368,13 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   Model model(cfg.model, make_backend(device));
   model.backend().set_matmul_precision(parse_precision(cfg.precision));
   model.init_weights(cfg.seed);
+  if (!cfg.resume && !cfg.init_from.empty()) {
+    const int64_t kept = load_initial_weights(model, cfg.init_from);
+    msg("initial weights from " + cfg.init_from +
+        (kept > 0 ? " (" + std::to_string(kept) + " tensors of the residual mode not in it: "
+                    "initialised as for a new run)"
+                  : std::string()));
+  }
   const std::string gemms = cfg.precision == "bf16" ? "; bf16 GEMMs, fp32 master weights" : "";
   if (cfg.device == "cuda") msg("device: " + device + ", " + cuda::describe_device(gpu) + gemms);
   if (cfg.device == "cuda-host") {
