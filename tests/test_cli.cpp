@@ -195,6 +195,16 @@ TEST(Cli, ErrorsAreClearAndNonZero) {
   r = run("train --data " + corpus(dir) + " --out " + (dir / "t").string() + " --schedule nope");
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "nope")) << r.out;
+  r = run("train --data " + corpus(dir) + " --out " + (dir / "u").string() + " --router-lr-mult 0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "--router-lr-mult must be in (0, 1000]")) << r.out;
+  r = run("train --data " + corpus(dir) + " --out " + (dir / "v").string() +
+          " --device cuda-host --router-warmup 5");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "--device cpu only for now")) << r.out;
+  r = run("nosuch --help");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.out, "unknown command 'nosuch'")) << r.out;
 }
 
 }  // namespace

@@ -202,6 +202,42 @@ TEST(Train, BadInputsGiveClearErrors) {
   expect_error(bad, "without --resume");
 }
 
+TEST(Train, RouterTensorsTakeTheirOwnLearningRate) {
+  // The residual mode's tensors (from Model::core_entries() on) step with router_lr, exactly as
+  // an optimizer with that rate would; the core tensors with lr; router_lr = lr changes nothing.
+  ModelConfig mc;
+  mc.n_layer = 2;
+  mc.d_model = 32;
+  mc.n_head = 4;
+  mc.vocab_size = 64;
+  mc.max_seq_len = 16;
+  mc.residual.mode = "full";
+  mc.resolve();
+  Model a(mc), b(mc), c(mc), same(mc);
+  for (Model* m : {&a, &b, &c, &same}) m->init_weights(3);
+  const int64_t n = a.layout().total();
+  AdamW split(a.layout(), AdamWConfig{}), all_lr(b.layout(), AdamWConfig{}),
+      all_router(c.layout(), AdamWConfig{}), plain(same.layout(), AdamWConfig{});
+  split.set_first_router_entry(a.core_entries());
+  for (int step = 0; step < 3; step++) {
+    const auto g = attnres::testing::randn(n, 200 + step);
+    split.step(a.params(), g.data(), 1e-2, 1.0f, 1e-4);
+    all_lr.step(b.params(), g.data(), 1e-2);
+    all_router.step(c.params(), g.data(), 1e-4);
+    plain.step(same.params(), g.data(), 1e-2, 1.0f, 1e-2);
+  }
+  const auto& entries = a.layout().entries();
+  ASSERT_LT(a.core_entries(), entries.size());
+  for (size_t k = 0; k < entries.size(); k++) {
+    const ParamEntry& e = entries[k];
+    const Model& want = k < a.core_entries() ? b : c;
+    EXPECT_EQ(0, std::memcmp(a.params() + e.offset, want.params() + e.offset,
+                             sizeof(float) * e.numel))
+        << e.name;
+  }
+  EXPECT_EQ(0, std::memcmp(same.params(), b.params(), sizeof(float) * n));
+}
+
 TEST(Train, ShardedAdamWMatchesTheFullOneBitForBit) {
   // ZeRO-1: shards that split tensors anywhere update exactly what the full optimizer updates.
   ModelConfig mc;

@@ -61,7 +61,14 @@ class AdamW {
   // One update with learning rate lr on the gradients grads * grad_scale (the scale is applied
   // as one float multiply per element, exactly like scaling the gradients first); increments
   // step().
-  void step(float* params, const float* grads, double lr, float grad_scale = 1.0f);
+  // Tensors from layout entry `first_router_entry()` on (the residual mode's own: AttnRes
+  // queries and key gains, ...) take learning rate router_lr instead when it is >= 0.
+  void step(float* params, const float* grads, double lr, float grad_scale = 1.0f,
+            double router_lr = -1.0);
+  // Where the residual mode's tensors begin in the layout (Model::core_entries()); the default
+  // (every entry a core one) gives all tensors the same learning rate.
+  void set_first_router_entry(size_t k) { first_router_ = k; }
+  size_t first_router_entry() const { return first_router_; }
   // The same update in two halves for a step that never waits for the host (on a device;
   // src/train/device_step.cpp): write_factors counts the step and writes its factors for
   // learning rate lr into the step scalars s (a host copy, core/step_scalars.hpp: kBeta1 ..
@@ -88,6 +95,7 @@ class AdamW {
   Backend* be_ = nullptr;
   DevBuf<float> m_, v_;
   int64_t t_ = 0;
+  size_t first_router_ = static_cast<size_t>(-1);
 };
 
 }  // namespace attnres

@@ -39,6 +39,11 @@ struct TrainConfig {
   int64_t steps = 1000;
   AdamWConfig adamw;
   ScheduleConfig schedule;  // total_steps is set to `steps`
+  // The residual mode's own tensors (AttnRes queries and key gains, the baselines' mixing
+  // weights) train with learning rate router_lr_mult x the schedule's, and a warm-up of their own
+  // (router_warmup steps; -1 = the schedule's warm-up). CPU only for now.
+  double router_lr_mult = 1.0;
+  int64_t router_warmup = -1;
   double grad_clip = 1.0;
   // evaluation, checkpoints, logging
   int64_t eval_every = 100;  // 0 = only at the end

@@ -161,6 +161,13 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
       ->capture_default_str();
   s->add_option("--beta1", c.adamw.beta1, "AdamW beta1")->capture_default_str();
   s->add_option("--beta2", c.adamw.beta2, "AdamW beta2")->capture_default_str();
+  s->add_option("--router-lr-mult", c.router_lr_mult,
+                "Learning-rate multiplier for the residual mode's own tensors (AttnRes queries "
+                "and key gains; the baselines' mixing weights)")
+      ->capture_default_str();
+  s->add_option("--router-warmup", c.router_warmup,
+                "Warm-up steps of those tensors (-1 = --warmup)")
+      ->capture_default_str();
   s->add_option("--grad-clip", c.grad_clip, "Global grad-norm clip (0 = off)")
       ->capture_default_str();
   s->add_option("--seed", c.seed, "Seed for initialisation and batch order")->capture_default_str();

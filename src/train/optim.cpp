@@ -74,33 +74,50 @@ AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg, int64_t begin, int64_t 
   v_.on(be).assign_zero(static_cast<size_t>(end - begin));
 }
 
-void AdamW::step(float* params, const float* grads, double lr, float grad_scale) {
+void AdamW::step(float* params, const float* grads, double lr, float grad_scale,
+                 double router_lr) {
   t_ += 1;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(t_)));
-  const ops::AdamStep k{static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-                   static_cast<float>(lr / bc1), static_cast<float>(1.0 / bc2_sqrt),
-                   static_cast<float>(cfg_.eps), grad_scale};
+  auto factors = [&](double rate) {
+    return ops::AdamStep{static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+                         static_cast<float>(rate / bc1), static_cast<float>(1.0 / bc2_sqrt),
+                         static_cast<float>(cfg_.eps), grad_scale};
+  };
+  const ops::AdamStep k = factors(lr), kr = factors(router_lr >= 0 ? router_lr : lr);
+  const double rlr = router_lr >= 0 ? router_lr : lr;
   const auto& entries = layout_.entries();
+  // The part of entry i inside the owned range (all of it unless sharded), its factors, decay.
+  auto part = [&](size_t i, int64_t& lo, int64_t& hi, const ops::AdamStep*& f, float& decay) {
+    const ParamEntry& e = entries[i];
+    lo = std::max(e.offset, begin_);
+    hi = std::min(e.offset + e.numel, end_);
+    const bool router = i >= first_router_;
+    f = router ? &kr : &k;
+    decay = e.decay ? static_cast<float>(1.0 - (router ? rlr : lr) * cfg_.weight_decay) : 1.0f;
+  };
   if (be_ && !be_->is_cpu()) {  // one update per tensor on the device
-    for (const ParamEntry& e : entries) {
-      const int64_t lo = std::max(e.offset, begin_), hi = std::min(e.offset + e.numel, end_);
+    for (size_t i = 0; i < entries.size(); i++) {
+      int64_t lo, hi;
+      const ops::AdamStep* f;
+      float decay;
+      part(i, lo, hi, f, decay);
       if (lo >= hi) continue;
-      const float decay = e.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
       be_->adamw_update(params + lo, grads + lo, m_.data() + (lo - begin_),
-                        v_.data() + (lo - begin_), hi - lo, decay, k);
+                        v_.data() + (lo - begin_), hi - lo, decay, *f);
     }
     return;
   }
   // One parallel region for all tensors, each split in static chunks with no barrier between.
 #pragma omp parallel
-  for (const ParamEntry& e : entries) {
-    // The part of this tensor inside the owned range (all of it unless sharded).
-    const int64_t lo = std::max(e.offset, begin_), hi = std::min(e.offset + e.numel, end_);
+  for (size_t i = 0; i < entries.size(); i++) {
+    int64_t lo, hi;
+    const ops::AdamStep* f;
+    float decay;
+    part(i, lo, hi, f, decay);
     if (lo >= hi) continue;
-    const float decay = e.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
-    ops::adamw_update_in_parallel(params + lo, grads + lo, m_.data() + (lo - begin_), v_.data() + (lo - begin_),
-                hi - lo, decay, k);
+    ops::adamw_update_in_parallel(params + lo, grads + lo, m_.data() + (lo - begin_),
+                                  v_.data() + (lo - begin_), hi - lo, decay, *f);
   }
 }
 

@@ -45,6 +45,10 @@ void TrainConfig::validate() const {
   need(device == "cpu" || (pipeline == 1 && !zero1),
        "--device " + device + " trains data-parallel only for now: drop --pipeline and --zero1 "
        "(or use --device cpu)");
+  need(router_lr_mult > 0 && router_lr_mult <= 1000, "--router-lr-mult must be in (0, 1000]");
+  need(router_warmup >= -1, "--router-warmup must be >= 0 (or -1: the schedule's warm-up)");
+  need(device == "cpu" || (router_lr_mult == 1.0 && router_warmup == -1),
+       "--router-lr-mult and --router-warmup train on --device cpu only for now");
   schedule.validate();
 }
 
@@ -68,6 +72,8 @@ std::string TrainConfig::to_json() const {
       {"warmup_steps", schedule.warmup_steps},
       {"min_lr_ratio", schedule.min_lr_ratio},
       {"decay_fraction", schedule.decay_fraction},
+      {"router_lr_mult", router_lr_mult},
+      {"router_warmup", router_warmup},
       {"grad_clip", grad_clip},
       {"eval_every", eval_every},
       {"eval_batches", eval_batches},
@@ -107,6 +113,8 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     get("warmup_steps", c.schedule.warmup_steps);
     get("min_lr_ratio", c.schedule.min_lr_ratio);
     get("decay_fraction", c.schedule.decay_fraction);
+    get("router_lr_mult", c.router_lr_mult);
+    get("router_warmup", c.router_warmup);
     get("grad_clip", c.grad_clip);
     get("eval_every", c.eval_every);
     get("eval_batches", c.eval_batches);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "attnres/checkpoint.hpp"
@@ -387,6 +388,13 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   const int64_t shard = zero1 ? comm.rank() : 0;
   AdamW opt(model.layout(), cfg.adamw, bounds[static_cast<size_t>(shard)],
             bounds[static_cast<size_t>(shard) + 1], &model.backend());
+  // The residual mode's tensors: their own learning-rate multiplier and warm-up, if set.
+  std::optional<ScheduleConfig> router_schedule;
+  if (cfg.router_lr_mult != 1.0 || cfg.router_warmup >= 0) {
+    opt.set_first_router_entry(model.core_entries());
+    router_schedule = cfg.schedule;
+    if (cfg.router_warmup >= 0) router_schedule->warmup_steps = cfg.router_warmup;
+  }
   RunDir run(cfg, data);
   // Gradients are summed where they live: MPI for host memory, NCCL (or host staging) for GPUs.
   std::unique_ptr<dist::DeviceReducer> reducer;
@@ -573,6 +581,9 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
     const bool eval_now = (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) || last;
     std::vector<double> grad_norms;
     const double lr = lr_at(cfg.schedule, cfg.adamw.lr, step);
+    const double router_lr = router_schedule
+                                 ? cfg.router_lr_mult * lr_at(*router_schedule, cfg.adamw.lr, step)
+                                 : -1.0;
     double gnorm = 0.0;
     bool finite = true;
     if (dstep) {
@@ -617,7 +628,9 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
                 "last good checkpoint is in '" + cfg.out_dir + "'");
       continue;
     }
-    if (!dstep) opt.step(model.params(), model.grads(), lr, clip_scale(gnorm, cfg.grad_clip));
+    if (!dstep) {
+      opt.step(model.params(), model.grads(), lr, clip_scale(gnorm, cfg.grad_clip), router_lr);
+    }
     if (zero1) comm.allgather(model.params(), shard_counts);  // every rank's updated shard
     const double dt = seconds_since(ts);
     if (step > start) {
