@@ -612,8 +612,8 @@ void add_compare(CLI::App& app) {
                 "Also vary a training option: OPTION=V1,V2,... (e.g. block-size=2,4,8; "
                 "repeatable: the product is run)");
   s->add_option("--preset", a->preset,
-                "Model size and budget for 2 CPU cores: tiny (~1 min), small (~15 min), base "
-                "(hours), none; explicit options win")
+                "Model size and budget for 2 CPU cores: tiny (~1 min), small (~25 min for 3 "
+                "modes x 3 seeds), base (hours), none; explicit options win")
       ->capture_default_str();
   s->add_flag("--no-plots", a->no_plots, "Skip the PNG plots (draw later with `attnres report`)");
   s->callback([a] {
