@@ -39,17 +39,31 @@ top=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel 2>/dev/null) ||
 
 # The archive first: a clear message in seconds, never a hang in apt. Over http, ask for the
 # suite's Release file (a proxy may accept any connection); over https, a TCP connection.
-host=$(sed -E 's#^[a-z]+://([^/:]+).*#\1#' <<<"$mirror")
-path=$(sed -E 's#^[a-z]+://[^/]+##' <<<"$mirror")
-if [[ "$mirror" == http://* ]]; then
-  status=$(timeout 20 bash -c "exec 3<>/dev/tcp/$host/80 &&
-    printf 'HEAD %s/dists/bookworm/Release HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' \
-      '$path' '$host' >&3 && head -1 <&3" 2>/dev/null || true)
+# The URL is checked and split here; its parts reach the probe as arguments, never as code.
+[[ "$mirror" =~ ^(https?)://([A-Za-z0-9.-]+)(:([0-9]{1,5}))?(/[A-Za-z0-9._~/%+-]*)?$ ]] ||
+  die "FRESH_MIRROR='$mirror' is not an http:// or https:// URL of a Debian archive (e.g.
+  http://deb.debian.org/debian)"
+scheme=${BASH_REMATCH[1]}
+host=${BASH_REMATCH[2]}
+port=${BASH_REMATCH[4]:-}
+path=${BASH_REMATCH[5]:-}
+[[ -n "$port" ]] || { [[ $scheme == https ]] && port=443 || port=80; }
+((port >= 1 && port <= 65535)) || die "FRESH_MIRROR='$mirror' has port $port, outside 1-65535"
+probe_http() {  # host port path -> the status line of HEAD path/dists/bookworm/Release
+  exec 3<>"/dev/tcp/$1/$2" || return 1
+  printf 'HEAD %s/dists/bookworm/Release HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' \
+    "$3" "$1" >&3
+  head -1 <&3
+}
+probe_tcp() { exec 3<>"/dev/tcp/$1/$2"; }
+export -f probe_http probe_tcp
+if [[ $scheme == http ]]; then
+  status=$(timeout 20 bash -c 'probe_http "$@"' _ "$host" "$port" "$path" 2>/dev/null || true)
   [[ "$status" == HTTP/*" 200"* ]] ||
     die "the Debian archive $mirror cannot be reached (asked for dists/bookworm/Release within 20 s,
   got: ${status:-no answer}); check the network, or set FRESH_MIRROR to a reachable mirror"
-elif ! timeout 20 bash -c "exec 3<>/dev/tcp/$host/443" 2>/dev/null; then
-  die "the Debian archive $mirror cannot be reached (no TCP connection to $host:443 within 20 s);
+elif ! timeout 20 bash -c 'probe_tcp "$@"' _ "$host" "$port" 2>/dev/null; then
+  die "the Debian archive $mirror cannot be reached (no TCP connection to $host:$port within 20 s);
   check the network, or set FRESH_MIRROR to a reachable mirror"
 fi
 APT_OPTS=('Acquire::http::Timeout "30";' 'Acquire::https::Timeout "30";' 'Acquire::Retries "2";')
@@ -62,6 +76,7 @@ if ! command -v mmdebstrap >/dev/null; then
 fi
 
 if [[ -n "${FRESH_ROOT:-}" ]]; then
+  [[ "$FRESH_ROOT" == /* ]] || die "FRESH_ROOT='$FRESH_ROOT' must be an absolute path"
   root=$(realpath -m "$FRESH_ROOT")
   [[ "$root" == /*/* ]] || die "FRESH_ROOT='$FRESH_ROOT' must be a folder at least two levels deep"
   [[ ! -e "$root" ]] || [[ -z $(ls -A "$root") ]] || [[ -e "$root/.attnres-fresh-root" ]] ||

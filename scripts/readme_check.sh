@@ -1,63 +1,92 @@
 #!/usr/bin/env bash
 # Checks that the README names only commands that exist: for every `attnres SUBCOMMAND` in its
-# code (indented blocks and `backtick` spans), `attnres SUBCOMMAND --help` exits 0; every
-# scripts/... or tools/... file it names exists, and is executable where it is a script.
-# Run by the test suite (CTest: ReadmeCheck.CommandsExist).
+# code (indented or fenced blocks, <pre> blocks and `backtick` spans; after a prompt, mpirun,
+# an environment assignment, `cd x &&` or a pipe; with global options such as --threads N before
+# the subcommand), `attnres SUBCOMMAND --help` must print that subcommand's own usage; every
+# scripts/... or tools/... path it names must exist, and a script (.sh, .py or no extension)
+# must be executable with a #! line. Run by the test suite (CTest: ReadmeCheck.*).
 #
 #   bash scripts/readme_check.sh [path/to/attnres] [path/to/README.md]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-cli=${1:-build/attnres}
-readme=${2:-README.md}
+here=$(pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+abs() { [[ "$1" == /* ]] && echo "$1" || echo "$here/$1"; }
+cli=$(abs "${1:-$root/build/attnres}")
+readme=$(abs "${2:-$root/README.md}")
 [[ -x "$cli" ]] || { echo "readme_check: no attnres binary at '$cli' (build first: bash scripts/build.sh)" >&2; exit 2; }
 [[ -f "$readme" ]] || { echo "readme_check: no README at '$readme'" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "readme_check: needs python3 (scripts/setup.sh installs it)" >&2; exit 2; }
+cd "$root"
 
-# The README's code: indented lines of code blocks (indentation removed), and the contents of
-# `...` spans.
-code=$( {
-  grep -E '^    ' "$readme" | sed 's/^    //' || true
-  grep -oE '`[^`]+`' "$readme" | tr -d '`' || true
-} )
+# The commands and paths the README's code names, one per line: "cmd WORD" or "path PATH".
+names=$(python3 - "$readme" <<'PY'
+import os, re, sys
+text = open(sys.argv[1], encoding="utf-8", errors="replace").read()
+code, fenced, pre = [], False, False
+for line in text.splitlines():
+    s = line.strip()
+    if s.startswith("```"):
+        fenced = not fenced
+        continue
+    if "<pre>" in s:
+        pre = True
+        s = s.split("<pre>", 1)[1]
+    if pre:
+        end = "</pre>" in s
+        code.append(s.split("</pre>", 1)[0])
+        pre = not end
+        continue
+    if fenced or line.startswith("    ") or line.startswith("\t"):
+        code.append(s)
+    else:
+        code += re.findall(r"`([^`]+)`", line)
+out = set()
+for c in code:
+    c = re.sub(r"^\$\s+", "", c.strip())
+    toks = [t for t in re.split(r"\s+|&&|\|\||[;|()]", c) if t]
+    for i, t in enumerate(toks):
+        if os.path.basename(t) == "attnres":
+            j = i + 1
+            while j < len(toks) and toks[j].startswith("-"):
+                j += 2 if toks[j] in ("--threads", "--config") else 1
+            if j < len(toks) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", toks[j]):
+                out.add("cmd " + toks[j])
+        p = t.lstrip("`'\"[").rstrip(",.;:`'\"[]")
+        if re.match(r"^(\./)?(scripts|tools)/", p):
+            out.add("path " + re.sub(r"^\./", "", p))
+print("\n".join(sorted(out)))
+PY
+)
 fail=0
-checked=0
-
-# A command: `attnres WORD` at the start of a code line or span, or `build/attnres WORD` anywhere
-# (global options such as --threads N may come between).
-subs=$(grep -oE '(^ *|build/)attnres( --[a-z-]+( [^ -][^ ]*)?)* [a-z][a-z-]+' <<<"$code" |
-  awk '{print $NF}' | sort -u)
-for s in $subs; do
-  # The command's own help, not the main help (its usage line names the command).
-  # (read whole first: grep -q would stop reading and make a long help die of SIGPIPE)
-  help=$("$cli" "$s" --help 2>/dev/null) || help=""
-  if grep -qE "^Usage: [^ ]*attnres $s( |\$)" <<<"$help"; then
-    checked=$((checked + 1))
-  else
-    echo "README names 'attnres $s', but '$cli $s --help' fails" >&2
-    fail=1
+n_subs=0
+n_files=0
+while read -r kind name; do
+  [[ -n "$kind" ]] || continue
+  if [[ $kind == cmd ]]; then
+    n_subs=$((n_subs + 1))
+    # The command's own help, not the main help (its usage line names the command). Read whole
+    # first: grep -q would stop reading and make a long help die of SIGPIPE.
+    help=$("$cli" "$name" --help 2>/dev/null) || help=""
+    if ! grep -qE "^Usage: [^ ]*attnres $name( |\$)" <<<"$help"; then
+      echo "README names 'attnres $name', but '$cli $name --help' is not that command's help" >&2
+      fail=1
+    fi
+    continue
   fi
-done
+  n_files=$((n_files + 1))
+  if [[ ! -e "$name" ]]; then
+    echo "README names '$name', which does not exist" >&2
+    fail=1
+  elif [[ -f "$name" && ( "$name" == *.sh || "$name" == *.py || "$(basename "$name")" != *.* ) ]]; then
+    if [[ ! -x "$name" ]] || ! head -1 "$name" | grep -q '^#!'; then
+      echo "README names '$name', which is not an executable script (chmod +x, and a #! line)" >&2
+      fail=1
+    fi
+  fi
+done <<<"$names"
 for flag in --help --version; do
   "$cli" "$flag" >/dev/null 2>&1 || { echo "'$cli $flag' fails" >&2; fail=1; }
 done
-
-files=$(grep -oE '(^|[^A-Za-z0-9_./-])(scripts|tools)/[A-Za-z0-9_.-]+\.(sh|py)' <<<"$code" |
-  sed -E 's#^[^st]*##' | sort -u)
-for f in $files; do
-  if [[ ! -f "$f" ]]; then
-    echo "README names '$f', which does not exist" >&2
-    fail=1
-  elif [[ ! -x "$f" ]]; then
-    echo "README names '$f', which is not executable (chmod +x, and a #! line)" >&2
-    fail=1
-  elif ! head -1 "$f" | grep -q '^#!'; then
-    echo "README names '$f', which has no #! line" >&2
-    fail=1
-  else
-    checked=$((checked + 1))
-  fi
-done
 ((fail == 0)) || exit 1
-n_subs=$(wc -w <<<"$subs")
-n_files=$(wc -w <<<"$files")
 ((n_subs > 0 && n_files > 0)) || { echo "readme_check: found no commands in $readme (parser broken?)" >&2; exit 1; }
-echo "readme_check: $n_subs subcommands and $n_files scripts named by $readme all exist"
+echo "readme_check: $n_subs subcommands and $n_files scripts/tools paths named by $readme all exist"

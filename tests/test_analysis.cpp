@@ -189,3 +189,35 @@ TEST(Analysis, EachModeAtItsBestSweepValue) {
 }
 
 }  // namespace
+
+#include "report/scaling.hpp"
+
+namespace {
+
+TEST(Scaling, PowerLawFitRecoversExactLawsAndTheComputeFactor) {
+  namespace sc = attnres::scaling;
+  // The paper's fits (SPEC 6): baseline 1.891 C^-0.057, Block 1.870 C^-0.058.
+  const std::vector<double> C = {1.0, 3.0, 10.0, 30.0, 100.0};
+  std::vector<double> lb, lk;
+  for (double c : C) {
+    lb.push_back(1.891 * std::pow(c, -0.057));
+    lk.push_back(1.870 * std::pow(c, -0.058));
+  }
+  const sc::PowerFit fb = sc::fit_power_law(C, lb), fk = sc::fit_power_law(C, lk);
+  EXPECT_NEAR(fb.A, 1.891, 1e-9);
+  EXPECT_NEAR(fb.alpha, 0.057, 1e-9);
+  EXPECT_NEAR(fb.r2, 1.0, 1e-12);
+  EXPECT_EQ(fb.n, 5);
+  EXPECT_NEAR(fk.alpha, 0.058, 1e-9);
+  // At C = 100 Block's loss needs (1.891 / L)^(1/0.057) of the baseline's compute.
+  const double L = fk.at(100.0);
+  const double want = std::pow(1.891 / L, 1.0 / 0.057) / 100.0;
+  EXPECT_NEAR(sc::compute_advantage(fb, L, 100.0), want, 1e-6 * want);
+  EXPECT_GT(want, 1.0);
+  // Degenerate inputs give NaN, not a made-up law.
+  EXPECT_TRUE(std::isnan(sc::fit_power_law({1.0}, {2.0}).alpha));
+  EXPECT_TRUE(std::isnan(sc::fit_power_law({2.0, 2.0}, {1.0, 1.1}).alpha));
+  EXPECT_EQ(sc::fit_power_law({1.0, -1.0, 2.0}, {2.0, 2.0, 0.0}).n, 1);
+}
+
+}  // namespace

@@ -1,6 +1,7 @@
 // The attnres executable end to end: help, a tiny train/eval/generate/info round, config files,
 // and clear errors with a non-zero exit code.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -202,6 +203,13 @@ TEST(Cli, ErrorsAreClearAndNonZero) {
           " --device cuda-host --router-warmup 5");
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "--device cpu only for now")) << r.out;
+  // A FIFO as a checkpoint is refused at once (opening it must not wait for a writer).
+  const fs::path fifo = dir / "fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  r = run("train --data " + corpus(dir) + " --out " + (dir / "w").string() + " --init-from " +
+          fifo.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "not a regular file")) << r.out;
   r = run("nosuch --help");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.out, "unknown command 'nosuch'")) << r.out;

@@ -275,4 +275,99 @@ TEST(Compare, KeptRunsMustHaveTheCommandsSettings) {
   EXPECT_NE(log.find("already done"), std::string::npos) << log;
 }
 
+TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
+  TempDir td;
+  const fs::path dir(td.path);
+  const std::string data = corpus(dir);
+  const fs::path out = dir / "cmp";
+  const std::string base = "compare --preset tiny --seeds 1 --steps 10 --no-plots --data " + data;
+  std::string log;
+  // A run that stopped before its run.json was written resumes only under the same settings.
+  ASSERT_EQ(run(base + " --modes prenorm --out " + out.string(), &log), 0) << log;
+  // --no-plots: no links to pictures that were never drawn.
+  EXPECT_EQ(slurp(out / "report.md").find(".png"), std::string::npos);
+  const fs::path run_dir = out / "runs" / "prenorm" / "seed1337";
+  ASSERT_TRUE(fs::remove(run_dir / "run.json"));
+  EXPECT_EQ(run(base + " --modes prenorm --lr 1e-3 --out " + out.string(), &log), 1) << log;
+  EXPECT_NE(log.find("train_config.json' was made with other settings"), std::string::npos) << log;
+  EXPECT_NE(log.find("(lr differ)"), std::string::npos) << log;
+  // Logging options do not decide a result: the same run is kept.
+  ASSERT_EQ(run(base + " --modes prenorm --log-every 5 --out " + out.string(), &log), 0) << log;
+  // The same configuration twice, or an option every configuration must share, is refused.
+  const std::string other = " --out " + (dir / "other").string();
+  EXPECT_EQ(run(base + " --modes full,full" + other, &log), 1);
+  EXPECT_NE(log.find("--modes lists 'full' twice"), std::string::npos) << log;
+  EXPECT_EQ(run(base + " --modes prenorm --sweep lr=1e-3,1e-3" + other, &log), 1);
+  EXPECT_NE(log.find("lists '1e-3' twice"), std::string::npos) << log;
+  for (const char* key : {"seed", "residual", "steps", "tokenizer", "data", "help"}) {
+    EXPECT_EQ(run(base + " --modes prenorm --sweep " + std::string(key) + "=1,2" + other, &log), 1)
+        << key;
+    EXPECT_NE(log.find("cannot vary inside one comparison"), std::string::npos) << key << log;
+  }
+  // A damaged results.json is an error naming the file, never an internal error.
+  const fs::path rj = out / "results.json";
+  const std::string good = slurp(rj);
+  for (const std::string& bad : {std::string(""), std::string("[]"), good.substr(0, good.size() / 2),
+                                 std::string("{\"groups\": NaN}")}) {
+    std::ofstream(rj, std::ios::trunc) << bad;
+    EXPECT_EQ(run("report " + out.string(), &log), 1) << bad.substr(0, 40) << "\n" << log;
+    EXPECT_NE(log.find("results.json"), std::string::npos) << log;
+    EXPECT_EQ(log.find("internal error"), std::string::npos) << log;
+  }
+  json r = json::parse(good);
+  r["runs"].push_back(r["runs"][0]);  // the same seed twice
+  std::ofstream(rj, std::ios::trunc) << r.dump();
+  EXPECT_EQ(run("report " + out.string(), &log), 1) << log;
+  EXPECT_NE(log.find("two runs with seed 1337"), std::string::npos) << log;
+  // The report's table comes from the runs, not from stored aggregates.
+  r = json::parse(good);
+  r["groups"][0]["val_loss_mean"] = 0.123456;
+  std::ofstream(rj, std::ios::trunc) << r.dump();
+  ASSERT_EQ(run("report " + out.string(), &log), 0) << log;
+  const std::string report = slurp(out / "report.md");
+  EXPECT_EQ(report.find("0.1235"), std::string::npos) << report;
+  EXPECT_NE(report.find(f4(r["runs"][0]["final_val_loss"].get<double>()) + " (1 seed: no spread)"),
+            std::string::npos) << report;
+  // `report` drew the plots it links to.
+  EXPECT_NE(report.find("(val_loss.png)"), std::string::npos) << report;
+  EXPECT_TRUE(fs::exists(out / "val_loss.png"));
+}
+
+TEST(Compare, ScaleFitsALawPerModeFromTheComparisonsAtEachSize) {
+  TempDir td;
+  const fs::path dir(td.path);
+  const std::string data = corpus(dir);
+  const fs::path out = dir / "sc";
+  std::string log;
+  ASSERT_EQ(run("--threads 1 scale --sizes 1x32,2x32,2x64 --modes prenorm,full "
+                "--tokens-per-param 0.5 --min-steps 20 --tokenizer byte --seq-len 32 --batch-size 4 "
+                "--no-plots --data " + data + " --out " + out.string(), &log), 0) << log;
+  const json s = json::parse(slurp(out / "scaling.json"));
+  EXPECT_EQ(s["baseline"], "prenorm");
+  for (const char* mode : {"prenorm", "full"}) {
+    const json& m = s["modes"][mode];
+    ASSERT_EQ(m["points"].size(), 3u) << mode;
+    // Each point is that size's comparison: C = FLOPs/token x tokens, L = its mean val loss.
+    for (const auto& p : m["points"]) {
+      const json r = json::parse(slurp(out / p["size"].get<std::string>() / "results.json"));
+      for (const auto& g : r["groups"]) {
+        if (g["name"] != mode) continue;
+        EXPECT_DOUBLE_EQ(p["val_loss"].get<double>(), g["val_loss_mean"].get<double>());
+        EXPECT_DOUBLE_EQ(p["flops"].get<double>(), g["flops_per_token"].get<double>() *
+                                                       r["train"]["tokens_per_run"].get<double>());
+      }
+    }
+    EXPECT_EQ(m["fit"]["points"], 3);
+    EXPECT_GT(m["fit"]["alpha"].get<double>(), 0.0) << "loss falls with compute";
+  }
+  EXPECT_TRUE(s["advantage"]["full"]["factor"].is_number()) << s.dump();
+  EXPECT_NE(slurp(out / "scaling.md").find("Compute advantage"), std::string::npos);
+  // Sizes must be LxD, growing, at least two.
+  for (const char* bad : {"4x64", "4x64,2x32", "4x60,8x64", "ax64,8x64"}) {
+    EXPECT_EQ(run("scale --sizes " + std::string(bad) + " --data " + data + " --out " +
+                      (dir / "bad").string(), &log), 1) << bad;
+    EXPECT_NE(log.find("--sizes"), std::string::npos) << bad << log;
+  }
+}
+
 }  // namespace

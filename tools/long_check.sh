@@ -12,7 +12,7 @@
 # Settings (environment): MODES (default prenorm,full,block), BLOCK_SIZE (default 4), SEED
 # (default 1337: the batch order and the init draw), PY (default /usr/bin/python3: Debian's
 # python3-torch, scripts/setup.sh --python), ATTNRES (default build/attnres). The attnres and
-# PyTorch runs of a mode go side by side, one thread each.
+# PyTorch runs of every mode go side by side, one thread each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 (($# >= 2)) || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -44,6 +44,8 @@ set -- "${args[@]}"
   >"$out/probe.log"
 "$PY" tools/long_check.py init --train-config "$out/probe/train_config.json" --modes "$MODES" \
   --block-size "$BLOCK_SIZE" --seed "$SEED" --out "$out/init"
+# Every run at once, one thread each (the PyTorch runs are the slow ones).
+pids=()
 for m in ${MODES//,/ }; do
   extra=()
   [[ $m == block ]] && extra=(--block-size "$BLOCK_SIZE")
@@ -51,6 +53,7 @@ for m in ${MODES//,/ }; do
     --residual "$m" "${extra[@]}" --seed "$SEED" --init-from "$out/init/$m.safetensors" "$@" \
     >"$out/engine_$m.log" 2>&1 &
   engine=$!
+  pids+=("$engine")
   # The PyTorch run reads the attnres run's train_config.json and tokens.bin: wait for them.
   while [[ ! -s "$out/engine_$m/tokens.bin" || ! -s "$out/engine_$m/train_config.json" ]]; do
     kill -0 "$engine" 2>/dev/null || { echo "long_check: attnres $m failed:" >&2; tail -5 "$out/engine_$m.log" >&2; exit 1; }
@@ -58,9 +61,12 @@ for m in ${MODES//,/ }; do
   done
   "$PY" tools/long_check.py train --run "$out/engine_$m" --init "$out/init/$m.safetensors" \
     --out "$out/torch_$m.jsonl" --threads 1 >"$out/torch_$m.log" 2>&1 &
-  torch_pid=$!
-  wait "$engine" || { echo "long_check: attnres $m failed (see $out/engine_$m.log)" >&2; exit 1; }
-  wait "$torch_pid" || { echo "long_check: torch $m failed (see $out/torch_$m.log)" >&2; exit 1; }
+  pids+=("$!")
+done
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+((failed == 0)) || { echo "long_check: a run failed (see $out/*.log)" >&2; exit 1; }
+for m in ${MODES//,/ }; do
   echo "[long_check] $m: $(grep '^done' "$out/engine_$m.log" | cut -c1-90); torch: $(tail -1 "$out/torch_$m.log")"
 done
 "$PY" tools/long_check.py table "$out" --modes "$MODES"

@@ -28,7 +28,40 @@ def safe(name):
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
+def scaling_plot(run_dir):
+    """`attnres scale`: validation loss against training FLOPs per mode, log-log, with the fits."""
+    with open(os.path.join(run_dir, "scaling.json")) as f:
+        s = json.load(f)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for mode, m in s["modes"].items():
+        pts = m.get("points", [])
+        if not pts:
+            continue
+        C = [p["flops"] for p in pts]
+        L = [p["val_loss"] for p in pts]
+        line, = ax.plot(C, L, marker="o", linestyle="none", label=mode)
+        fit = m.get("fit", {})
+        if fit.get("alpha") is not None and len(C) > 1:
+            xs = [min(C) * (max(C) / min(C)) ** (i / 49.0) for i in range(50)]
+            ax.plot(xs, [fit["A"] * x ** (-fit["alpha"]) for x in xs], color=line.get_color(),
+                    linewidth=1, label="%s: %.3g C^-%.4f" % (mode, fit["A"], fit["alpha"]))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title("Loss vs compute (one point per size)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(run_dir, "scaling.png"))
+    plt.close(fig)
+    print("scaling.png")
+
+
 def main(run_dir):
+    if (os.path.exists(os.path.join(run_dir, "scaling.json"))
+            and not os.path.exists(os.path.join(run_dir, "results.json"))):
+        return scaling_plot(run_dir)
     with open(os.path.join(run_dir, "results.json")) as f:
         res = json.load(f)
     groups = res["groups"]

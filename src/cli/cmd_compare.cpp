@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
@@ -20,6 +21,7 @@
 #include "attnres/report.hpp"
 #include "attnres/train.hpp"
 #include "cli/commands.hpp"
+#include "cli/compare_job.hpp"
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
 #include "core/backend.hpp"
@@ -32,18 +34,6 @@ namespace attnres::cli {
 
 namespace {
 
-struct CompareArgs {
-  TrainArgs base;
-  std::string out = "runs/compare";
-  std::string modes = "prenorm,full,block";
-  int64_t seeds = 3;
-  std::vector<std::string> sweeps;
-  std::string preset = "small";
-  bool no_plots = false;
-  std::string command_line;
-  CLI::App* app = nullptr;
-};
-
 // Model sizes and budgets for 2 CPU cores (see README "The main job").
 const std::map<std::string, std::vector<std::pair<std::string, std::string>>>& presets() {
   static const std::map<std::string, std::vector<std::pair<std::string, std::string>>> p = {
@@ -55,6 +45,12 @@ const std::map<std::string, std::vector<std::pair<std::string, std::string>>>& p
        {{"--n-layer", "4"}, {"--d-model", "128"}, {"--n-head", "4"}, {"--seq-len", "128"},
         {"--batch-size", "16"}, {"--steps", "1500"}, {"--lr", "3e-3"}, {"--warmup", "100"},
         {"--eval-every", "150"}, {"--eval-batches", "16"}, {"--tokenizer", "bpe"},
+        {"--vocab-size", "2048"}}},
+      // The configuration of issue 17's measurement: 32 sublayers, where Full and Block part ways.
+      {"deep",
+       {{"--n-layer", "16"}, {"--d-model", "128"}, {"--n-head", "4"}, {"--seq-len", "128"},
+        {"--batch-size", "16"}, {"--steps", "1200"}, {"--lr", "2e-3"}, {"--warmup", "100"},
+        {"--eval-every", "200"}, {"--eval-batches", "16"}, {"--tokenizer", "bpe"},
         {"--vocab-size", "2048"}}},
       {"base",
        {{"--n-layer", "6"}, {"--d-model", "256"}, {"--n-head", "8"}, {"--seq-len", "256"},
@@ -168,12 +164,47 @@ RunMetrics read_metrics(const fs::path& metrics) {
   return m;
 }
 
-// The settings a kept run must have been made with (its directory and resume flag aside).
-json run_settings(const TrainConfig& c) {
-  json j = json::parse(c.to_json());
-  j.erase("out_dir");
-  j.erase("data_dir");
+// The settings that decide a run's result (model resolved against the vocabulary, as its
+// train_config.json holds them): what a kept or resumed run must have been made with. Where the
+// files go, logging and checkpointing are left out.
+json run_settings(const TrainConfig& c, int64_t vocab) {
+  TrainConfig r = c;
+  r.model.vocab_size = vocab;
+  r.model.max_seq_len = r.seq_len;
+  r.model.resolve();
+  json j = json::parse(r.to_json());
+  for (const char* k : {"out_dir", "data_dir", "log_every", "save_every", "keep_checkpoints"}) {
+    j.erase(k);
+  }
   return j;
+}
+
+// The settings in which `have` differs from `want`, e.g. "steps, lr" ("" when none).
+std::string differing(const json& have, const json& want) {
+  std::string out;
+  auto add = [&](const std::string& k) { out += (out.empty() ? "" : ", ") + k; };
+  for (const auto& [k, v] : want.items()) {
+    if (!have.is_object() || !have.contains(k)) {
+      add(k);
+    } else if (have[k] != v) {
+      if (v.is_object() && have[k].is_object()) {
+        const std::string sub = differing(have[k], v);
+        add(k + " (" + sub + ")");
+      } else {
+        add(k);
+      }
+    }
+  }
+  return out;
+}
+
+// A kept or half-finished run made with other settings is never mixed in.
+void check_same_settings(const json& have, const json& want, const fs::path& dir,
+                         const char* what) {
+  const std::string diff = differing(have, want);
+  check(diff.empty(), "'" + (dir / what).string() + "' was made with other settings than this "
+                      "command's (" + diff + " differ); use a new --out, or delete '" +
+                      dir.string() + "' to train it again");
 }
 
 std::string num_or(const json& x, const char* f, const char* none = "n/a") {
@@ -267,11 +298,13 @@ json aggregate_group(const Group& g, const json& runs) {
   return j;
 }
 
-void run_compare(CompareArgs& a) {
+}  // namespace
+
+bool run_compare(CompareArgs& a) {
   // Presets fill in only what the command line did not set.
   if (!a.preset.empty() && a.preset != "none") {
     auto it = presets().find(a.preset);
-    check(it != presets().end(), "unknown --preset '" + a.preset + "'; use tiny, small, base or none");
+    check(it != presets().end(), "unknown --preset '" + a.preset + "'; use tiny, small, deep, base or none");
     for (const auto& [opt, val] : it->second) {
       if (a.app->count(opt) == 0) apply_train_args(a.base, {opt + "=" + val});
     }
@@ -279,6 +312,11 @@ void run_compare(CompareArgs& a) {
   a.base.finalize();
   const std::vector<std::string> modes = split(a.modes, ',');
   check(!modes.empty(), "--modes lists no residual mode");
+  for (size_t i = 0; i < modes.size(); i++) {
+    for (size_t j = 0; j < i; j++) {
+      check(modes[i] != modes[j], "--modes lists '" + modes[i] + "' twice");
+    }
+  }
   check(a.seeds >= 1 && a.seeds <= 100, "--seeds must be in [1, 100]");
 
   // Groups: every mode times every combination of swept values.
@@ -290,6 +328,27 @@ void run_compare(CompareArgs& a) {
     const std::string key = sw.substr(0, eq);
     const auto vals = split(sw.substr(eq + 1), ',');
     check(!vals.empty(), "--sweep '" + sw + "' lists no value");
+    // What every configuration must share (the seeds, the data and the token budget) or what
+    // compare sets itself (the mode) cannot be swept.
+    static const std::set<std::string> fixed = {
+        "seed", "residual", "steps", "batch-size", "seq-len", "grad-accum", "data",
+        "tokenizer", "vocab-size", "val-fraction", "out", "resume", "init-from", "help",
+        "config", "eval-batches", "eval-every", "device"};
+    check(!fixed.count(key),
+          "--sweep " + key + " cannot vary inside one comparison: every configuration shares the "
+          "seeds, data, tokenizer, token budget and evaluation" +
+              std::string(key == "residual" ? " (compare the modes with --modes)"
+                          : key == "seed"   ? " (use --seeds)"
+                                            : " (run one compare per value)"));
+    for (size_t i = 0; i < vals.size(); i++) {
+      for (size_t j = 0; j < i; j++) {
+        check(vals[i] != vals[j], "--sweep " + key + " lists '" + vals[i] + "' twice");
+      }
+    }
+    for (const std::string& other : a.sweeps) {
+      if (&other == &sw) break;
+      check(other.substr(0, other.find('=')) != key, "--sweep " + key + " is given twice");
+    }
     std::vector<std::vector<std::pair<std::string, std::string>>> next;
     for (const auto& c : combos) {
       for (const auto& v : vals) {
@@ -395,10 +454,9 @@ void run_compare(CompareArgs& a) {
       const double est = est_total / static_cast<double>(n_runs);
       if (fs::exists(run_json)) {
         json kept = json::parse(read_file(run_json.string()));
-        check(!kept.contains("settings") || kept["settings"] == run_settings(c),
-              "'" + run_json.string() + "' was trained with other settings than this command's "
-              "(e.g. another --steps or --lr); use a new --out, or delete '" + dir.string() +
-              "' to train it again");
+        if (kept.contains("settings")) {
+          check_same_settings(kept["settings"], run_settings(c, vocab), dir, "run.json");
+        }
         std::printf("[run %lld/%lld] %s seed %llu: already done (%s), kept\n",
                     static_cast<long long>(k + 1), static_cast<long long>(n_runs), g.name.c_str(),
                     static_cast<unsigned long long>(c.seed),
@@ -408,6 +466,16 @@ void run_compare(CompareArgs& a) {
         continue;
       }
       c.resume = fs::exists(dir / "latest") && fs::exists(dir / "train_config.json");
+      if (c.resume) {  // an interrupted run continues only under the same settings
+        json have;
+        try {
+          have = json::parse(read_file((dir / "train_config.json").string()));
+        } catch (const json::exception& e) {
+          throw Error("'" + (dir / "train_config.json").string() + "' is not valid JSON (" +
+                      e.what() + "); delete '" + dir.string() + "' to train it again");
+        }
+        check_same_settings(have, run_settings(c, vocab), dir, "train_config.json");
+      }
       if (!c.resume) {
         std::error_code ec;
         fs::remove_all(dir, ec);
@@ -445,29 +513,37 @@ void run_compare(CompareArgs& a) {
       // with no loss, and the comparison goes on.
       TrainResult r;
       std::string diverged;
+      const auto t_run = std::chrono::steady_clock::now();
       try {
         r = train(c, ev);
       } catch (const DivergedError& e) {
         diverged = e.what();
       }
+      const double run_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
       bar.finish();
       if (r.interrupted) {
         remove_stop_handler();
         std::printf("interrupted; rerun the same command to continue from here\n");
-        return;
+        return false;
       }
       remaining -= est;
       const RunMetrics rm = read_metrics(dir / "metrics.jsonl");
       // Fingerprints of the initial shared weights and the batch order. A resumed (or diverged)
       // run's are recomputed the way the trainer computes them (init from the seed).
       uint64_t init_hash = r.init_hash;
+      int64_t params = r.num_params;
+      double flops_per_token = r.flops_per_token;
       if (c.resume || !diverged.empty()) {
         ModelConfig mc = c.model;
         mc.vocab_size = vocab;
         mc.max_seq_len = c.seq_len;
+        mc.resolve();
         Model m(mc);
         m.init_weights(c.seed);
         init_hash = m.shared_weights_hash();
+        params = m.num_params();
+        flops_per_token = train_flops_per_token(mc, c.seq_len);
       }
       auto opt_num = [](const std::optional<double>& x, const json& fallback) {
         return x ? json(*x) : fallback;
@@ -479,13 +555,13 @@ void run_compare(CompareArgs& a) {
                  {"final_val_loss", diverged.empty() ? opt_num(r.final_val_loss, nullptr) : json(nullptr)},
                  {"final_train_loss", opt_num(r.final_train_loss, rm.last_train_loss)},
                  {"tokens_per_s", opt_num(r.tokens_per_s, rm.last_tokens_per_s)},
-                 {"seconds", r.seconds},
-                 {"skipped_steps", r.skipped_steps},
-                 {"params", r.num_params},
-                 {"flops_per_token", r.flops_per_token},
+                 {"seconds", diverged.empty() ? r.seconds : run_s},
+                 {"skipped_steps", diverged.empty() ? json(r.skipped_steps) : json(nullptr)},
+                 {"params", params},
+                 {"flops_per_token", flops_per_token},
                  {"init_hash", std::to_string(init_hash)},
                  {"batch_hash", diverged.empty() ? json(std::to_string(r.batch_hash)) : json(nullptr)},
-                 {"settings", run_settings(c)},
+                 {"settings", run_settings(c, vocab)},
                  {"curve", rm.curve},
                  {"diagnostics", rm.diagnostics}};
       if (!diverged.empty()) {
@@ -591,9 +667,8 @@ void run_compare(CompareArgs& a) {
               same_batch ? "yes" : "NO");
   if (!plotted) std::printf("plots not drawn: %s\n", why.c_str());
   std::printf("report: %s/report.md (wall time %s)\n", a.out.c_str(), format_duration(wall).c_str());
+  return true;
 }
-
-}  // namespace
 
 void add_compare(CLI::App& app) {
   auto a = std::make_shared<CompareArgs>();
@@ -613,12 +688,13 @@ void add_compare(CLI::App& app) {
                 "repeatable: the product is run)");
   s->add_option("--preset", a->preset,
                 "Model size and budget for 2 CPU cores: tiny (~1 min), small (~25 min for 3 "
-                "modes x 3 seeds), base (hours), none; explicit options win")
+                "modes x 3 seeds), deep (32 sublayers, ~1.5 h), base (hours), none; explicit "
+                "options win")
       ->capture_default_str();
   s->add_flag("--no-plots", a->no_plots, "Skip the PNG plots (draw later with `attnres report`)");
   s->callback([a] {
     a->command_line = command_line();
-    run_compare(*a);
+    if (!run_compare(*a)) throw CLI::RuntimeError(130);  // interrupted: not a finished result
   });
 }
 
@@ -630,21 +706,27 @@ void add_report(CLI::App& app) {
   s->callback([dir] {
     check(fs::exists(fs::path(*dir) / "results.json"),
           "'" + *dir + "' has no results.json; give the directory `attnres compare --out` wrote");
-    std::string why;
-    const bool ok = render_plots(*dir, &why);
-    // Record whether the plots exist, so the report says so.
+    // Read and check results.json before drawing anything from it.
     const std::string rp = (fs::path(*dir) / "results.json").string();
-    json r = json::parse(read_file(rp));
-    if (ok) {
-      r.erase("plots_note");
-    } else {
-      r["plots_note"] = why;
+    json r;
+    try {
+      r = json::parse(read_file(rp));
+    } catch (const json::exception& e) {
+      throw Error("'" + rp + "' is not valid JSON (" + e.what() + "); rerun `attnres compare`");
     }
     try {
       r["analysis"] = report::analyze(r);  // the reading of the current version
     } catch (const json::exception& e) {
       throw Error("'" + rp + "' lacks a field the analysis needs (" + e.what() +
                   "); it may come from another attnres version: rerun `attnres compare`");
+    }
+    std::string why;
+    const bool ok = render_plots(*dir, &why);
+    // Record whether the plots exist, so the report says so.
+    if (ok) {
+      r.erase("plots_note");
+    } else {
+      r["plots_note"] = why;
     }
     write_file_atomic(rp, r.dump(1) + "\n");
     write_report(*dir);

@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
   attnres::cli::add_inspect(app);
   attnres::cli::add_compare(app);
   attnres::cli::add_report(app);
+  attnres::cli::add_scale(app);
   attnres::cli::add_bench(app);
   // An unknown command word is an error even with --help (CLI11 would print the main help and
   // exit 0, or say only "A subcommand is required").

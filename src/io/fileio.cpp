@@ -232,7 +232,9 @@ void write_file_atomic(const std::string& path, std::string_view data) {
 // MappedFile
 
 MappedFile MappedFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below); a regular
+  // file's reads and mapping are unaffected.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
     throw Error("cannot open '" + path + "': " + errno_text(err) +

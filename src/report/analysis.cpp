@@ -6,9 +6,11 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "attnres/error.hpp"
 #include "report/stats.hpp"
 
 namespace attnres::report {
@@ -315,7 +317,55 @@ void add_claims(const json& results, const std::map<std::string, std::string>& s
 
 }  // namespace
 
+// The shape analyze() relies on: groups with unique names, runs naming a group, one run per
+// (group, seed). A hand-edited or damaged results.json is refused, not half-read.
+static void validate(const json& results) {
+  check(results.is_object(), "results.json must hold a JSON object");
+  const json& groups = results.at("groups");
+  const json& runs = results.at("runs");
+  check(groups.is_array() && !groups.empty(), "results.json: 'groups' must be a non-empty list");
+  check(runs.is_array(), "results.json: 'runs' must be a list");
+  std::set<std::string> names;
+  for (const auto& g : groups) {
+    const std::string n = g.at("name");
+    check(names.insert(n).second, "results.json: two configurations are named '" + n + "'");
+  }
+  std::set<std::pair<std::string, uint64_t>> seen;
+  for (const auto& r : runs) {
+    const std::string g = r.at("group");
+    check(names.count(g), "results.json: a run names configuration '" + g + "', which is not one of its groups");
+    const uint64_t seed = r.at("seed").get<uint64_t>();
+    check(seen.insert({g, seed}).second,
+          "results.json: configuration '" + g + "' has two runs with seed " + std::to_string(seed));
+    if (r.contains("final_val_loss") && r.at("final_val_loss").is_number()) {
+      const double v = r.at("final_val_loss").get<double>();
+      check(std::isfinite(v) && v >= 0, "results.json: run '" + g + "' seed " +
+                                            std::to_string(seed) + " has validation loss " +
+                                            std::to_string(v) + ", which no run can measure");
+    }
+  }
+}
+
+// Each configuration's validation loss over its finished runs, re-derived from the runs.
+static json group_stats(const json& results) {
+  json out = json::object();
+  for (const auto& g : results.at("groups")) {
+    const std::string name = g.at("name");
+    const auto v = values(ok_runs(results, name), val_loss);
+    int failed = 0;
+    for (const auto& r : results.at("runs")) failed += r.at("group") == name && !run_ok(r);
+    const auto iv = stats::mean_interval(v);
+    auto num = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
+    out[name] = {{"seeds_ok", iv.n},
+                 {"seeds_failed", failed},
+                 {"mean", num(iv.mean)},
+                 {"sd", iv.n >= 2 ? json(iv.sd) : json(nullptr)}};
+  }
+  return out;
+}
+
 json analyze(const json& results) {
+  validate(results);
   json out = json::object();
   const auto& groups = results.at("groups");
   bool swept = false;
@@ -369,6 +419,7 @@ json analyze(const json& results) {
                       {"reason", r.value("reason", std::string())}});
   }
   out["failed_runs"] = failed;
+  out["group_stats"] = group_stats(results);
   return out;
 }
 

@@ -52,6 +52,11 @@ bool render_plots(const std::string& run_dir, std::string* why) {
     out.clear();
     st = run_python(py, script, run_dir, out);
     if (st == 0) break;
+    // A Python with matplotlib whose run failed: that is the error to report (another python3
+    // without matplotlib would hide it).
+    const bool missing = out.find("No module named") != std::string::npos ||
+                         (WIFEXITED(st) && WEXITSTATUS(st) == 127);
+    if (!missing) break;
   }
   std::error_code ec;
   fs::remove(script, ec);

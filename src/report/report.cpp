@@ -159,18 +159,27 @@ void write_report(const std::string& run_dir) {
           "the difference is of the means, to `" << baseline << "`.\n\n";
     md << "| configuration | val loss | seeds | perplexity | diff vs " << baseline
        << " | parameters | tokens/s |\n|---|---|---|---|---|---|---|\n";
+    // (every number re-derived from the runs, whatever the stored aggregates say)
+    const nlohmann::json& gs = an.at("group_stats");
+    const nlohmann::json* base_stats = gs.contains(baseline) ? &gs.at(baseline) : nullptr;
     for (const auto& g : groups) {
-      const int n = g.at("seeds").get<int>();
-      const int64_t failed = g.value("seeds_failed", int64_t{0});
-      const bool has = g.at("val_loss_mean").is_number();
+      const nlohmann::json& st = gs.at(g.at("name").get<std::string>());
+      const int n = st.at("seeds_ok").get<int>();
+      const int failed = st.at("seeds_failed").get<int>();
+      const bool has = st.at("mean").is_number();
+      std::string diff = "-";
+      if (g.at("name") != baseline) {
+        diff = has && base_stats && base_stats->at("mean").is_number()
+                   ? fmt("%+.4f", st.at("mean").get<double>() - base_stats->at("mean").get<double>())
+                   : std::string("n/a");
+      }
       md << "| " << g.at("name").get<std::string>() << " | "
-         << (has ? num(g.at("val_loss_mean"), "%.4f") + " +- " + num(g.at("val_loss_std"), "%.4f")
-                 : std::string("no finished run"))
+         << (!has ? std::string("no finished run")
+             : n >= 2 ? num(st.at("mean"), "%.4f") + " +- " + num(st.at("sd"), "%.4f")
+                      : num(st.at("mean"), "%.4f") + " (1 seed: no spread)")
          << " | " << n << (failed ? " (" + std::to_string(failed) + " failed)" : std::string())
-         << " | " << num(g.value("ppl_mean", nlohmann::json()), "%.2f") << " | "
-         << (g.at("name") == baseline ? std::string("-")
-                                      : num(g.value("delta_vs_baseline", nlohmann::json()), "%+.4f"))
-         << " | " << with_commas(g.at("params").get<int64_t>()) << " | "
+         << " | " << (has ? fmt("%.2f", std::exp(st.at("mean").get<double>())) : std::string("n/a"))
+         << " | " << diff << " | " << with_commas(g.at("params").get<int64_t>()) << " | "
          << num(g.value("tokens_per_s_mean", nlohmann::json()), "%.0f") << " |\n";
     }
     write_best_per_mode(md, an);
@@ -186,13 +195,16 @@ void write_report(const std::string& run_dir) {
     md << "\n## Plots\n\n";
     const std::string plots_note = r.value("plots_note", std::string());
     if (!plots_note.empty()) md << "Plots were not drawn: " << plots_note << ".\n\n";
-    md << "![validation loss](val_loss.png)\n\n";
-    md << "Per-sublayer output magnitude at the end of training (SPEC 6: PreNorm's grows with "
-          "depth, AttnRes stays bounded):\n\n![output RMS](output_rms.png)\n\n";
-    md << "Per-sublayer gradient norm at the end of training (SPEC 6: more uniform under "
-          "AttnRes):\n\n![gradient norm](grad_norm.png)\n\n";
+    const bool plots = plots_note.empty();  // no links to pictures that were not drawn
+    if (plots) md << "![validation loss](val_loss.png)\n\n";
+    if (plots) {
+      md << "Per-sublayer output magnitude at the end of training (SPEC 6: PreNorm's grows with "
+            "depth, AttnRes stays bounded):\n\n![output RMS](output_rms.png)\n\n";
+      md << "Per-sublayer gradient norm at the end of training (SPEC 6: more uniform under "
+            "AttnRes):\n\n![gradient norm](grad_norm.png)\n\n";
+    }
     for (const auto& g : groups) {
-      if (!g.value("has_depth_weights", false)) continue;
+      if (!plots || !g.value("has_depth_weights", false)) continue;
       std::string safe = g.at("name").get<std::string>();
       for (char& c : safe) {
         if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') c = '_';

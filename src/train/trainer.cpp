@@ -83,6 +83,12 @@ double evaluate(Model& model, const TokenSpan& val, int64_t B, int64_t T, int64_
   return total / static_cast<double>(batches);
 }
 
+std::string mflops_text(double flops) {
+  char b[32];
+  std::snprintf(b, sizeof b, flops < 1e7 ? "%.2f" : "%.0f", flops / 1e6);
+  return b;
+}
+
 // The training wall time the run had logged by `step` (metrics.jsonl's elapsed_s on the last
 // line of the latest step <= step; 0 if none): where a resumed run's clock continues, so its
 // loss-vs-time curve carries on. (Checkpoints do not hold it: their bytes do not depend on
@@ -452,8 +458,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   msg("model: " + std::to_string(model.num_params()) + " parameters, residual " +
       cfg.model.residual.mode + ", " + std::to_string(cfg.model.n_layer) + " layers, d " +
       std::to_string(cfg.model.d_model) + "; " + std::to_string(tokens_per_step) +
-      " tokens/step, " + std::to_string(static_cast<int64_t>(flops_tok / 1e6)) +
-      " MFLOP/token; " +
+      " tokens/step, " + mflops_text(flops_tok) + " MFLOP/token; " +
       (ranks == 1 ? std::string("1 rank")
                   : std::to_string(ranks) + " ranks (" + comm.backend() + "), " +
                         (piped ? std::string("pipeline parallel")
@@ -481,6 +486,11 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   res.batch_hash = fnv1a64(std::string_view(reinterpret_cast<const char*>(batch.inputs.data()),
                                             batch.inputs.size() * sizeof(int32_t)));
   const auto t0 = Clock::now();
+  auto last_checkpoint_note = [&]() -> std::string {
+    const fs::path latest = fs::path(cfg.out_dir) / "latest";
+    if (!fs::exists(latest)) return " (no checkpoint was saved before it)";
+    return ". The last good checkpoint is named in '" + latest.string() + "'";
+  };
   // Replicas must not drift: check before each checkpoint (which only rank 0 writes).
   auto save_checkpoint = [&](int64_t at_step) {
     comm.require_same(replica_hash(model, opt), "weights or optimizer state at step " +
@@ -621,11 +631,13 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       res.skipped_steps++;
       msg("step " + std::to_string(step + 1) + ": non-finite loss or gradient, update skipped (" +
           std::to_string(res.skipped_steps) + "/" + std::to_string(cfg.max_bad_steps) + ")");
-      log_json({{"step", step + 1}, {"skipped", true}, {"loss", std::isfinite(loss) ? loss : -1}});
+      log_json({{"step", step + 1},
+                {"skipped", true},
+                {"loss", std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr)}});
       if (res.skipped_steps > cfg.max_bad_steps)
         throw DivergedError("training diverged: " + std::to_string(res.skipped_steps) +
-                " steps had a non-finite loss or gradient; lower --lr or raise --warmup. The "
-                "last good checkpoint is in '" + cfg.out_dir + "'");
+                            " steps had a non-finite loss or gradient; lower --lr or raise "
+                            "--warmup" + last_checkpoint_note());
       continue;
     }
     if (!dstep) {
@@ -669,8 +681,8 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
       if (!std::isfinite(ei.val_loss)) {
         throw DivergedError("training diverged: the validation loss at step " +
                             std::to_string(step + 1) + " is not finite (training loss " +
-                            std::to_string(loss) + "); lower --lr or raise --warmup. The last "
-                            "good checkpoint is in '" + cfg.out_dir + "'");
+                            std::to_string(loss) + "); lower --lr or raise --warmup" +
+                            last_checkpoint_note());
       }
       res.final_val_loss = ei.val_loss;
       log_json({{"step", step + 1}, {"val_loss", ei.val_loss}, {"train_loss", ei.train_loss},
