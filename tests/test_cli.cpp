@@ -203,6 +203,9 @@ TEST(Cli, ErrorsAreClearAndNonZero) {
           " --device cuda-host --router-warmup 5");
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "--device cpu only for now")) << r.out;
+  r = run("train --data " + corpus(dir) + " --out " + (dir / "e").string() + " --norm-eps 0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "--norm-eps")) << r.out;
   // A FIFO as a checkpoint is refused at once (opening it must not wait for a writer).
   const fs::path fifo = dir / "fifo.safetensors";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);

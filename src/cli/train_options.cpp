@@ -120,6 +120,8 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
   s->add_option("--ffn-hidden", c.model.ffn_hidden, "SwiGLU hidden width (0 = 8/3 d)")
       ->capture_default_str();
   s->add_flag("--untied", a.untied, "Separate LM head instead of the tied embedding");
+  s->add_option("--norm-eps", c.model.norm_eps, "RMSNorm epsilon (every norm, AttnRes keys too)")
+      ->capture_default_str();
   ResidualConfig& r = c.model.residual;
   s->add_option("--residual", r.mode, "Residual: prenorm | full | block | static | denseformer")
       ->check(CLI::IsMember({"prenorm", "full", "block", "static", "denseformer"}))

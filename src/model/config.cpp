@@ -45,7 +45,7 @@ void ModelConfig::validate() const {
   need(max_seq_len * head_dim() <= (int64_t{1} << 28),
        "max_seq_len x head_dim = " + std::to_string(max_seq_len) + " x " +
            std::to_string(head_dim()) + " is over 2^28; use a shorter context or more heads");
-  need(std::isfinite(norm_eps) && norm_eps > 0, "norm_eps must be a finite number > 0");
+  need(std::isfinite(norm_eps) && norm_eps > 0 && norm_eps < 1, "norm_eps (--norm-eps) must be in (0, 1)");
   need(std::isfinite(rope_theta) && rope_theta > 0, "rope_theta must be a finite number > 0");
   const ResidualConfig& r = residual;
   need(r.mode == "prenorm" || r.mode == "full" || r.mode == "block" || r.mode == "static" ||
