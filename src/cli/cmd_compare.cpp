@@ -26,6 +26,7 @@
 #include "cli/train_options.hpp"
 #include "core/backend.hpp"
 #include "report/analysis.hpp"
+#include "report/stats.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -270,11 +271,6 @@ json aggregate_group(const Group& g, const json& runs) {
     if (r["tokens_per_s"].is_number()) tps.push_back(r["tokens_per_s"]);
     has_w |= r["diagnostics"].is_object() && r["diagnostics"].contains("depth_weights");
   }
-  auto mean_of = [](const std::vector<double>& x) {
-    double m = 0;
-    for (double e : x) m += e / static_cast<double>(x.size());
-    return m;
-  };
   json j = {{"name", g.name},
             {"mode", g.args.cfg.model.residual.mode},
             {"residual", json::parse(g.args.cfg.model.to_json())},
@@ -287,14 +283,12 @@ json aggregate_group(const Group& g, const json& runs) {
   if (v.empty()) {
     j["val_loss_mean"] = j["val_loss_std"] = j["ppl_mean"] = nullptr;
   } else {
-    const double mean = mean_of(v);
-    double ss = 0;
-    for (double x : v) ss += (x - mean) * (x - mean);
-    j["val_loss_mean"] = mean;
-    j["val_loss_std"] = v.size() > 1 ? std::sqrt(ss / static_cast<double>(v.size() - 1)) : 0.0;
-    j["ppl_mean"] = std::exp(mean);
+    const stats::Interval iv = stats::mean_interval(v);  // sd 0 for one seed
+    j["val_loss_mean"] = iv.mean;
+    j["val_loss_std"] = iv.sd;
+    j["ppl_mean"] = std::exp(iv.mean);
   }
-  j["tokens_per_s_mean"] = tps.empty() ? json(nullptr) : json(mean_of(tps));
+  j["tokens_per_s_mean"] = tps.empty() ? json(nullptr) : json(stats::mean_interval(tps).mean);
   return j;
 }
 

@@ -59,10 +59,8 @@ const char* verdict_name(Verdict v) {
 
 double coefficient_of_variation(const std::vector<double>& xs) {
   if (xs.size() < 2) return std::numeric_limits<double>::quiet_NaN();
-  double mean = 0, ss = 0;
-  for (double x : xs) mean += x / static_cast<double>(xs.size());
-  for (double x : xs) ss += (x - mean) * (x - mean);
-  return std::sqrt(ss / static_cast<double>(xs.size() - 1)) / mean;
+  const Interval iv = mean_interval(xs);
+  return iv.sd / iv.mean;
 }
 
 }  // namespace attnres::stats
