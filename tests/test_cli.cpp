@@ -206,6 +206,14 @@ TEST(Cli, ErrorsAreClearAndNonZero) {
   r = run("train --data " + corpus(dir) + " --out " + (dir / "e").string() + " --norm-eps 0");
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "--norm-eps")) << r.out;
+  r = run("train --data " + corpus(dir) + " --out " + (dir / "k").string() +
+          " --residual full --attnres-key-eps -1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "--attnres-key-eps")) << r.out;
+  r = run("train --data " + corpus(dir) + " --out " + (dir / "k2").string() +
+          " --residual block --attnres-temperature 0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "--attnres-temperature")) << r.out;
   // A FIFO as a checkpoint is refused at once (opening it must not wait for a writer).
   const fs::path fifo = dir / "fifo.safetensors";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);

@@ -238,6 +238,27 @@ TEST(Model, BadConfigValuesAreRejected) {
   }
   EXPECT_THROW(ModelConfig::from_json("{\"n_layer\": \"two\"}"), Error);
   EXPECT_THROW(ModelConfig::from_json("not json"), Error);
+  c = tiny(true, 4);
+  c.residual.mode = "full";
+  c.residual.key_eps = -1e-3;
+  EXPECT_THROW(Model{c}, Error);
+  c.residual.key_eps = 0;
+  c.residual.temperature = 0;
+  EXPECT_THROW(Model{c}, Error);
+}
+
+TEST(Model, KeyNormEpsilonIsStoredOnlyWhenSet) {
+  ModelConfig c = tiny(true, 4);
+  c.residual.mode = "full";
+  EXPECT_EQ(c.to_json().find("attnres_key_eps"), std::string::npos);  // old files stay as they are
+  EXPECT_EQ(ModelConfig::from_json(c.to_json()).key_norm_eps(), c.norm_eps);
+  c.residual.key_eps = 1e-8;
+  const ModelConfig back = ModelConfig::from_json(c.to_json());
+  EXPECT_EQ(back.key_norm_eps(), 1e-8);
+  EXPECT_EQ(back.norm_eps, c.norm_eps);
+  EXPECT_EQ(back.residual.temperature, 1.0);
+  c.residual.temperature = 0.125;
+  EXPECT_EQ(ModelConfig::from_json(c.to_json()).residual.temperature, 0.125);
 }
 
 TEST(Sampling, GreedyTopKTopP) {

@@ -127,7 +127,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
                                            "parity_block_window.safetensors",
                                            "parity_static.safetensors",
                                            "parity_denseformer.safetensors",
-                                           "parity_block_s2_all.safetensors"),
+                                           "parity_block_s2_all.safetensors",
+                                           "parity_full_key_eps.safetensors",
+                                           "parity_full_temperature.safetensors",
+                                           "parity_block_dynamic_temperature.safetensors"),
                          [](const auto& param_info) {
                            std::string n = param_info.param;
                            return n.substr(7, n.find('.') - 7);  // "prenorm_a"

@@ -103,6 +103,15 @@ std::vector<ModeCase> all_modes() {
   c.residual.query = "dynamic";
   c.residual.window = 1;
   add("block_all_options", c);
+  c = base("full");
+  c.residual.temperature = 0.3;
+  add("temperature", c);
+  c = base("block");
+  c.residual.block_size = 2;
+  c.residual.query = "dynamic";
+  c.residual.temperature = 0.5;
+  c.residual.key_eps = 1e-2;
+  add("block_dynamic_temperature_key_eps", c);
   add("static", base("static"));
   add("denseformer", base("denseformer"));
   add("prenorm", base("prenorm"));

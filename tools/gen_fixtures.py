@@ -77,6 +77,17 @@ FIXTURES = OrderedDict([
                           residual="static"), 2, 8, 2, "random")),
     ("parity_denseformer", (_c(n_head=4, n_kv_head=2, d_model=32, ffn_hidden=32, tied=True,
                                residual="denseformer"), 2, 8, 1, "random")),
+    # Key norms with their own epsilon, large enough (1e-2 against sources of mean square ~1e-3)
+    # that using norm_eps for them instead changes the logits (checked in generate()).
+    ("parity_full_key_eps", (_c(n_head=4, n_kv_head=2, d_model=32, ffn_hidden=32, tied=True,
+                                residual="full", attnres_key_eps=1e-2), 2, 8, 15, "random")),
+    # Score temperature (static queries: folded into w * g; dynamic: scaled per token).
+    ("parity_full_temperature", (_c(n_head=4, n_kv_head=2, d_model=32, ffn_hidden=32, tied=True,
+                                    residual="full", attnres_temperature=0.3), 2, 8, 15, "random")),
+    ("parity_block_dynamic_temperature", (_c(n_head=4, n_kv_head=2, d_model=24, ffn_hidden=32,
+                                             tied=False, residual="block", block_size=2,
+                                             attnres_query="dynamic", attnres_temperature=1.5),
+                                          2, 6, 1, "random", {"query_proj_std": 0.2})),
     ("parity_block_s2_all", (_c(n_head=4, n_kv_head=2, d_model=24, ffn_hidden=32, tied=False,
                                 residual="block", block_size=2, attnres_gate="sigmoid",
                                 attnres_key_norm="none", attnres_heads=2, attnres_query="dynamic",
@@ -111,6 +122,11 @@ GRADCHECK = OrderedDict([
                        "layers.1.attention.wk.weight"]),
     ("parity_denseformer", ["layers.0.dwa.weight", "layers.1.dwa.weight", "layers.2.dwa.weight",
                             "layers.1.attention.wk.weight"]),
+    ("parity_full_temperature", ["layers.1.attn_res.query", "out_res.key_norm.weight"]),
+    ("parity_block_dynamic_temperature", ["layers.1.attn_res.query_proj.weight", "layers.2.mlp_res.query",
+                                          "out_res.key_norm.weight"]),
+    ("parity_full_key_eps", ["layers.1.attn_res.key_norm.weight", "layers.2.mlp_res.query",
+                             "out_res.key_norm.weight"]),
     ("parity_block_s2_all", ["layers.0.attn_res.query", "layers.1.mlp_res.query_proj.weight",
                              "out_res.query", "layers.1.attention.wk.weight"]),
 ])
@@ -196,6 +212,10 @@ def check_config_json(cfg, text: str) -> None:
         keys.append("block_size")
     if cfg.residual != "prenorm":
         keys += ["attnres_gate", "attnres_key_norm", "attnres_heads", "attnres_query", "attnres_window"]
+        if cfg.is_attnres and cfg.attnres_key_eps > 0:
+            keys.append("attnres_key_eps")
+        if cfg.is_attnres and cfg.attnres_temperature != 1.0:
+            keys.append("attnres_temperature")
     assert list(c.keys()) == keys, (list(c.keys()), keys)
     assert c["residual"] == cfg.residual
     if cfg.residual == "full":
@@ -307,7 +327,7 @@ def loop_mix(srcs, P, pre, cfg):
     """Second depth-mix formulation: explicit per-token, per-head scalar loops over an explicit
     source list.  Keys use the SPEC 2 inference identity s = (q*g).v * rstd(v) (rstd of the
     head's slice); the dynamic query q = w + W u is built channel by channel."""
-    eps, d, H = cfg.norm_eps, cfg.d_model, cfg.attnres_heads
+    eps, d, H = cfg.key_eps, cfg.d_model, cfg.attnres_heads
     dh = d // H
     w = P[pre + "query"]
     g = P[pre + "key_norm.weight"] if cfg.attnres_key_norm == "rms" else None
@@ -331,6 +351,7 @@ def loop_mix(srcs, P, pre, cfg):
                         s.append(float((q[c0:c1] * g[c0:c1]) @ vs) * rstd)
                     else:
                         s.append(float(q[c0:c1] @ vs))
+                s = [cfg.attnres_temperature * si for si in s]
                 if cfg.attnres_gate == "softmax":
                     m = max(s)
                     e = [math.exp(si - m) for si in s]
@@ -674,6 +695,14 @@ def generate(name, cfg, B, T, seed, attnres_init, out_dir, do_checks, init_opts=
         # second formulation of the forward (explicit per-token loops) on the fixture itself
         d_loop = float((forward_loops(P0, cfg, tokens) - logits.detach()).abs().max())
         assert d_loop < 1e-11, (name, d_loop)
+        if cfg.attnres_temperature != 1.0:  # the option must matter on this fixture
+            d_t = float((rm.forward(P0, _with(cfg, attnres_temperature=1.0), tokens) - logits.detach()).abs().max())
+            assert d_t > 1e-3, (name, d_t)
+            print(f"  temperature {cfg.attnres_temperature:g} vs 1: max |dlogit| {d_t:.2e}")
+        if cfg.attnres_key_eps > 0:  # the option must matter on this fixture
+            d_eps = float((rm.forward(P0, _with(cfg, attnres_key_eps=0.0), tokens) - logits.detach()).abs().max())
+            assert d_eps > 1e-3, (name, d_eps)
+            print(f"  key eps {cfg.attnres_key_eps:g} vs norm_eps: max |dlogit| {d_eps:.2e}")
 
     tensors = OrderedDict()
     tensors["tokens"] = ("I32", tokens_np)

@@ -63,6 +63,13 @@ class Config:
     attnres_heads: int = 1           # H contiguous slices of d, one depth attention each
     attnres_query: str = "static"    # "static" (q = w) | "dynamic" (q = w + W u, u = last source)
     attnres_window: int = 0          # K > 0: sources = [emb] + last K non-embedding sources
+    attnres_key_eps: float = 0.0     # epsilon of the key RMSNorm; 0 = norm_eps
+    attnres_temperature: float = 1.0  # score multiplier: s = T * (q . k)
+
+    @property
+    def key_eps(self) -> float:
+        """Epsilon of the AttnRes key norms (attnres_key_eps when set, else norm_eps)."""
+        return self.attnres_key_eps if self.attnres_key_eps > 0 else self.norm_eps
 
     @property
     def head_dim(self) -> int:
@@ -97,6 +104,10 @@ class Config:
             if self.is_attnres:
                 keys.append("block_size")
             keys += list(self.ATTNRES_KEYS)
+            if self.is_attnres and self.attnres_key_eps > 0:
+                keys.append("attnres_key_eps")  # absent: the key norms use norm_eps
+            if self.is_attnres and self.attnres_temperature != 1.0:
+                keys.append("attnres_temperature")  # absent: 1
         return json.dumps({k: d[k] for k in keys})
 
     def validate(self) -> None:
@@ -306,7 +317,7 @@ def depth_mix(sources: List[torch.Tensor], P, pre: str, cfg: Config) -> torch.Te
       keys    k = g * v * rsqrt(mean_slice(v^2) + eps)   (key norm "rms"; "none": k = v)
       query   q = w                                     (static)
               q = w + W u, u = last source in the list   (dynamic)
-      score   s_{i,h} = sum_{c in slice h} q_c k_{i,c}   (no temperature)
+      score   s_{i,h} = T * sum_{c in slice h} q_c k_{i,c}   (T = attnres_temperature, default 1)
       gate    a = softmax_i(s)  or  sigmoid(s)
       output  x_c = sum_i a_{i,h(c)} v_{i,c}            (values are the raw sources)
     """
@@ -318,14 +329,14 @@ def depth_mix(sources: List[torch.Tensor], P, pre: str, cfg: Config) -> torch.Te
     Vh = V.reshape(n, B, T, H, dh)
     if cfg.attnres_key_norm == "rms":
         g = P[pre + "key_norm.weight"].reshape(H, dh)
-        K = Vh * torch.rsqrt(Vh.pow(2).mean(dim=-1, keepdim=True) + cfg.norm_eps) * g
+        K = Vh * torch.rsqrt(Vh.pow(2).mean(dim=-1, keepdim=True) + cfg.key_eps) * g
     else:
         K = Vh
     q = P[pre + "query"]  # (d)
     if cfg.attnres_query == "dynamic":
         q = q + srcs[-1] @ P[pre + "query_proj.weight"].T  # (B, T, d)
     qh = q.reshape(*q.shape[:-1], H, dh)
-    s = (K * qh).sum(dim=-1)  # (n, B, T, H)
+    s = cfg.attnres_temperature * (K * qh).sum(dim=-1)  # (n, B, T, H)
     a = torch.softmax(s, dim=0) if cfg.attnres_gate == "softmax" else torch.sigmoid(s)
     return (a.unsqueeze(-1) * Vh).sum(dim=0).reshape(B, T, d)
 

@@ -21,6 +21,8 @@ struct ResidualConfig {
   int64_t heads = 1;               // split d into this many slices, one softmax each
   std::string query = "static";    // static | dynamic (w + W u, u = most recent source)
   int64_t window = 0;              // > 0: embedding plus the last `window` sources
+  double key_eps = 0;              // epsilon of the key RMSNorm; 0 = the model's norm_eps
+  double temperature = 1;          // score multiplier: s = temperature * q . k (ablation)
   bool two_phase = true;           // how block mode computes (not part of the model function)
 
   bool is_attnres() const { return mode == "full" || mode == "block"; }
@@ -42,12 +44,17 @@ struct ModelConfig {
   int64_t ffn_hidden = 0;   // SwiGLU hidden width; 0 = auto (8/3 d rounded up to a multiple of 32)
   int64_t vocab_size = 256;
   int64_t max_seq_len = 256;  // longest context the model is trained/used with
-  double norm_eps = 1e-5;
+  // RMSNorm epsilon. 1e-10, not Llama's 1e-5: AttnRes normalises averages of many small sources
+  // (at init the mean square of Full's input at sublayer l is ~4e-4 / (l+1)^2, 5e-7 at l = 32),
+  // which 1e-5 would damp; PreNorm is indifferent (docs/FINDINGS.md).
+  double norm_eps = 1e-10;
   double rope_theta = 10000.0;
   bool tied = true;          // LM head shares tok_embeddings.weight
   ResidualConfig residual;
 
   int64_t head_dim() const { return d_model / n_head; }
+  // Epsilon of the AttnRes key norms: residual.key_eps when set, else norm_eps.
+  double key_norm_eps() const { return residual.key_eps > 0 ? residual.key_eps : norm_eps; }
   int64_t n_sublayers() const { return 2 * n_layer; }
   // Replaces the automatic values (ffn_hidden = 0, n_kv_head = 0) by what they stand for.
   void resolve();

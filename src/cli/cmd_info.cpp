@@ -29,6 +29,9 @@ void run_info(const std::string& path) {
               "  rope_theta  %g\n",
               static_cast<long long>(c.vocab_size), static_cast<long long>(c.max_seq_len),
               c.tied ? "yes" : "no", c.norm_eps, c.rope_theta);
+  if (c.residual.is_attnres()) {
+    std::printf("  key_eps     %g\n  temperature %g\n", c.key_norm_eps(), c.residual.temperature);
+  }
   // Parameter counts by role.
   std::map<std::string, int64_t> groups;
   for (const ParamEntry& e : model->layout().entries()) {

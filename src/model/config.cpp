@@ -64,6 +64,10 @@ void ModelConfig::validate() const {
              std::to_string(d_model) + ")");
     need(r.query == "static" || r.query == "dynamic",
          "attnres query '" + r.query + "' is unknown; use static or dynamic");
+    need(std::isfinite(r.key_eps) && r.key_eps >= 0 && r.key_eps < 1,
+         "attnres key eps (--attnres-key-eps) must be in [0, 1) (0 = norm_eps)");
+    need(std::isfinite(r.temperature) && r.temperature > 0 && r.temperature <= 1000,
+         "attnres temperature (--attnres-temperature) must be in (0, 1000]");
     need(r.window >= 0 && r.window <= kMaxSeqLen, "attnres window must be in [0, " +
                                                       std::to_string(kMaxSeqLen) + "] (0 = off)");
   }
@@ -83,6 +87,8 @@ std::string ModelConfig::to_json() const {
     j["attnres_heads"] = residual.heads;
     j["attnres_query"] = residual.query;
     j["attnres_window"] = residual.window;
+    if (residual.key_eps > 0) j["attnres_key_eps"] = residual.key_eps;  // absent: norm_eps
+    if (residual.temperature != 1) j["attnres_temperature"] = residual.temperature;  // absent: 1
   }
   return j.dump();
 }
@@ -115,6 +121,8 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   read_json_field(j, "attnres_gate", c.residual.gate, what);
   read_json_field(j, "attnres_key_norm", c.residual.key_norm, what);
   read_json_field(j, "attnres_query", c.residual.query, what);
+  read_json_field(j, "attnres_key_eps", c.residual.key_eps, what);
+  read_json_field(j, "attnres_temperature", c.residual.temperature, what);
   return c;
 }
 

@@ -37,7 +37,8 @@ class AttnResRouter final : public DepthRouter {
         S_(c.residual.effective_block_size()),
         window_(c.residual.window),
         dynamic_(c.residual.query == "dynamic"),
-        eps_(static_cast<float>(c.norm_eps)) {
+        eps_(static_cast<float>(c.key_norm_eps())),
+        tau_(static_cast<float>(c.residual.temperature)) {
     mix_.d = d_;
     mix_.H = c.residual.heads;
     mix_.softmax = c.residual.gate == "softmax";
@@ -144,6 +145,7 @@ class AttnResRouter final : public DepthRouter {
         } else {
           be_.copy(qg, w, sizeof(float) * d_);
         }
+        if (tau_ != 1.0f) be_.scale(qg, tau_, d_);  // score temperature: s = tau q . k
       }
     }
     prepare_input(first_);
@@ -435,6 +437,7 @@ class AttnResRouter final : public DepthRouter {
     } else {
       be_.copy(qdyn_.data(), qraw_.data(), sizeof(float) * n_ * d_);
     }
+    if (tau_ != 1.0f) be_.scale(qdyn_.data(), tau_, n_ * d_);  // score temperature
     *q_ld = d_;
     return qdyn_.data();
   }
@@ -476,8 +479,10 @@ class AttnResRouter final : public DepthRouter {
     }
   }
 
-  // Static query qg = w * g of mixer m: dw += dqg * g, dg += dqg * w. dqg: backend memory.
-  void accumulate_query_grad(int64_t m, const float* dqg) {
+  // Static query qg = tau w * g of mixer m: dw += tau dqg * g, dg += tau dqg * w. dqg (d/d qg):
+  // backend memory, scaled by tau in place.
+  void accumulate_query_grad(int64_t m, float* dqg) {
+    if (tau_ != 1.0f) be_.scale(dqg, tau_, d_);
     float* dw = grads_ + off_[m].query;
     if (!mix_.key_norm) {
       be_.add(dw, dw, dqg, d_);
@@ -528,6 +533,7 @@ class AttnResRouter final : public DepthRouter {
     query(m, src, &q_ld);  // recomputes qraw_/qdyn_: cheaper than storing L of them
     be_.zero(dq_.data(), sizeof(float) * n_ * d_);
     be_.depth_mix_backward(dq_.data(), dx, x, lse, src.data(), S, qdyn_.data(), q_ld, mix_, n_);
+    if (tau_ != 1.0f) be_.scale(dq_.data(), tau_, n_ * d_);  // qdyn = tau (w + W u) g
     // dq_ holds d/d(qg) per token; qg = (w + W u) * g: dg += sum_rows dq (w + W u), then
     // dq *= g is d/dq, and dw += sum_rows dq.
     const int64_t nd = n_ * d_;
@@ -547,6 +553,7 @@ class AttnResRouter final : public DepthRouter {
   const int64_t L_, d_, S_, window_;
   const bool dynamic_;
   const float eps_;
+  const float tau_;  // score temperature (1 = none)
   ops::DepthMix mix_;
   int64_t NB_ = 0, n_ = 0;
   bool two_phase_ = false;
