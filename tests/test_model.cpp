@@ -245,6 +245,14 @@ TEST(Model, BadConfigValuesAreRejected) {
   c.residual.key_eps = 0;
   c.residual.temperature = 0;
   EXPECT_THROW(Model{c}, Error);
+  c.residual.temperature = 1e-300;  // rounds to 0 as a float
+  EXPECT_THROW(Model{c}, Error);
+  c.residual.temperature = 1;
+  c.residual.key_eps = 1e-300;
+  EXPECT_THROW(Model{c}, Error);
+  c.residual.key_eps = 0;
+  c.norm_eps = 1e-300;
+  EXPECT_THROW(Model{c}, Error);
 }
 
 TEST(Model, KeyNormEpsilonIsStoredOnlyWhenSet) {

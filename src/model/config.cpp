@@ -45,7 +45,9 @@ void ModelConfig::validate() const {
   need(max_seq_len * head_dim() <= (int64_t{1} << 28),
        "max_seq_len x head_dim = " + std::to_string(max_seq_len) + " x " +
            std::to_string(head_dim()) + " is over 2^28; use a shorter context or more heads");
-  need(std::isfinite(norm_eps) && norm_eps > 0 && norm_eps < 1, "norm_eps (--norm-eps) must be in (0, 1)");
+  // Lower bounds keep the epsilons and the temperature nonzero once rounded to float.
+  need(std::isfinite(norm_eps) && norm_eps >= 1e-30 && norm_eps < 1,
+       "norm_eps (--norm-eps) must be in [1e-30, 1)");
   need(std::isfinite(rope_theta) && rope_theta > 0, "rope_theta must be a finite number > 0");
   const ResidualConfig& r = residual;
   need(r.mode == "prenorm" || r.mode == "full" || r.mode == "block" || r.mode == "static" ||
@@ -64,10 +66,10 @@ void ModelConfig::validate() const {
              std::to_string(d_model) + ")");
     need(r.query == "static" || r.query == "dynamic",
          "attnres query '" + r.query + "' is unknown; use static or dynamic");
-    need(std::isfinite(r.key_eps) && r.key_eps >= 0 && r.key_eps < 1,
-         "attnres key eps (--attnres-key-eps) must be in [0, 1) (0 = norm_eps)");
-    need(std::isfinite(r.temperature) && r.temperature > 0 && r.temperature <= 1000,
-         "attnres temperature (--attnres-temperature) must be in (0, 1000]");
+    need(std::isfinite(r.key_eps) && (r.key_eps == 0 || (r.key_eps >= 1e-30 && r.key_eps < 1)),
+         "attnres key eps (--attnres-key-eps) must be 0 (= norm_eps) or in [1e-30, 1)");
+    need(std::isfinite(r.temperature) && r.temperature >= 1e-6 && r.temperature <= 1000,
+         "attnres temperature (--attnres-temperature) must be in [1e-6, 1000]");
     need(r.window >= 0 && r.window <= kMaxSeqLen, "attnres window must be in [0, " +
                                                       std::to_string(kMaxSeqLen) + "] (0 = off)");
   }
