@@ -1,66 +1,73 @@
 #!/usr/bin/env bash
-# Checks that the README names only commands that exist: for every `attnres SUBCOMMAND` in its
+# Checks that the README (and the other pages given) name only commands that exist: for every
+# `attnres SUBCOMMAND` in their
 # code (indented or fenced blocks, <pre> blocks and `backtick` spans; after a prompt, mpirun,
 # an environment assignment, `cd x &&` or a pipe; with global options such as --threads N before
 # the subcommand), `attnres SUBCOMMAND --help` must print that subcommand's own usage; every
 # scripts/... or tools/... path it names must exist, and a script (.sh, .py or no extension)
 # must be executable with a #! line. Run by the test suite (CTest: ReadmeCheck.*).
 #
-#   bash scripts/readme_check.sh [path/to/attnres] [path/to/README.md]
+#   bash scripts/readme_check.sh [path/to/attnres] [README.md [docs/PAGE.md ...]]
 set -euo pipefail
 here=$(pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
 abs() { [[ "$1" == /* ]] && echo "$1" || echo "$here/$1"; }
 cli=$(abs "${1:-$root/build/attnres}")
-readme=$(abs "${2:-$root/README.md}")
+pages=()
+for p in "${@:2}"; do pages+=("$(abs "$p")"); done
+((${#pages[@]} > 0)) || pages=("$root/README.md")
 [[ -x "$cli" ]] || { echo "readme_check: no attnres binary at '$cli' (build first: bash scripts/build.sh)" >&2; exit 2; }
-[[ -f "$readme" ]] || { echo "readme_check: no README at '$readme'" >&2; exit 2; }
+for p in "${pages[@]}"; do
+  [[ -f "$p" ]] || { echo "readme_check: no page at '$p'" >&2; exit 2; }
+done
 command -v python3 >/dev/null || { echo "readme_check: needs python3 (scripts/setup.sh installs it)" >&2; exit 2; }
 cd "$root"
 
-# The commands and paths the README's code names, one per line: "cmd WORD" or "path PATH".
-names=$(python3 - "$readme" <<'PY'
+# The commands and paths each page's code names, one per line: "cmd WORD PAGE" or "path PATH PAGE".
+names=$(python3 - "${pages[@]}" <<'PY'
 import os, re, sys
-text = open(sys.argv[1], encoding="utf-8", errors="replace").read()
-code, fenced, pre = [], False, False
-for line in text.splitlines():
-    s = line.strip()
-    if s.startswith("```"):
-        fenced = not fenced
-        continue
-    if "<pre>" in s:
-        pre = True
-        s = s.split("<pre>", 1)[1]
-    if pre:
-        end = "</pre>" in s
-        code.append(s.split("</pre>", 1)[0])
-        pre = not end
-        continue
-    if fenced or line.startswith("    ") or line.startswith("\t"):
-        code.append(s)
-    else:
-        code += re.findall(r"`([^`]+)`", line)
-out = set()
-for c in code:
-    c = re.sub(r"^\$\s+", "", c.strip())
-    toks = [t for t in re.split(r"\s+|&&|\|\||[;|()]", c) if t]
-    for i, t in enumerate(toks):
-        if os.path.basename(t) == "attnres":
-            j = i + 1
-            while j < len(toks) and toks[j].startswith("-"):
-                j += 2 if toks[j] in ("--threads", "--config") else 1
-            if j < len(toks) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", toks[j]):
-                out.add("cmd " + toks[j])
-        p = t.lstrip("`'\"[").rstrip(",.;:`'\"[]")
-        if re.match(r"^(\./)?(scripts|tools)/", p):
-            out.add("path " + re.sub(r"^\./", "", p))
-print("\n".join(sorted(out)))
+for page in sys.argv[1:]:
+  text = open(page, encoding="utf-8", errors="replace").read()
+  code, fenced, pre = [], False, False
+  for line in text.splitlines():
+      s = line.strip()
+      if s.startswith("```"):
+          fenced = not fenced
+          continue
+      if "<pre>" in s:
+          pre = True
+          s = s.split("<pre>", 1)[1]
+      if pre:
+          end = "</pre>" in s
+          code.append(s.split("</pre>", 1)[0])
+          pre = not end
+          continue
+      if fenced or line.startswith("    ") or line.startswith("\t"):
+          code.append(s)
+      else:
+          code += re.findall(r"`([^`]+)`", line)
+  out = set()
+  for c in code:
+      c = re.sub(r"^\$\s+", "", c.strip())
+      toks = [t for t in re.split(r"\s+|&&|\|\||[;|()]", c) if t]
+      for i, t in enumerate(toks):
+          if os.path.basename(t) == "attnres":
+              j = i + 1
+              while j < len(toks) and toks[j].startswith("-"):
+                  j += 2 if toks[j] in ("--threads", "--config") else 1
+              if j < len(toks) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", toks[j]):
+                  out.add("cmd " + toks[j] + " " + page)
+          p = t.lstrip("`'\"[").rstrip(",.;:`'\"[]")
+          if re.match(r"^(\./)?(scripts|tools)/", p):
+              out.add("path " + re.sub(r"^\./", "", p) + " " + page)
+  print("\n".join(sorted(out)))
 PY
 )
 fail=0
 n_subs=0
 n_files=0
-while read -r kind name; do
+while read -r kind name page; do
+  doc=$(basename "$page")
   [[ -n "$kind" ]] || continue
   if [[ $kind == cmd ]]; then
     n_subs=$((n_subs + 1))
@@ -68,18 +75,18 @@ while read -r kind name; do
     # first: grep -q would stop reading and make a long help die of SIGPIPE.
     help=$("$cli" "$name" --help 2>/dev/null) || help=""
     if ! grep -qE "^Usage: [^ ]*attnres $name( |\$)" <<<"$help"; then
-      echo "README names 'attnres $name', but '$cli $name --help' is not that command's help" >&2
+      echo "$doc names 'attnres $name', but '$cli $name --help' is not that command's help" >&2
       fail=1
     fi
     continue
   fi
   n_files=$((n_files + 1))
   if [[ ! -e "$name" ]]; then
-    echo "README names '$name', which does not exist" >&2
+    echo "$doc names '$name', which does not exist" >&2
     fail=1
   elif [[ -f "$name" && ( "$name" == *.sh || "$name" == *.py || "$(basename "$name")" != *.* ) ]]; then
     if [[ ! -x "$name" ]] || ! head -1 "$name" | grep -q '^#!'; then
-      echo "README names '$name', which is not an executable script (chmod +x, and a #! line)" >&2
+      echo "$doc names '$name', which is not an executable script (chmod +x, and a #! line)" >&2
       fail=1
     fi
   fi
@@ -88,5 +95,5 @@ for flag in --help --version; do
   "$cli" "$flag" >/dev/null 2>&1 || { echo "'$cli $flag' fails" >&2; fail=1; }
 done
 ((fail == 0)) || exit 1
-((n_subs > 0 && n_files > 0)) || { echo "readme_check: found no commands in $readme (parser broken?)" >&2; exit 1; }
-echo "readme_check: $n_subs subcommands and $n_files scripts/tools paths named by $readme all exist"
+((n_subs > 0 && n_files > 0)) || { echo "readme_check: found no commands in ${pages[*]} (parser broken?)" >&2; exit 1; }
+echo "readme_check: $n_subs subcommand and $n_files scripts/tools path mentions in ${#pages[@]} page(s) all exist"
