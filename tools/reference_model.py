@@ -6,7 +6,7 @@ the C++ engine can be checked against it.  It deliberately shares no code with
 the engine.  Everything is functional: parameters live in an ordered dict
 ``name -> tensor`` keyed by the checkpoint names, and ``forward`` reads them.
 
-Conventions (see tools/README.md for the full list):
+Conventions (see docs/MODEL.md, "Exact definition", for the full list):
   * all weights are (out_features, in_features); no biases;
   * RMSNorm(x) = x * rsqrt(mean(x^2) + eps) * g;
   * attention: GQA with HF ``repeat_kv`` mapping (query head h reads kv head
@@ -25,7 +25,7 @@ and DenseFormer (mode "denseformer": depth-weighted averages of block outputs).
 
 The AttnRes depth mix (modes full / block) has the ablation options of the
 paper (SPEC 6): gate softmax|sigmoid, key norm rms|none, H depth heads,
-static|dynamic query, sliding window K.  See tools/README.md for the exact
+static|dynamic query, sliding window K.  See docs/MODEL.md ("Exact definition") for the exact
 definitions.
 """
 
