@@ -28,12 +28,14 @@ names=$(python3 - "${pages[@]}" <<'PY'
 import os, re, sys
 for page in sys.argv[1:]:
   text = open(page, encoding="utf-8", errors="replace").read()
-  code, fenced, pre = [], False, False
+  code, fence, pre = [], "", False
   for line in text.splitlines():
       s = line.strip()
-      if s.startswith("```"):
-          fenced = not fenced
+      m = re.match(r"(```+|~~~+)", s)
+      if m and (not fence or s.startswith(fence)):
+          fence = "" if fence else m.group(1)
           continue
+      fenced = bool(fence)
       if "<pre>" in s:
           pre = True
           s = s.split("<pre>", 1)[1]
@@ -46,6 +48,9 @@ for page in sys.argv[1:]:
           code.append(s)
       else:
           code += re.findall(r"`([^`]+)`", line)
+          code += [t for t in re.findall(r"\]\(([^)\s]+)\)", line)]  # [text](scripts/x.sh)
+  if fence:
+      print("unclosed - " + page)
   out = set()
   for c in code:
       c = re.sub(r"^\$\s+", "", c.strip())
@@ -68,6 +73,11 @@ n_subs=0
 n_files=0
 while read -r kind name page; do
   doc=$(basename "$page")
+  if [[ $kind == unclosed ]]; then
+    echo "$doc has a code fence that is never closed" >&2
+    fail=1
+    continue
+  fi
   [[ -n "$kind" ]] || continue
   if [[ $kind == cmd ]]; then
     n_subs=$((n_subs + 1))
@@ -81,7 +91,10 @@ while read -r kind name page; do
     continue
   fi
   n_files=$((n_files + 1))
-  if [[ ! -e "$name" ]]; then
+  if [[ "/$name/" == */../* ]]; then
+    echo "$doc names '$name', a path that leaves scripts/ or tools/ (no '..')" >&2
+    fail=1
+  elif [[ ! -e "$name" ]]; then
     echo "$doc names '$name', which does not exist" >&2
     fail=1
   elif [[ -f "$name" && ( "$name" == *.sh || "$name" == *.py || "$(basename "$name")" != *.* ) ]]; then
@@ -95,5 +108,5 @@ for flag in --help --version; do
   "$cli" "$flag" >/dev/null 2>&1 || { echo "'$cli $flag' fails" >&2; fail=1; }
 done
 ((fail == 0)) || exit 1
-((n_subs > 0 && n_files > 0)) || { echo "readme_check: found no commands in ${pages[*]} (parser broken?)" >&2; exit 1; }
+((n_subs + n_files > 0)) || { echo "readme_check: found no attnres command and no scripts/tools path in ${pages[*]} (parser broken?)" >&2; exit 1; }
 echo "readme_check: $n_subs subcommand and $n_files scripts/tools path mentions in ${#pages[@]} page(s) all exist"

@@ -165,6 +165,15 @@ TEST(Compare, SweepAnyTrainOption) {
   EXPECT_EQ(run("compare --preset tiny --sweep block-size --data " + data + " --out " +
                     (dir / "bad2").string(), &log), 1);
   EXPECT_NE(log.find("OPTION=V1,V2"), std::string::npos) << log;
+  EXPECT_EQ(run("compare --preset tiny --sweep lr=1e-3,,2e-3 --data " + data + " --out " +
+                    (dir / "bad3").string(), &log), 1);
+  EXPECT_NE(log.find("empty value"), std::string::npos) << log;
+  EXPECT_EQ(run("compare --preset tiny --lr 1e-3 --sweep lr=2e-3,4e-3 --data " + data + " --out " +
+                    (dir / "bad4").string(), &log), 1);
+  EXPECT_NE(log.find("--lr is given and also swept"), std::string::npos) << log;
+  EXPECT_EQ(run("compare --preset '' --data " + data + " --out " + (dir / "bad5").string(), &log),
+            1);
+  EXPECT_NE(log.find("unknown --preset"), std::string::npos) << log;
   EXPECT_EQ(run("report " + (dir / "nothing").string(), &log), 1);
   EXPECT_NE(log.find("results.json"), std::string::npos) << log;
 }
@@ -368,6 +377,29 @@ TEST(Compare, ScaleFitsALawPerModeFromTheComparisonsAtEachSize) {
                       (dir / "bad").string(), &log), 1) << bad;
     EXPECT_NE(log.find("--sizes"), std::string::npos) << bad << log;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// A preset's warm-up keeps its share of the run when --steps is given (the main job's 50 of 300
+// steps become 2 of 12), and an explicit --warmup still wins.
+TEST(Compare, PresetWarmupScalesWithExplicitSteps) {
+  TempDir td;
+  const std::string data = corpus(fs::path(td.path));
+  const std::string small = " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 "
+                            "--tokenizer byte --eval-every 0 --eval-batches 1 --no-plots "
+                            "--modes prenorm --seeds 1 --data " + data;
+  auto warmup_of = [&](const std::string& out) {
+    const json j = json::parse(slurp(fs::path(out) / "runs/prenorm/seed1337/train_config.json"));
+    return j.at("warmup_steps").get<int64_t>();
+  };
+  const std::string a = (fs::path(td.path) / "a").string(), b = (fs::path(td.path) / "b").string();
+  ASSERT_EQ(run("compare --preset small --steps 12" + small + " --out " + a), 0);
+  EXPECT_EQ(warmup_of(a), 2);
+  ASSERT_EQ(run("compare --preset small --steps 12 --warmup 5" + small + " --out " + b), 0);
+  EXPECT_EQ(warmup_of(b), 5);
 }
 
 }  // namespace

@@ -154,6 +154,22 @@ TEST(Model, InitialWeightsFromAPreNormCheckpointStartAnAttnResRun) {
   pre.forward(tok.data(), nullptr, 1, 8);
   full.forward(tok.data(), nullptr, 1, 8);
   EXPECT_LT(rel_diff(pre.logits(), full.logits(), 8 * 13), 1e-5);
+  // Settings that change the function but no shape are reported, the checkpoint's value first.
+  {
+    ModelConfig tc = fc;
+    tc.residual.temperature = 0.5;
+    tc.norm_eps = 1e-6;
+    Model hot(tc);
+    randomize(hot, 3);
+    const std::string hpath = temp_path("hot.safetensors");
+    save_model(hpath, hot, {});
+    std::vector<std::string> changed;
+    load_initial_weights(full, hpath, &changed);
+    ASSERT_EQ(changed.size(), 3u);
+    EXPECT_EQ(changed[0], "norm_eps 1e-06 -> 1e-12");
+    EXPECT_EQ(changed[1], "attnres key eps 1e-06 -> 1e-12");  // it follows norm_eps
+    EXPECT_EQ(changed[2], "attnres temperature 0.5 -> 1");
+  }
   // The other way round (a Full checkpoint into a PreNorm model) has tensors it cannot place.
   const std::string fpath = temp_path("full.safetensors");
   save_model(fpath, full, {});
@@ -252,6 +268,9 @@ TEST(Model, BadConfigValuesAreRejected) {
   EXPECT_THROW(Model{c}, Error);
   c.residual.key_eps = 0;
   c.norm_eps = 1e-300;
+  EXPECT_THROW(Model{c}, Error);
+  c = tiny(true, 4);  // prenorm does not use them, but a bad value is never kept silently
+  c.residual.temperature = -1;
   EXPECT_THROW(Model{c}, Error);
 }
 

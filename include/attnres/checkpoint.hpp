@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attnres/model.hpp"
 #include "attnres/optim.hpp"
@@ -37,8 +38,12 @@ void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra = f
 // core needs must be in `path` with its shape; the residual mode's own tensors are taken from the
 // file when present and otherwise keep the model's initialisation (so a PreNorm checkpoint starts
 // an AttnRes run, computing the same function: SPEC 2). A tensor the model does not have, or a
-// non-finite value, is an Error naming the file. Returns the number of the mode's tensors kept.
-int64_t load_initial_weights(Model& model, const std::string& path);
+// non-finite value, is an Error naming the file, and so is an invalid config in its metadata.
+// Returns the number of the mode's tensors kept. `changed` (when given) receives one line per
+// setting that changes the function without changing a shape (e.g. "norm_eps 1e-05 -> 1e-10"),
+// the checkpoint's value first.
+int64_t load_initial_weights(Model& model, const std::string& path,
+                             std::vector<std::string>* changed = nullptr);
 
 void save_optimizer(const std::string& path, const Model& model, AdamW& opt, const Metadata& meta);
 // Loads moments and the step count into opt; returns the file's metadata.

@@ -303,11 +303,18 @@ json aggregate_group(const Group& g, const json& runs) {
 }  // namespace
 
 bool run_compare(CompareArgs& a) {
-  // Presets fill in only what the command line did not set.
-  if (!a.preset.empty() && a.preset != "none") {
+  // Presets fill in only what the command line did not set. With --steps given, the preset's
+  // warm-up keeps its share of the run (300 steps with warm-up 50, run for 60: warm-up 10).
+  if (a.preset != "none") {
     auto it = presets().find(a.preset);
-    check(it != presets().end(), "unknown --preset '" + a.preset + "'; use tiny, small, shallow, deep, base or none");
-    for (const auto& [opt, val] : it->second) {
+    check(it != presets().end(), "unknown --preset '" + a.preset +
+                                     "'; use tiny, small, shallow, deep, base or none");
+    std::map<std::string, std::string> p(it->second.begin(), it->second.end());
+    if (a.app->count("--steps") > 0 && a.app->count("--warmup") == 0) {
+      const double share = std::stod(p.at("--warmup")) / std::stod(p.at("--steps"));
+      p["--warmup"] = std::to_string(static_cast<int64_t>(share * double(a.base.cfg.steps)));
+    }
+    for (const auto& [opt, val] : p) {
       if (a.app->count(opt) == 0) apply_train_args(a.base, {opt + "=" + val});
     }
   }
@@ -330,6 +337,8 @@ bool run_compare(CompareArgs& a) {
     const std::string key = sw.substr(0, eq);
     const auto vals = split(sw.substr(eq + 1), ',');
     check(!vals.empty(), "--sweep '" + sw + "' lists no value");
+    check(sw.find(",,") == std::string::npos && sw.back() != ',' && sw[eq + 1] != ',',
+          "--sweep '" + sw + "' has an empty value");
     // What every configuration must share (the seeds, the data and the token budget) or what
     // compare sets itself (the mode) cannot be swept.
     static const std::set<std::string> fixed = {
@@ -342,6 +351,9 @@ bool run_compare(CompareArgs& a) {
               std::string(key == "residual" ? " (compare the modes with --modes)"
                           : key == "seed"   ? " (use --seeds)"
                                             : " (run one compare per value)"));
+    const CLI::Option* given = a.app->get_option_no_throw("--" + key);
+    check(given == nullptr || given->count() == 0,
+          "--" + key + " is given and also swept (--sweep " + key + "=...); give only the sweep");
     for (size_t i = 0; i < vals.size(); i++) {
       for (size_t j = 0; j < i; j++) {
         check(vals[i] != vals[j], "--sweep " + key + " lists '" + vals[i] + "' twice");

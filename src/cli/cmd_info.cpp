@@ -25,12 +25,12 @@ void run_info(const std::string& path) {
   std::printf("  n_head      %lld (kv %lld, head_dim %lld)\n  ffn_hidden  %lld\n",
               static_cast<long long>(c.n_head), static_cast<long long>(c.n_kv_head),
               static_cast<long long>(c.head_dim()), static_cast<long long>(c.ffn_hidden));
-  std::printf("  vocab_size  %lld\n  max_seq_len %lld\n  tied head   %s\n  norm_eps    %g\n"
+  std::printf("  vocab_size  %lld\n  max_seq_len %lld\n  tied head   %s\n  norm_eps    %.9g\n"
               "  rope_theta  %g\n",
               static_cast<long long>(c.vocab_size), static_cast<long long>(c.max_seq_len),
               c.tied ? "yes" : "no", c.norm_eps, c.rope_theta);
   if (c.residual.is_attnres()) {
-    std::printf("  key_eps     %g\n  temperature %g\n", c.key_norm_eps(), c.residual.temperature);
+    std::printf("  key_eps     %.9g\n  temperature %.9g\n", c.key_norm_eps(), c.residual.temperature);
   }
   // Parameter counts by role.
   std::map<std::string, int64_t> groups;

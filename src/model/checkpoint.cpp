@@ -2,6 +2,7 @@
 #include "attnres/checkpoint.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "attnres/error.hpp"
@@ -51,8 +52,50 @@ void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra) {
   if (!model.on_cpu()) model.params_from_host(host.data());
 }
 
-int64_t load_initial_weights(Model& model, const std::string& path) {
+namespace {
+
+std::string num(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", x);
+  return b;
+}
+
+// Settings of `to` that differ from `from` and change the model's function but no tensor shape.
+std::vector<std::string> function_changes(const ModelConfig& from, const ModelConfig& to) {
+  std::vector<std::string> v;
+  auto add = [&](const char* what, const std::string& a, const std::string& b) {
+    if (a != b) v.push_back(std::string(what) + " " + a + " -> " + b);
+  };
+  add("norm_eps", num(from.norm_eps), num(to.norm_eps));
+  add("rope_theta", num(from.rope_theta), num(to.rope_theta));
+  const ResidualConfig &a = from.residual, &b = to.residual;
+  if (a.is_attnres() && b.is_attnres()) {
+    add("attnres key eps", num(from.key_norm_eps()), num(to.key_norm_eps()));
+    add("attnres temperature", num(a.temperature), num(b.temperature));
+    add("attnres gate", a.gate, b.gate);
+    add("attnres heads", std::to_string(a.heads), std::to_string(b.heads));
+    add("attnres window", std::to_string(a.window), std::to_string(b.window));
+    add("block size", std::to_string(a.effective_block_size()),
+        std::to_string(b.effective_block_size()));
+  }
+  return v;
+}
+
+}  // namespace
+
+int64_t load_initial_weights(Model& model, const std::string& path,
+                             std::vector<std::string>* changed) {
   const SafetensorsReader r = SafetensorsReader::open(path);
+  if (auto it = r.metadata().find("config"); it != r.metadata().end()) {
+    ModelConfig from;
+    try {
+      from = ModelConfig::from_json(it->second);
+      from.validate();
+    } catch (const Error& e) {
+      throw Error("--init-from '" + path + "': " + e.what());
+    }
+    if (changed) *changed = function_changes(from, model.config());
+  }
   std::vector<float> p = model.params_to_host();
   std::set<std::string> expected;
   int64_t kept = 0;

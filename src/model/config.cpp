@@ -50,6 +50,11 @@ void ModelConfig::validate() const {
        "norm_eps (--norm-eps) must be in [1e-30, 1)");
   need(std::isfinite(rope_theta) && rope_theta > 0, "rope_theta must be a finite number > 0");
   const ResidualConfig& r = residual;
+  // Checked in every mode (only full/block use them), so a bad value is never silently kept.
+  need(std::isfinite(r.key_eps) && (r.key_eps == 0 || (r.key_eps >= 1e-30 && r.key_eps < 1)),
+       "attnres key eps (--attnres-key-eps) must be 0 (= norm_eps) or in [1e-30, 1)");
+  need(std::isfinite(r.temperature) && r.temperature >= 1e-6 && r.temperature <= 1000,
+       "attnres temperature (--attnres-temperature) must be in [1e-6, 1000]");
   need(r.mode == "prenorm" || r.mode == "full" || r.mode == "block" || r.mode == "static" ||
            r.mode == "denseformer",
        "residual mode '" + r.mode + "' is unknown; use prenorm, full, block, static or denseformer");
@@ -66,10 +71,6 @@ void ModelConfig::validate() const {
              std::to_string(d_model) + ")");
     need(r.query == "static" || r.query == "dynamic",
          "attnres query '" + r.query + "' is unknown; use static or dynamic");
-    need(std::isfinite(r.key_eps) && (r.key_eps == 0 || (r.key_eps >= 1e-30 && r.key_eps < 1)),
-         "attnres key eps (--attnres-key-eps) must be 0 (= norm_eps) or in [1e-30, 1)");
-    need(std::isfinite(r.temperature) && r.temperature >= 1e-6 && r.temperature <= 1000,
-         "attnres temperature (--attnres-temperature) must be in [1e-6, 1000]");
     need(r.window >= 0 && r.window <= kMaxSeqLen, "attnres window must be in [0, " +
                                                       std::to_string(kMaxSeqLen) + "] (0 = off)");
   }

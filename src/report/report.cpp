@@ -137,7 +137,11 @@ void write_report(const std::string& run_dir) {
        << " sublayers), d " << m.at("d_model").get<int64_t>() << ", " << m.at("n_head").get<int64_t>()
        << " heads (kv " << m.at("n_kv_head").get<int64_t>() << "), SwiGLU " << m.at("ffn_hidden").get<int64_t>()
        << ", context " << m.at("max_seq_len").get<int64_t>() << ", "
-       << (m.at("tied").get<bool>() ? "tied" : "untied") << " head |\n";
+       << (m.at("tied").get<bool>() ? "tied" : "untied") << " head"
+       << (m.contains("norm_eps") && m["norm_eps"].is_number()
+               ? ", RMSNorm eps " + fmt("%g", m["norm_eps"].get<double>())
+               : std::string())
+       << " (swept settings: in each configuration's name) |\n";
     md << "| preset | " << r.value("preset", std::string("(none)")) << " |\n";
     md << "| budget per run | " << tr.at("steps").get<int64_t>() << " steps x "
        << tr.at("batch_size").get<int64_t>() << " x " << tr.at("seq_len").get<int64_t>() << " x "

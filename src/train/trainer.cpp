@@ -376,11 +376,16 @@ TrainResult train(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Commun
   model.backend().set_matmul_precision(parse_precision(cfg.precision));
   model.init_weights(cfg.seed);
   if (!cfg.resume && !cfg.init_from.empty()) {
-    const int64_t kept = load_initial_weights(model, cfg.init_from);
+    std::vector<std::string> changed;
+    const int64_t kept = load_initial_weights(model, cfg.init_from, &changed);
     msg("initial weights from " + cfg.init_from +
         (kept > 0 ? " (" + std::to_string(kept) + " tensors of the residual mode not in it: "
                     "initialised as for a new run)"
                   : std::string()));
+    for (const std::string& c : changed) {
+      msg("note: this run changes a setting of --init-from's model (same tensors, another "
+          "function): " + c);
+    }
   }
   const std::string gemms = cfg.precision == "bf16" ? "; bf16 GEMMs, fp32 master weights" : "";
   if (cfg.device == "cuda") msg("device: " + device + ", " + cuda::describe_device(gpu) + gemms);
