@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -225,13 +226,18 @@ std::string num_or(const json& x, const char* f, const char* none = "n/a") {
 
 // The results table, the paired comparisons and the claims, on the terminal.
 void print_summary(const json& results) {
-  std::printf("\n%-28s %24s %6s %12s\n", "configuration", "val loss (mean +- std)", "seeds",
-              "vs baseline");
+  int w = 28;  // the configuration column fits the longest name
+  for (const auto& g : results["groups"]) {
+    w = std::max(w, static_cast<int>(g["name"].get<std::string>().size()) + 1);
+  }
+  const std::string vs = "diff vs " + results.value("baseline", std::string("baseline"));
+  std::printf("\n%-*s %24s %6s  %s\n", w, "configuration", "val loss (mean +- std)", "seeds",
+              vs.c_str());
   for (const auto& g : results["groups"]) {
     const std::string loss = g["val_loss_mean"].is_number()
                                  ? num_or(g["val_loss_mean"], "%.4f") + " +- " + num_or(g["val_loss_std"], "%.4f")
                                  : std::string("no finished run");
-    std::printf("%-28s %24s %3d/%-2lld %12s\n", g["name"].get<std::string>().c_str(), loss.c_str(),
+    std::printf("%-*s %24s %3d/%-2lld  %s\n", w, g["name"].get<std::string>().c_str(), loss.c_str(),
                 g["seeds"].get<int>(),
                 static_cast<long long>(g["seeds"].get<int>() + g["seeds_failed"].get<int64_t>()),
                 num_or(g["delta_vs_baseline"], "%+.4f", "-").c_str());
@@ -428,7 +434,10 @@ bool run_compare(CompareArgs& a) {
               format_count(static_cast<double>(tokens_per_run)).c_str(), b.data_path.c_str(),
               format_count(static_cast<double>(data.train.size())).c_str(),
               format_count(static_cast<double>(data.val.size())).c_str());
-  std::printf("%-28s %12s %14s %14s\n", "configuration", "parameters", "MFLOP/token", "est. per run");
+  int w = 28;  // the configuration column fits the longest name
+  for (const Group& g : groups) w = std::max(w, static_cast<int>(g.name.size()) + 1);
+  std::printf("%-*s %12s %14s %14s\n", w, "configuration", "parameters", "MFLOP/token",
+              "est. per run");
   double est_total = 0;
   for (Group& g : groups) {
     TrainConfig c = g.args.cfg;
@@ -442,7 +451,7 @@ bool run_compare(CompareArgs& a) {
     const double est = g.est_step_s * static_cast<double>(c.steps) +
                        evals * static_cast<double>(c.eval_batches) * g.est_step_s / 3.0;
     est_total += est * static_cast<double>(a.seeds);
-    std::printf("%-28s %12lld %14.1f %14s\n", g.name.c_str(),
+    std::printf("%-*s %12lld %14.1f %14s\n", w, g.name.c_str(),
                 static_cast<long long>(probe.num_params()),
                 train_flops_per_token(c.model, c.seq_len) / 1e6, format_duration(est).c_str());
   }
