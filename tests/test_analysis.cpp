@@ -188,6 +188,32 @@ TEST(Analysis, EachModeAtItsBestSweepValue) {
   EXPECT_EQ(a["failed_runs"].size(), 1u);
 }
 
+TEST(Analysis, OneModeSweptIsComparedWithItsFirstValue) {
+  // An ablation of one mode (no PreNorm): each value against the first, seed by seed.
+  json r = {{"seeds", {1, 2, 3}}, {"groups", json::array()}, {"runs", json::array()}};
+  auto group = [&](const std::string& t, std::vector<double> losses) {
+    const std::string name = "full attnres-temperature=" + t;
+    r["groups"].push_back({{"name", name}, {"mode", "full"}, {"sweep", {{"attnres-temperature", t}}}});
+    for (int s = 1; s <= 3; s++) r["runs"].push_back(run(name, s, losses[s - 1]));
+  };
+  group("1", {3.0, 3.2, 2.8});
+  group("0.5", {3.1, 3.25, 2.95});  // +0.1, +0.05, +0.15: mean +0.1, sd 0.05
+  group("2", {3.0, 3.2, 2.8});      // no difference at all
+  const json a = attnres::report::analyze(r);
+  ASSERT_EQ(a["comparisons"].size(), 2u);
+  const json& c = a["comparisons"][0];
+  EXPECT_EQ(c["group"], "full attnres-temperature=0.5");
+  EXPECT_EQ(c["vs"], "full attnres-temperature=1");
+  EXPECT_EQ(c["kind"], "vs first value");
+  EXPECT_NEAR(c["mean"].get<double>(), 0.1, 1e-12);
+  // half width 4.303 * 0.05 / sqrt(3) = 0.12422: the interval holds 0.
+  EXPECT_NEAR(c["hi"].get<double>(), 0.1 + 0.12422, 1e-4);
+  EXPECT_EQ(c["verdict"], "indistinguishable");
+  EXPECT_NEAR(a["comparisons"][1]["mean"].get<double>(), 0.0, 1e-12);
+  // No PreNorm: no claims against it.
+  EXPECT_TRUE(a["claims"].empty());
+}
+
 }  // namespace
 
 #include "report/scaling.hpp"

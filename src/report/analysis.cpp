@@ -404,6 +404,17 @@ json analyze(const json& results) {
       compare_to(g, sel.at(base_mode), "each at its best");
     }
   }
+  // Within a mode, each swept value against the mode's first (an ablation: temperature, S, ...).
+  std::map<std::string, std::string> first_of_mode;
+  for (const auto& g : groups) {
+    const std::string mode = g.at("mode");
+    if (g.value("sweep", json::object()).empty()) continue;
+    if (!first_of_mode.count(mode)) {
+      first_of_mode[mode] = g.at("name");
+    } else {
+      compare_to(g, first_of_mode.at(mode), "vs first value");
+    }
+  }
   out["comparisons"] = comps;
 
   json claims = json::array();
