@@ -28,7 +28,8 @@ void BM_Sgemm(benchmark::State& st) {
   auto A = randv(n * n, 1), B = randv(n * n, 2);
   std::vector<float> C(n * n);
   for (auto _ : st) sgemm(false, true, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n);
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  st.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_Sgemm)->Arg(512)->Arg(2048)->Unit(benchmark::kMillisecond);
 
@@ -38,7 +39,9 @@ void BM_MatmulForward(benchmark::State& st) {
   auto x = randv(N * IC, 1), w = randv(OC * IC, 2);
   std::vector<float> y(N * OC);
   for (auto _ : st) ops::matmul_forward(y.data(), x.data(), w.data(), N, IC, OC);
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * N * IC * OC, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * N * IC * OC, benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_MatmulForward)->Unit(benchmark::kMillisecond);
 
@@ -46,7 +49,8 @@ void BM_Attention(benchmark::State& st) {
   const ops::AttnShape s{4, 512, 8, 8, 64};
   const int64_t N = s.B * s.T;
   auto qkv = randv(N * s.ld(), 3);
-  std::vector<float> out(N * s.H * s.hd), att(s.B * s.H * s.T * s.T), dq(N * s.ld()), scratch(att.size());
+  std::vector<float> out(N * s.H * s.hd), att(s.B * s.H * s.T * s.T), dq(N * s.ld()),
+      scratch(att.size());
   auto dout = randv(N * s.H * s.hd, 4);
   const bool backward = st.range(0) == 1;
   ops::attention_forward(out.data(), att.data(), qkv.data(), s);
@@ -59,7 +63,8 @@ void BM_Attention(benchmark::State& st) {
   }
   // Causal work actually done: about half of 4 B H T^2 hd (forward), twice that backward.
   const double flops = (backward ? 2.0 : 1.0) * 2.0 * s.B * s.H * double(s.T) * s.T * s.hd;
-  st.counters["GFLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  st.counters["GFLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_Attention)->Arg(0)->Arg(1)->ArgNames({"backward"})->Unit(benchmark::kMillisecond);
 
@@ -83,7 +88,8 @@ void BM_DepthMix(benchmark::State& st) {
   ops::depth_mix_forward(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
   for (auto _ : st) {
     if (backward) {
-      ops::depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
+      ops::depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), src.data(), S, q.data(),
+                              0, m, N);
     } else if (reference) {
       ops::depth_mix_forward_reference(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
     } else {
@@ -92,10 +98,15 @@ void BM_DepthMix(benchmark::State& st) {
   }
   // Bytes the kernel must move: each source read once (+ its gradient read and written backward).
   const double bytes = (backward ? 3.0 : 1.0) * S * N * d * sizeof(float);
-  st.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  st.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate,
+                                           benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_DepthMix)
-    ->Args({9, 0, 0})->Args({9, 0, 1})->Args({9, 1, 0})->Args({17, 0, 0})->Args({17, 1, 0})
+    ->Args({9, 0, 0})
+    ->Args({9, 0, 1})
+    ->Args({9, 1, 0})
+    ->Args({17, 0, 0})
+    ->Args({17, 1, 0})
     ->ArgNames({"sources", "backward", "reference"})
     ->Unit(benchmark::kMillisecond);
 
@@ -113,7 +124,8 @@ void BM_Exp(benchmark::State& st) {
     }
     benchmark::DoNotOptimize(y.data());
   }
-  st.counters["Gexp/s"] = benchmark::Counter(double(n), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  st.counters["Gexp/s"] = benchmark::Counter(
+      double(n), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_Exp)->Arg(0)->Arg(1)->ArgNames({"vexpf"});
 
@@ -122,7 +134,9 @@ void BM_Swiglu(benchmark::State& st) {
   auto h13 = randv(N * 2 * F, 8);
   std::vector<float> out(N * F);
   for (auto _ : st) ops::swiglu_forward(out.data(), h13.data(), N, F);
-  st.counters["GB/s"] = benchmark::Counter(3.0 * N * F * sizeof(float), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  st.counters["GB/s"] =
+      benchmark::Counter(3.0 * N * F * sizeof(float), benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_Swiglu)->Unit(benchmark::kMillisecond);
 

@@ -21,7 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     auto tok = load_tokenizer("sentencepiece:tokenizer.model", fuzz::scratch_dir());
     const int32_t n = tok->vocab_size();
-    const std::vector<int32_t> ids = tok->encode("The quick brown fox, \xc3\xbc\xe2\x82\xac \xff!\n");
+    const std::vector<int32_t> ids =
+        tok->encode("The quick brown fox, \xc3\xbc\xe2\x82\xac \xff!\n");
     for (int32_t id : ids) {
       if (id < 0 || id >= n) std::abort();  // ids index the embedding table unchecked later
     }

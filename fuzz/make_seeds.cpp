@@ -54,11 +54,12 @@ int main(int argc, char** argv) {
   put(st, "model.safetensors", read_file((tmp / "m").string()));
   put(st, "optimizer.safetensors", read_file((tmp / "o").string()));
   put(st, "dtypes.safetensors",
-      raw_safetensors(R"({"__metadata__":{"k":"v"},"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]},)"
-                      R"("b":{"dtype":"F16","shape":[1,2],"data_offsets":[4,8]},)"
-                      R"("c":{"dtype":"I64","shape":[1],"data_offsets":[8,16]},)"
-                      R"("d":{"dtype":"U8","shape":[],"data_offsets":[16,17]}})",
-                      std::string("\x80\x3f\x00\xc0\x00\x3c\x00\x7c\x05\x00\x00\x00\x00\x00\x00\x00\x07", 17)));
+      raw_safetensors(
+          R"({"__metadata__":{"k":"v"},"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]},)"
+          R"("b":{"dtype":"F16","shape":[1,2],"data_offsets":[4,8]},)"
+          R"("c":{"dtype":"I64","shape":[1],"data_offsets":[8,16]},)"
+          R"("d":{"dtype":"U8","shape":[],"data_offsets":[16,17]}})",
+          std::string("\x80\x3f\x00\xc0\x00\x3c\x00\x7c\x05\x00\x00\x00\x00\x00\x00\x00\x07", 17)));
   put(st, "huge_header.safetensors", std::string("\x00\x00\x00\x00\x00\x01\x00\x00{}", 10));
   put(st, "huge_tensor.safetensors",
       raw_safetensors(R"({"w":{"dtype":"F32","shape":[1000000,1000000],"data_offsets":[0,4]}})",
@@ -93,7 +94,8 @@ int main(int argc, char** argv) {
   // fuzz_corpus: plain text, invalid UTF-8 of every kind, a NUL byte.
   const fs::path co = root / "fuzz_corpus";
   put(co, "text.txt", "hello world\nsecond line \xc3\xbc \xe2\x82\xac \xf0\x9f\x98\x80\n");
-  put(co, "invalid.txt", "a\xc3(b \xed\xa0\x80 \xf4\x90\x80\x80 \xe0\x80\xaf \xf0\x9f\x98 \xff\xfe end");
+  put(co, "invalid.txt",
+      "a\xc3(b \xed\xa0\x80 \xf4\x90\x80\x80 \xe0\x80\xaf \xf0\x9f\x98 \xff\xfe end");
   put(co, "nul.bin", std::string("text\0more", 9));
   put(co, "blank.txt", "\n\n\n");
 

@@ -135,12 +135,12 @@ int main(int argc, char** argv) {
         b->attention_backward(dqkv.data(), scr.data(), dout.data(), qkv.data(), out.data(),
                               att.data(), s);
       });
-      std::printf("| attention fwd / fwd+bwd, %s %s | B %lld, T %lld, H %lld, hd %lld | %.3f / "
-                  "%.3f | %.1f / %.1f TFLOP/s (causal) |\n",
-                  w.substr(0, 4).c_str(), flash ? "flash kernels" : "batched GEMMs",
-                  static_cast<long long>(s.B), static_cast<long long>(s.T),
-                  static_cast<long long>(s.H), static_cast<long long>(s.hd), f, fb,
-                  flop / f / 1e9, 3.5 * flop / fb / 1e9);
+      std::printf(
+          "| attention fwd / fwd+bwd, %s %s | B %lld, T %lld, H %lld, hd %lld | %.3f / "
+          "%.3f | %.1f / %.1f TFLOP/s (causal) |\n",
+          w.substr(0, 4).c_str(), flash ? "flash kernels" : "batched GEMMs",
+          static_cast<long long>(s.B), static_cast<long long>(s.T), static_cast<long long>(s.H),
+          static_cast<long long>(s.hd), f, fb, flop / f / 1e9, 3.5 * flop / fb / 1e9);
     }
     if (old) {
       setenv("ATTNRES_FLASH_ATTENTION", keep.c_str(), 1);
@@ -178,12 +178,13 @@ int main(int argc, char** argv) {
     const double both = time_ms(be, [&] {
       for (int64_t i = 0; i < S; i++) be.depth_rstd(r[i].data(), v[i].data(), N, d, 1, 1e-5f);
       be.depth_mix_forward(x.data(), lse.data(), src.data(), S, q.data(), 0, m, N);
-      be.depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), src.data(), S, q.data(),
-                            0, m, N);
+      be.depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), src.data(), S, q.data(), 0,
+                            m, N);
     });
-    std::printf("| depth mix fwd+bwd with the sources' RMS (cf. tools/depth_mix_torch.py) | same "
-                "| %.3f | %.0f GB/s at the minimum traffic |\n",
-                both, 4.0 * (2 * S + 1) * N * d / both / 1e6);
+    std::printf(
+        "| depth mix fwd+bwd with the sources' RMS (cf. tools/depth_mix_torch.py) | same "
+        "| %.3f | %.0f GB/s at the minimum traffic |\n",
+        both, 4.0 * (2 * S + 1) * N * d / both / 1e6);
     // The same with bf16 copies of the sources (--precision bf16 stores them for the depth mix).
     std::vector<DevBuf<uint16_t>> vb(S);
     std::vector<ops::DepthSource> srcb = src;
@@ -195,11 +196,12 @@ int main(int argc, char** argv) {
     const double fh = time_ms(
         be, [&] { be.depth_mix_forward(x.data(), lse.data(), srcb.data(), S, q.data(), 0, m, N); });
     const double bh = time_ms(be, [&] {
-      be.depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), srcb.data(), S, q.data(),
-                            0, m, N);
+      be.depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), srcb.data(), S, q.data(), 0,
+                            m, N);
     });
-    std::printf("| depth mix forward, bf16 sources | same | %.3f | %.2fx the fp32 sources' time |\n",
-                fh, fh / f);
+    std::printf(
+        "| depth mix forward, bf16 sources | same | %.3f | %.2fx the fp32 sources' time |\n", fh,
+        fh / f);
     std::printf("| depth mix backward, bf16 sources | same | %.3f | %.2fx |\n", bh, bh / bw);
     // Full AttnRes's by-source backward: one source's gradient from S readers.
     std::vector<DevBuf<float>> D;
@@ -210,9 +212,10 @@ int main(int argc, char** argv) {
     const double sb = time_ms(be, [&] {
       be.depth_source_backward(dv[0].data(), src[0], rd.data(), S, dqs.data(), m, N);
     });
-    std::printf("| by-source backward (Full AttnRes): one source, %lld readers | same | %.3f | "
-                "%.0f GB/s |\n",
-                static_cast<long long>(S), sb, 4.0 * (S + 2) * N * d / sb / 1e6);
+    std::printf(
+        "| by-source backward (Full AttnRes): one source, %lld readers | same | %.3f | "
+        "%.0f GB/s |\n",
+        static_cast<long long>(S), sb, 4.0 * (S + 2) * N * d / sb / 1e6);
   }
   // Whole fp32 training steps: GPT-2 small shapes (124M parameters with its 50257-token
   // vocabulary), B x T tokens per step.
@@ -259,8 +262,8 @@ int main(int argc, char** argv) {
           "%.1f ms |\n",
           precision, mode, static_cast<long long>(model.num_params()),
           static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.d_model),
-          static_cast<long long>(B), static_cast<long long>(T),
-          ms, B * T / ms * 1e3, tflops, ms / base_ms, loss, st.device_ms, st.graph_ms);
+          static_cast<long long>(B), static_cast<long long>(T), ms, B * T / ms * 1e3, tflops,
+          ms / base_ms, loss, st.device_ms, st.graph_ms);
       // One more step with the profiler, each op family's scope waiting for the device.
       prof::set_synchronizer([](void* b) { static_cast<Backend*>(b)->synchronize(); }, &be);
       prof::reset();
@@ -317,16 +320,17 @@ int main(int argc, char** argv) {
           },
           10);
       const StepTimes st = time_device_steps(be, model, opt, stok, stgt, sb, stt);
-      std::printf("| small train step fp32, %s | %lld params, L %lld, d %lld, %lldx%lld tokens | "
-                  "%.2f | device step %.2f ms, CUDA graphs %.2f ms (%.2fx) |\n",
-                  mode, static_cast<long long>(model.num_params()),
-                  static_cast<long long>(sc.n_layer), static_cast<long long>(sc.d_model),
-                  static_cast<long long>(sb), static_cast<long long>(stt), ms, st.device_ms,
-                  st.graph_ms, st.device_ms / st.graph_ms);
+      std::printf(
+          "| small train step fp32, %s | %lld params, L %lld, d %lld, %lldx%lld tokens | "
+          "%.2f | device step %.2f ms, CUDA graphs %.2f ms (%.2fx) |\n",
+          mode, static_cast<long long>(model.num_params()), static_cast<long long>(sc.n_layer),
+          static_cast<long long>(sc.d_model), static_cast<long long>(sb),
+          static_cast<long long>(stt), ms, st.device_ms, st.graph_ms, st.device_ms / st.graph_ms);
     }
   }
-  std::printf("\nms per training step by op family, forward / backward (one profiled step, the "
-              "device synchronised around each op):\n| GEMMs, mode |");
+  std::printf(
+      "\nms per training step by op family, forward / backward (one profiled step, the "
+      "device synchronised around each op):\n| GEMMs, mode |");
   for (int op = 0; op < prof::kOpCount; op++) std::printf(" %s |", prof::op_name(op));
   std::printf("\n|---|");
   for (int op = 0; op < prof::kOpCount; op++) std::printf("---|");

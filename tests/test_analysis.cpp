@@ -70,7 +70,8 @@ json three_modes() {
             {"runs", json::array()}};
   // Full's mixers: the second reads its most recent source most, the third the embedding.
   const json w = {{1.0, nullptr, nullptr}, {0.3, 0.7, nullptr}, {0.5, 0.2, 0.3}};
-  const double pre[] = {3.00, 3.10, 2.90}, full[] = {2.95, 3.04, 2.86}, block[] = {3.02, 3.08, 2.95};
+  const double pre[] = {3.00, 3.10, 2.90}, full[] = {2.95, 3.04, 2.86},
+               block[] = {3.02, 3.08, 2.95};
   for (int s = 0; s < 3; s++) {
     r["runs"].push_back(run("prenorm", s + 1, pre[s], diag({1, 2, 4, 8}, {4, 1, 1, 1})));
     r["runs"].push_back(run("full", s + 1, full[s], diag({1, 1, 1, 1.5}, {1, 1, 1, 1.2}, w)));
@@ -193,7 +194,8 @@ TEST(Analysis, OneModeSweptIsComparedWithItsFirstValue) {
   json r = {{"seeds", {1, 2, 3}}, {"groups", json::array()}, {"runs", json::array()}};
   auto group = [&](const std::string& t, std::vector<double> losses) {
     const std::string name = "full attnres-temperature=" + t;
-    r["groups"].push_back({{"name", name}, {"mode", "full"}, {"sweep", {{"attnres-temperature", t}}}});
+    r["groups"].push_back(
+        {{"name", name}, {"mode", "full"}, {"sweep", {{"attnres-temperature", t}}}});
     for (int s = 1; s <= 3; s++) r["runs"].push_back(run(name, s, losses[s - 1]));
   };
   group("1", {3.0, 3.2, 2.8});

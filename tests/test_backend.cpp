@@ -290,8 +290,8 @@ TEST_P(BackendOps, HeadBackwardMatchesTheTwoOps) {
       MatmulMemo* mm = memo_on ? &memo : nullptr;
       be->matmul_forward(gy.data(), gx.data(), gw.data(), N, IC, V, false, mm);
       if (fused) {
-        be->head_backward(gdx.data(), gdw.data(), gl.data(), glse.data(), gt.data(), N, V,
-                          1.0f / N, gx.data(), gw.data(), IC, mm);
+        be->head_backward(gdx.data(), gdw.data(), gl.data(), glse.data(), gt.data(), N, V, 1.0f / N,
+                          gx.data(), gw.data(), IC, mm);
       } else {
         be->cross_entropy_backward(gl.data(), gl.data(), glse.data(), gt.data(), N, V, 1.0f / N);
         be->matmul_backward(gdx.data(), gdw.data(), gl.data(), gx.data(), gw.data(), N, IC, V, mm);
@@ -336,8 +336,7 @@ TEST_P(BackendOps, RowKernelsMatchCpu) {
     be->rmsnorm_forward(gy.data(), gr.data(), gx.data(), gg.data(), N, C, 1e-5f);
     EXPECT_LT(rel(gy.download(), y), 1e-5);
     ops::rmsnorm_backward(dx.data(), dg.data(), dout.data(), x.data(), g.data(), r.data(), N, C);
-    be->rmsnorm_backward(gdx.data(), gdg.data(), gdy.data(), gx.data(), gg.data(), gr.data(),
-                                N, C);
+    be->rmsnorm_backward(gdx.data(), gdg.data(), gdy.data(), gx.data(), gg.data(), gr.data(), N, C);
     EXPECT_LT(rel(gdx.download(), dx), 1e-5);
     EXPECT_LT(rel(gdg.download(), dg), 1e-5);
   }
@@ -432,7 +431,7 @@ TEST_P(BackendOps, DepthMixMatchesCpu) {
         ops::depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), os.data(), S, q.data(),
                                 q_ld, om, N);
         be->depth_mix_backward(gdq.data(), gdx.data(), gx.data(), glse.data(), gs.data(), S,
-                                      gq.data(), q_ld, gm, N);
+                               gq.data(), q_ld, gm, N);
         EXPECT_LT(rel(gdq.download(), dq), 1e-4);
         for (int64_t i = 0; i < S; i++) EXPECT_LT(rel(gdv[i].download(), dv[i]), 1e-5) << i;
       }
@@ -490,8 +489,8 @@ TEST_P(BackendOps, BySourceBackwardMatchesCpu) {
         const int64_t i = 2;
         std::vector<float> dv(N * d), dq(K * d, 0.0f);
         ops::depth_source_backward(dv.data(), os[i], ord.data(), K, dq.data(), K * d, 1, m, N);
-        const auto dq0 = randn(K * d, 330);  // the device adds into dq
-        Buf gdv(randn(N * d, 331)), gdq(dq0);   // and overwrites dv
+        const auto dq0 = randn(K * d, 330);    // the device adds into dq
+        Buf gdv(randn(N * d, 331)), gdq(dq0);  // and overwrites dv
         be->depth_source_backward(gdv.data(), gs[i], grd.data(), K, gdq.data(), m, N);
         EXPECT_LT(rel(gdv.download(), dv), 1e-5);
         std::vector<float> want(dq0);
@@ -542,10 +541,10 @@ TEST_P(BackendOps, DepthOpsReadTheBf16Sources) {
   Buf gdx(dx);
   std::vector<float> dq(d, 0.0f);
   Buf gdq(d);
-  ops::depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), os.data(), S, q.data(), 0,
-                          m, N);
-  be->depth_mix_backward(gdq.data(), gdx.data(), gx.data(), glse.data(), gs.data(), S, gq.data(),
-                         0, m, N);
+  ops::depth_mix_backward(dq.data(), dx.data(), x.data(), lse.data(), os.data(), S, q.data(), 0, m,
+                          N);
+  be->depth_mix_backward(gdq.data(), gdx.data(), gx.data(), glse.data(), gs.data(), S, gq.data(), 0,
+                         m, N);
   EXPECT_LT(rel(gdq.download(), dq), 1e-4);
   for (int64_t i = 0; i < S; i++) EXPECT_LT(rel(gdv[i].download(), dv[i]), 1e-5) << i;
   // two-phase: phase 1 over sources 0..2, phase 2 merging source 3
@@ -562,8 +561,7 @@ TEST_P(BackendOps, DepthOpsReadTheBf16Sources) {
     be->depth_mix_phase1(&goo, &gol, gs.data(), S - 1, &gqq, 1, m, N);
     EXPECT_LT(rel(go.download(), o), 1e-5);
     ops::depth_mix_phase2(x2.data(), l2.data(), o.data(), l1.data(), os[S - 1], q.data(), m, N);
-    be->depth_mix_phase2(gx2.data(), gl2.data(), go.data(), gl1.data(), gs[S - 1], gq.data(), m,
-                         N);
+    be->depth_mix_phase2(gx2.data(), gl2.data(), go.data(), gl1.data(), gs[S - 1], gq.data(), m, N);
     EXPECT_LT(rel(gx2.download(), x2), 1e-5);
   }
   // by source: source 1 read by two readers
@@ -589,8 +587,8 @@ TEST_P(BackendOps, TwoPhaseDepthMixMatchesCpu) {
   for (int64_t H : {1, 2}) {
     for (bool key_norm : {true, false}) {
       for (int64_t K : {3, 18}) {
-        SCOPED_TRACE("H=" + std::to_string(H) + (key_norm ? " rms" : " none") + " K=" +
-                     std::to_string(K));
+        SCOPED_TRACE("H=" + std::to_string(H) + (key_norm ? " rms" : " none") +
+                     " K=" + std::to_string(K));
         ops::DepthMix m;
         m.d = d;
         m.H = H;
@@ -653,16 +651,15 @@ TEST_P(BackendOps, AttentionAndAdamWMatchCpu) {
     const auto qkv = randn(N * s.ld(), 60), dout = randn(N * s.H * s.hd, 61);
     std::vector<float> out(N * s.H * s.hd), att(att_n), dqkv = randn(N * s.ld(), 62),
                                                         scratch(att_n);
-    Buf gqkv(qkv), gout(out.size()), gatt(att_n), gdout(dout), gdqkv(dqkv),
-        gscratch(att_n);
+    Buf gqkv(qkv), gout(out.size()), gatt(att_n), gdout(dout), gdqkv(dqkv), gscratch(att_n);
     const ops::AttnShape gs{s.B, s.T, s.H, s.Hkv, s.hd};
     ops::attention_forward(out.data(), att.data(), qkv.data(), s);
     be->attention_forward(gout.data(), gatt.data(), gqkv.data(), gs);
     EXPECT_LT(rel(gout.download(), out), 1e-5);
     EXPECT_LT(rel(gatt.download(), att), 1e-5);
     ops::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), s);
-    be->attention_backward(gdqkv.data(), gscratch.data(), gdout.data(), gqkv.data(),
-                           gout.data(), gatt.data(), gs);
+    be->attention_backward(gdqkv.data(), gscratch.data(), gdout.data(), gqkv.data(), gout.data(),
+                           gatt.data(), gs);
     EXPECT_LT(rel(gdqkv.download(), dqkv), 1e-5);
   }
   const int64_t n = 10000;
@@ -724,8 +721,7 @@ TEST_P(BackendOps, ScalarMixAndRowHelpersMatchCpu) {
     dp2[5] = dsrc[5].data();
     gdp2[5] = gdsrc[5].data();
     ops::scalar_mix_backward(dp2.data(), dw2.data(), dout.data(), sp.data(), w.data(), S, n);
-    be->scalar_mix_backward_dev(gdp2.data(), gda.data(), gdout.data(), gsp.data(), gw.data(), S,
-                                n);
+    be->scalar_mix_backward_dev(gdp2.data(), gda.data(), gdout.data(), gsp.data(), gw.data(), S, n);
     const std::vector<float> da = gda.download();
     for (int64_t i = 0; i < S; i++) EXPECT_NEAR(da[i], dw2[i], 1e-6 * (1 + std::abs(dw2[i]))) << i;
     EXPECT_LT(rel(gdsrc[5].download(), dsrc[5]), 1e-6);
@@ -914,7 +910,6 @@ TEST_P(BackendOps, Bf16AttentionMatchesRoundedReference) {
   EXPECT_GT(rel(gout.download(), out32), 1e-4);  // it did round
   EXPECT_LT(rel(gdqkv.download(), dqkv32), 2e-2);
 }
-
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendOps, ::testing::Values("cuda-host", "cuda"),
                          [](const auto& param_info) {

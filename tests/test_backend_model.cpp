@@ -1,8 +1,9 @@
 // Whole models on every backend other than the CPU against the same model on the CPU: the loss,
 // logits and every parameter's gradient of one forward/backward, then a few AdamW steps (losses
 // and weights track), KV-cache decoding, checkpoints written from and read into a device model,
-// and `train`/`eval`/`generate`/`compare --device` runs that track the CPU's. "cuda-host" (the CUDA kernels emulated
-// on the host) runs everywhere; "cuda" needs a GPU and is skipped, with the reason, without one.
+// and `train`/`eval`/`generate`/`compare --device` runs that track the CPU's. "cuda-host" (the CUDA
+// kernels emulated on the host) runs everywhere; "cuda" needs a GPU and is skipped, with the
+// reason, without one.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -10,8 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -26,8 +27,8 @@
 #include "attnres/train.hpp"
 #include "core/backend.hpp"
 #include "core/rng.hpp"
-#include "train/device_step.hpp"
 #include "test_util.hpp"
+#include "train/device_step.hpp"
 
 namespace fs = std::filesystem;
 using namespace attnres;
@@ -409,7 +410,7 @@ TEST_P(BackendRuns, DeviceStepMatchesTheHostStep) {
     // rounding up to about lr)
     EXPECT_LT(worst, std::string(GetParam()) == "cuda-host" ? 1e-7 : 2 * lr);
     if (graphs) {
-      EXPECT_EQ(ds.captures(), 2);      // forward+backward, update
+      EXPECT_EQ(ds.captures(), 2);     // forward+backward, update
       EXPECT_EQ(ds.replays(), 7 + 3);  // each ran uncaptured once first
       EXPECT_EQ(ds.off_reason(), "");
     }
@@ -638,7 +639,8 @@ TEST_P(BackendRuns, EvalAndGenerateOnTheDeviceMatchTheCpu) {
   auto gen = [&](const std::string& extra) {
     const auto r = attnres::testing::run_cli("generate " + td.path +
                                              "/model.safetensors --prompt 'a small' -n 12 "
-                                             "--temperature 0 " + extra);
+                                             "--temperature 0 " +
+                                             extra);
     EXPECT_EQ(r.code, 0) << r.out;
     return r.out;
   };
@@ -659,7 +661,8 @@ TEST_P(BackendRuns, CompareOnTheDeviceMatchesTheCpu) {
   attnres::testing::TempDir td;
   {
     std::ofstream f(td.path + "/corpus.txt");
-    for (int i = 0; i < 300; i++) f << "the cat sees the river " << i % 7 << ". a dog likes hats.\n";
+    for (int i = 0; i < 300; i++)
+      f << "the cat sees the river " << i % 7 << ". a dog likes hats.\n";
   }
   auto losses = [&](const std::string& name, const std::string& extra) {
     const auto r = attnres::testing::run_cli(
@@ -695,9 +698,11 @@ TEST_P(BackendRuns, TrainWithCudaGraphsOnTheCli) {
     std::ofstream f(td.path + "/corpus.txt");
     for (int i = 0; i < 200; i++) f << "graphs replay the step " << i % 5 << " again.\n";
   }
-  const std::string args = "train --data " + td.path + "/corpus.txt --n-layer 2 --d-model 32 "
+  const std::string args = "train --data " + td.path +
+                           "/corpus.txt --n-layer 2 --d-model 32 "
                            "--n-head 2 --batch-size 2 --seq-len 16 --steps 5 --eval-every 2 "
-                           "--eval-batches 1 --residual block --cuda-graphs --out " + td.path;
+                           "--eval-batches 1 --residual block --cuda-graphs --out " +
+                           td.path;
   const auto r = attnres::testing::run_cli(args + "/dev --device " + std::string(GetParam()));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("CUDA graphs: "), std::string::npos) << r.out;
@@ -737,8 +742,8 @@ TEST_P(BackendRuns, BenchOnTheDeviceMatchesTheCpu) {
     EXPECT_GT(d.at("decode_ms_per_token").get<double>(), 0.0);
   }
   // --cuda-graphs: the timed steps replay graphs
-  const auto g = bench("graphs", "--cuda-graphs --device " + std::string(GetParam()),
-                       "--steps 2 --warmup 1");
+  const auto g =
+      bench("graphs", "--cuda-graphs --device " + std::string(GetParam()), "--steps 2 --warmup 1");
   ASSERT_FALSE(g.is_discarded());
   for (const auto& r : g.at("modes")) EXPECT_GT(r.at("graph_replays").get<int64_t>(), 0) << r;
   const auto bad = attnres::testing::run_cli("bench --precision bf16 --steps 1");

@@ -70,8 +70,8 @@ TEST(Compare, TinyEndToEndReportMatchesResultsAndPlotsExist) {
   const std::string data = corpus(dir);
   const fs::path out = dir / "cmp";
   std::string log;
-  ASSERT_EQ(run("compare --preset tiny --modes prenorm,block --seeds 2 --steps 200 --data " +
-                    data + " --out " + out.string(),
+  ASSERT_EQ(run("compare --preset tiny --modes prenorm,block --seeds 2 --steps 200 --data " + data +
+                    " --out " + out.string(),
                 &log),
             0)
       << log;
@@ -85,7 +85,8 @@ TEST(Compare, TinyEndToEndReportMatchesResultsAndPlotsExist) {
     EXPECT_NE(report.find(f4(g["val_loss_mean"].get<double>()) + " +- " +
                           f4(g["val_loss_std"].get<double>())),
               std::string::npos)
-        << g["name"] << "\n" << report;
+        << g["name"] << "\n"
+        << report;
     // ... and results.json's aggregate is the mean of its runs.
     double mean = 0;
     int n = 0;
@@ -127,8 +128,8 @@ TEST(Compare, TinyEndToEndReportMatchesResultsAndPlotsExist) {
   EXPECT_EQ(slurp(out / "report.md"), report);
   expect_png(out / "val_loss.png");
   // Rerunning the same command keeps the finished runs.
-  ASSERT_EQ(run("compare --preset tiny --modes prenorm,block --seeds 2 --steps 200 --data " +
-                    data + " --out " + out.string() + " --no-plots",
+  ASSERT_EQ(run("compare --preset tiny --modes prenorm,block --seeds 2 --steps 200 --data " + data +
+                    " --out " + out.string() + " --no-plots",
                 &log),
             0);
   EXPECT_NE(log.find("already done"), std::string::npos) << log;
@@ -141,8 +142,8 @@ TEST(Compare, SweepAnyTrainOption) {
   const fs::path out = dir / "cmp";
   std::string log;
   ASSERT_EQ(run("compare --preset tiny --modes block --sweep block-size=1,4 --sweep "
-                "attnres-heads=1,2 --seeds 1 --steps 10 --no-plots --data " + data + " --out " +
-                    out.string(),
+                "attnres-heads=1,2 --seeds 1 --steps 10 --no-plots --data " +
+                    data + " --out " + out.string(),
                 &log),
             0)
       << log;
@@ -160,16 +161,24 @@ TEST(Compare, SweepAnyTrainOption) {
   EXPECT_NE(slurp(out / "report.md").find("Plots were not drawn"), std::string::npos);
   // Unknown options and malformed sweeps are errors that say what is wrong.
   EXPECT_EQ(run("compare --preset tiny --sweep nosuchoption=1,2 --data " + data + " --out " +
-                    (dir / "bad").string(), &log), 1);
+                    (dir / "bad").string(),
+                &log),
+            1);
   EXPECT_NE(log.find("nosuchoption"), std::string::npos) << log;
   EXPECT_EQ(run("compare --preset tiny --sweep block-size --data " + data + " --out " +
-                    (dir / "bad2").string(), &log), 1);
+                    (dir / "bad2").string(),
+                &log),
+            1);
   EXPECT_NE(log.find("OPTION=V1,V2"), std::string::npos) << log;
   EXPECT_EQ(run("compare --preset tiny --sweep lr=1e-3,,2e-3 --data " + data + " --out " +
-                    (dir / "bad3").string(), &log), 1);
+                    (dir / "bad3").string(),
+                &log),
+            1);
   EXPECT_NE(log.find("empty value"), std::string::npos) << log;
   EXPECT_EQ(run("compare --preset tiny --lr 1e-3 --sweep lr=2e-3,4e-3 --data " + data + " --out " +
-                    (dir / "bad4").string(), &log), 1);
+                    (dir / "bad4").string(),
+                &log),
+            1);
   EXPECT_NE(log.find("--lr is given and also swept"), std::string::npos) << log;
   EXPECT_EQ(run("compare --preset '' --data " + data + " --out " + (dir / "bad5").string(), &log),
             1);
@@ -184,9 +193,11 @@ TEST(Compare, DivergedRunsAreReportedAsSuchNeverAsNumbers) {
   const fs::path out = fs::path(td.path) / "cmp";
   std::string log;
   ::setenv("ATTNRES_TEST_DIVERGE", "full", 1);  // full's losses turn NaN from step 3 on
-  const int code = run("compare --preset tiny --modes prenorm,full --seeds 3 --steps 20 "
-                       "--no-plots --data " + data + " --out " + out.string(),
-                       &log);
+  const int code =
+      run("compare --preset tiny --modes prenorm,full --seeds 3 --steps 20 "
+          "--no-plots --data " +
+              data + " --out " + out.string(),
+          &log);
   ::unsetenv("ATTNRES_TEST_DIVERGE");
   ASSERT_EQ(code, 0) << log;
   EXPECT_NE(log.find("diverged"), std::string::npos) << log;
@@ -224,8 +235,10 @@ TEST(Compare, ARunResumedAfterItsEndReportsItsMeasuredLoss) {
   TempDir td;
   const std::string data = corpus(fs::path(td.path));
   const fs::path out = fs::path(td.path) / "cmp";
-  const std::string cmd = "compare --preset tiny --modes prenorm --seeds 1 --steps 20 --no-plots "
-                          "--data " + data + " --out " + out.string();
+  const std::string cmd =
+      "compare --preset tiny --modes prenorm --seeds 1 --steps 20 --no-plots "
+      "--data " +
+      data + " --out " + out.string();
   std::string log;
   ASSERT_EQ(run(cmd, &log), 0) << log;
   const json first = json::parse(slurp(out / "results.json"))["runs"][0];
@@ -244,8 +257,11 @@ TEST(Compare, ARunResumedAfterItsEndReportsItsMeasuredLoss) {
   // The CLI's train says the same: a number that was measured, or that none was.
   const fs::path tr = fs::path(td.path) / "tr";
   ASSERT_EQ(run("train --n-layer 1 --d-model 32 --n-head 2 --seq-len 16 --batch-size 4 --steps 6 "
-                "--eval-every 3 --save-every 3 --keep-checkpoints 3 --log-every 1 --data " + data +
-                    " --out " + tr.string(), &log), 0) << log;
+                "--eval-every 3 --save-every 3 --keep-checkpoints 3 --log-every 1 --data " +
+                    data + " --out " + tr.string(),
+                &log),
+            0)
+      << log;
   const auto at = log.find("final val loss ");
   ASSERT_NE(at, std::string::npos) << log;
   const std::string loss = log.substr(at + 15, 6);
@@ -316,8 +332,9 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
   // A damaged results.json is an error naming the file, never an internal error.
   const fs::path rj = out / "results.json";
   const std::string good = slurp(rj);
-  for (const std::string& bad : {std::string(""), std::string("[]"), good.substr(0, good.size() / 2),
-                                 std::string("{\"groups\": NaN}")}) {
+  for (const std::string& bad :
+       {std::string(""), std::string("[]"), good.substr(0, good.size() / 2),
+        std::string("{\"groups\": NaN}")}) {
     std::ofstream(rj, std::ios::trunc) << bad;
     EXPECT_EQ(run("report " + out.string(), &log), 1) << bad.substr(0, 40) << "\n" << log;
     EXPECT_NE(log.find("results.json"), std::string::npos) << log;
@@ -336,7 +353,8 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
   const std::string report = slurp(out / "report.md");
   EXPECT_EQ(report.find("0.1235"), std::string::npos) << report;
   EXPECT_NE(report.find(f4(r["runs"][0]["final_val_loss"].get<double>()) + " (1 seed: no spread)"),
-            std::string::npos) << report;
+            std::string::npos)
+      << report;
   // `report` drew the plots it links to.
   EXPECT_NE(report.find("(val_loss.png)"), std::string::npos) << report;
   EXPECT_TRUE(fs::exists(out / "val_loss.png"));
@@ -348,9 +366,14 @@ TEST(Compare, ScaleFitsALawPerModeFromTheComparisonsAtEachSize) {
   const std::string data = corpus(dir);
   const fs::path out = dir / "sc";
   std::string log;
-  ASSERT_EQ(run("--threads 1 scale --sizes 1x32,2x32,2x64 --modes prenorm,full "
-                "--tokens-per-param 0.5 --min-steps 20 --tokenizer byte --seq-len 32 --batch-size 4 "
-                "--no-plots --data " + data + " --out " + out.string(), &log), 0) << log;
+  ASSERT_EQ(
+      run("--threads 1 scale --sizes 1x32,2x32,2x64 --modes prenorm,full "
+          "--tokens-per-param 0.5 --min-steps 20 --tokenizer byte --seq-len 32 --batch-size 4 "
+          "--no-plots --data " +
+              data + " --out " + out.string(),
+          &log),
+      0)
+      << log;
   const json s = json::parse(slurp(out / "scaling.json"));
   EXPECT_EQ(s["baseline"], "prenorm");
   for (const char* mode : {"prenorm", "full"}) {
@@ -374,7 +397,10 @@ TEST(Compare, ScaleFitsALawPerModeFromTheComparisonsAtEachSize) {
   // Sizes must be LxD, growing, at least two.
   for (const char* bad : {"4x64", "4x64,2x32", "4x60,8x64", "ax64,8x64"}) {
     EXPECT_EQ(run("scale --sizes " + std::string(bad) + " --data " + data + " --out " +
-                      (dir / "bad").string(), &log), 1) << bad;
+                      (dir / "bad").string(),
+                  &log),
+              1)
+        << bad;
     EXPECT_NE(log.find("--sizes"), std::string::npos) << bad << log;
   }
 }
@@ -388,9 +414,11 @@ namespace {
 TEST(Compare, PresetWarmupScalesWithExplicitSteps) {
   TempDir td;
   const std::string data = corpus(fs::path(td.path));
-  const std::string small = " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 "
-                            "--tokenizer byte --eval-every 0 --eval-batches 1 --no-plots "
-                            "--modes prenorm --seeds 1 --data " + data;
+  const std::string small =
+      " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 "
+      "--tokenizer byte --eval-every 0 --eval-batches 1 --no-plots "
+      "--modes prenorm --seeds 1 --data " +
+      data;
   auto warmup_of = [&](const std::string& out) {
     const json j = json::parse(slurp(fs::path(out) / "runs/prenorm/seed1337/train_config.json"));
     return j.at("warmup_steps").get<int64_t>();

@@ -25,9 +25,8 @@ struct Case {
 };
 
 std::string name_of(const Case& c) {
-  return std::string(c.softmax ? "softmax" : "sigmoid") + (c.key_norm ? "_rms" : "_nonorm") +
-         "_H" + std::to_string(c.H) + (c.dynamic ? "_dyn" : "_static") +
-         (c.qscale > 1 ? "_large" : "");
+  return std::string(c.softmax ? "softmax" : "sigmoid") + (c.key_norm ? "_rms" : "_nonorm") + "_H" +
+         std::to_string(c.H) + (c.dynamic ? "_dyn" : "_static") + (c.qscale > 1 ? "_large" : "");
 }
 
 struct MixSetup {
@@ -131,8 +130,10 @@ TEST_P(DepthAttention, BackwardAccumulates) {
   for (auto& gv : t.g) std::fill(gv.begin(), gv.end(), 1.0f);
   ops::depth_mix_backward(dq1.data(), R.data(), x.data(), lse.data(), s.data(), t.S, t.q.data(),
                           t.q_ld, t.m, t.N);
-  for (int64_t i = 0; i < nd; i++) ASSERT_NEAR(t.g[2][i], g0[i] + 1.0f, 1e-4 * (1 + std::abs(g0[i])));
-  for (size_t i = 0; i < dq0.size(); i++) ASSERT_NEAR(dq1[i], dq0[i] + 1.0f, 1e-4 * (1 + std::abs(dq0[i])));
+  for (int64_t i = 0; i < nd; i++)
+    ASSERT_NEAR(t.g[2][i], g0[i] + 1.0f, 1e-4 * (1 + std::abs(g0[i])));
+  for (size_t i = 0; i < dq0.size(); i++)
+    ASSERT_NEAR(dq1[i], dq0[i] + 1.0f, 1e-4 * (1 + std::abs(dq0[i])));
 }
 
 INSTANTIATE_TEST_SUITE_P(

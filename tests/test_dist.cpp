@@ -129,7 +129,8 @@ Metrics read_metrics(const fs::path& file) {
   while (std::getline(f, line)) {
     const auto j = nlohmann::json::parse(line);
     if (j.contains("loss") && !j.contains("skipped")) m.loss.push_back(j["loss"].get<double>());
-    if (j.contains("grad_norm") && j["grad_norm"].is_number()) m.grad_norm.push_back(j["grad_norm"].get<double>());
+    if (j.contains("grad_norm") && j["grad_norm"].is_number())
+      m.grad_norm.push_back(j["grad_norm"].get<double>());
     if (j.contains("val_loss")) m.val_loss.push_back(j["val_loss"].get<double>());
   }
   return m;
@@ -277,8 +278,8 @@ TEST(Dist, TwoRanksOnADeviceMatchOneRank) {
   ASSERT_EQ(staged.code, 0) << staged.out;
   EXPECT_TRUE(contains(staged.out, "gradients: summed over the ranks by staged")) << staged.out;
   // The device step's graphs, replayed on each rank with the gradients summed between them.
-  const CliRun graphs = shell(mpirun(2) + cli() + train_args(data, dir / "graphs", 6) + dev +
-                              " --cuda-graphs");
+  const CliRun graphs =
+      shell(mpirun(2) + cli() + train_args(data, dir / "graphs", 6) + dev + " --cuda-graphs");
   ASSERT_EQ(graphs.code, 0) << graphs.out;
   EXPECT_TRUE(contains(graphs.out, "CUDA graphs: ")) << graphs.out;
   const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");

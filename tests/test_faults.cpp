@@ -45,11 +45,35 @@ void write_corpus(const fs::path& p) {
 // One thread: deterministic and not slowed by other processes on a shared machine.
 std::vector<std::string> train_args(const fs::path& corpus, const fs::path& out, int64_t steps,
                                     int64_t save_every) {
-  return {"--threads", "1", "train", "--data", corpus.string(), "--out", out.string(),
-          "--steps", std::to_string(steps), "--save-every", std::to_string(save_every),
-          "--n-layer", "1", "--d-model", "16", "--n-head", "2", "--seq-len", "16",
-          "--batch-size", "2", "--eval-every", "0", "--log-every", "10", "--sample-tokens", "0",
-          "--keep-checkpoints", "2"};
+  return {"--threads",
+          "1",
+          "train",
+          "--data",
+          corpus.string(),
+          "--out",
+          out.string(),
+          "--steps",
+          std::to_string(steps),
+          "--save-every",
+          std::to_string(save_every),
+          "--n-layer",
+          "1",
+          "--d-model",
+          "16",
+          "--n-head",
+          "2",
+          "--seq-len",
+          "16",
+          "--batch-size",
+          "2",
+          "--eval-every",
+          "0",
+          "--log-every",
+          "10",
+          "--sample-tokens",
+          "0",
+          "--keep-checkpoints",
+          "2"};
 }
 
 std::vector<std::string> resume_args(const fs::path& out) {
@@ -59,8 +83,7 @@ std::vector<std::string> resume_args(const fs::path& out) {
 // Starts the CLI with `args`, stdout+stderr to `log`; with fsize_limit > 0 the child runs under
 // RLIMIT_FSIZE with SIGXFSZ ignored, so writes past the limit fail with EFBIG (a full disk
 // without root or a mount).
-pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& log,
-                rlim_t fsize_limit = 0) {
+pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& log, rlim_t fsize_limit = 0) {
   std::vector<std::string> all = {ATTNRES_CLI_PATH};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -113,8 +136,8 @@ int64_t check_latest_loads(const fs::path& out) {
   AdamW opt(m->layout(), AdamWConfig{});
   load_optimizer((dir / "optimizer.safetensors").string(), *m, opt);
   const int64_t step = std::stoll(meta.at("step"));
-  EXPECT_EQ(name, "step_" + std::string(8 - std::to_string(step).size(), '0') +
-                      std::to_string(step));
+  EXPECT_EQ(name,
+            "step_" + std::string(8 - std::to_string(step).size(), '0') + std::to_string(step));
   EXPECT_EQ(opt.steps_taken(), step);
   return step;
 }
@@ -158,7 +181,8 @@ TEST(Faults, StopSignalsSaveACheckpointAndResumeExactly) {
     const fs::path out = dir / (sig == SIGINT ? "int" : "term");
     const pid_t pid = spawn_cli(train_args(dir / "c.txt", out, steps, 0), out.string() + ".log");
     // Signal once training has logged a few steps (the run would take ~1 s more).
-    ASSERT_TRUE(wait_until([&] { return metrics_lines(out) >= 2; }, 60)) << slurp(out.string() + ".log");
+    ASSERT_TRUE(wait_until([&] { return metrics_lines(out) >= 2; }, 60))
+        << slurp(out.string() + ".log");
     ASSERT_EQ(0, ::kill(pid, sig));
     const int code = wait_for(pid);
     const std::string log = slurp(out.string() + ".log");
@@ -198,7 +222,8 @@ TEST(Faults, StopSignalsDuringComputeNeverCrash) {
       if (args[i] == "--batch-size") args[i + 1] = "4";
     }
     const pid_t pid = spawn_cli(args, out.string() + ".log");
-    ASSERT_TRUE(wait_until([&] { return metrics_lines(out) >= 1; }, 60)) << slurp(out.string() + ".log");
+    ASSERT_TRUE(wait_until([&] { return metrics_lines(out) >= 1; }, 60))
+        << slurp(out.string() + ".log");
     std::this_thread::sleep_for(std::chrono::milliseconds(rng.next_u64() % 40));
     const int sig = it % 2 ? SIGINT : SIGUSR1;
     ASSERT_EQ(0, ::kill(pid, sig));
@@ -226,8 +251,8 @@ TEST(Faults, SigkillAtRandomMomentsNeverLosesTheLastCheckpoint) {
   const fs::path dir = td.path;
   write_corpus(dir / "c.txt");
   const int64_t steps = 1200, save_every = 3;  // saving dominates: most kills land inside a save
-  ASSERT_EQ(0, run_cli_to_end(train_args(dir / "c.txt", dir / "ref", steps, save_every),
-                              dir / "ref.log"))
+  ASSERT_EQ(
+      0, run_cli_to_end(train_args(dir / "c.txt", dir / "ref", steps, save_every), dir / "ref.log"))
       << slurp(dir / "ref.log");
   const fs::path out = dir / "run";
   Rng rng(20240601);
@@ -235,14 +260,15 @@ TEST(Faults, SigkillAtRandomMomentsNeverLosesTheLastCheckpoint) {
   const int kKills = 8;
   for (int it = 0; it < kKills; it++) {
     const bool resume = fs::exists(out / "latest");
-    const pid_t pid = spawn_cli(resume ? resume_args(out)
-                                       : train_args(dir / "c.txt", out, steps, save_every),
-                                dir / "kill.log");
+    const pid_t pid =
+        spawn_cli(resume ? resume_args(out) : train_args(dir / "c.txt", out, steps, save_every),
+                  dir / "kill.log");
     int64_t target = -1;
     if (it > 0) {
       target = it * steps / (kKills + 1);
       ASSERT_TRUE(wait_until([&] { return latest_step(out) >= target; }, 120))
-          << "no checkpoint reached step " << target << "\n" << slurp(dir / "kill.log");
+          << "no checkpoint reached step " << target << "\n"
+          << slurp(dir / "kill.log");
     }
     const int delay_ms = static_cast<int>(rng.next_u64() % (it == 0 ? 40 : 16));
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));

@@ -1,9 +1,10 @@
 // The GPU's flash attention kernels (src/cuda/flash_attention.cuh) on the host: each block runs
 // on 32 threads per warp (warp_emulation.hpp's run_block: warp shuffles and barriers, and the
 // block's __syncthreads) with the WMMA tile operations emulated (wmma_emulation.hpp), against the
-// CPU ops (src/ops, fp32, probabilities materialised) and a direct log-sum-exp. The kernels' operands are bf16, so the tolerances are bf16's (~3 digits);
-// a wrong mask, tile offset, head or transpose is off by O(1). Shapes with a partial last tile,
-// GQA and MHA, and every supported head dimension.
+// CPU ops (src/ops, fp32, probabilities materialised) and a direct log-sum-exp. The kernels'
+// operands are bf16, so the tolerances are bf16's (~3 digits); a wrong mask, tile offset, head or
+// transpose is off by O(1). Shapes with a partial last tile, GQA and MHA, and every supported head
+// dimension.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -106,8 +107,8 @@ void check_shape(int64_t B, int64_t T, int64_t H, int64_t Hkv, uint64_t seed,
               flash::Smem<HD>& m) { flash::backward_kv_block<HD>(a, u, w, lane, m); },
           flash::key_units(a));
   if (per_head) {
-    rows::run_rows_host(
-        rows::GqaSum{fdqkv.data(), a.dk_part, a.dv_part, T, H, Hkv, HD, ld}, B * T * Hkv * HD);
+    rows::run_rows_host(rows::GqaSum{fdqkv.data(), a.dk_part, a.dv_part, T, H, Hkv, HD, ld},
+                        B * T * Hkv * HD);
   }
   run<HD>([&](int64_t u, int w, int lane,
               flash::Smem<HD>& m) { flash::backward_q_block<HD>(a, u, w, lane, m); },

@@ -41,8 +41,9 @@ void expect_error(F&& f, std::initializer_list<std::string> needles) {
     f();
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-        << "'" << n << "' not in: " << e.what();
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "'" << n << "' not in: " << e.what();
   }
 }
 
@@ -51,8 +52,8 @@ TEST(HostileInputs, SafetensorsHeaderClaimingATerabyte) {
   const std::string p = td.file("huge_header.safetensors");
   const uint64_t n = uint64_t{1} << 40;
   write_bytes(p, std::string(reinterpret_cast<const char*>(&n), 8) + "{}");
-  expect_error([&] { SafetensorsReader::open(p); }, {"huge_header.safetensors", "truncated",
-                                                      "1099511627776"});
+  expect_error([&] { SafetensorsReader::open(p); },
+               {"huge_header.safetensors", "truncated", "1099511627776"});
 }
 
 TEST(HostileInputs, SafetensorsTensorClaimingATerabyte) {
@@ -63,9 +64,10 @@ TEST(HostileInputs, SafetensorsTensorClaimingATerabyte) {
                      std::string(4, '\0')));
   expect_error([&] { SafetensorsReader::open(p); }, {"huge_tensor.safetensors", "'w'", "needs"});
   // Offsets past the end of the file are refused too, whatever the shape says.
-  write_bytes(p, safetensors_bytes(
-                     R"({"w":{"dtype":"F32","shape":[262144,262144],"data_offsets":[0,274877906944]}})",
-                     std::string(4, '\0')));
+  write_bytes(
+      p, safetensors_bytes(
+             R"({"w":{"dtype":"F32","shape":[262144,262144],"data_offsets":[0,274877906944]}})",
+             std::string(4, '\0')));
   expect_error([&] { SafetensorsReader::open(p); }, {"run past the data section"});
 }
 

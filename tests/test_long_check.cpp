@@ -90,8 +90,8 @@ TEST(LongCheck, TrainingFollowsTheIndependentPyTorchRunInEveryMode) {
   for (const char* mode : {"full", "block"}) {
     for (size_t i = 0; i < ours[mode].size(); i++) {
       const double g_ours = ours[mode][i] - ours["prenorm"][i];
-      const double g_theirs = fx["val_loss"][mode][i].get<double>() -
-                              fx["val_loss"]["prenorm"][i].get<double>();
+      const double g_theirs =
+          fx["val_loss"][mode][i].get<double>() - fx["val_loss"]["prenorm"][i].get<double>();
       EXPECT_NEAR(g_ours, g_theirs, 1e-3) << mode << " - prenorm at evaluation " << i;
       worst_gap = std::max(worst_gap, std::abs(g_ours - g_theirs));
     }

@@ -2,10 +2,10 @@
 // checkpoint round trip and its error paths, sampling.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 
@@ -38,7 +38,8 @@ ModelConfig tiny(bool tied, int64_t n_kv_head) {
 // Random O(1)-signal weights (the default 0.02 init makes gradients too small for fp32 FD).
 void randomize(Model& m, uint64_t seed) {
   for (const ParamEntry& e : m.layout().entries()) {
-    auto v = randn(e.numel, seed++, e.shape.size() == 2 ? 1.0 / std::sqrt(double(e.shape[1])) : 0.3);
+    auto v =
+        randn(e.numel, seed++, e.shape.size() == 2 ? 1.0 / std::sqrt(double(e.shape[1])) : 0.3);
     float* p = m.param(e.name);
     for (int64_t i = 0; i < e.numel; i++) p[i] = e.shape.size() == 1 ? 1.0f + v[i] : v[i];
   }

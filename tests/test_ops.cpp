@@ -198,8 +198,11 @@ TEST(Ops, CrossEntropyGradientAndValue) {
   auto z = randn(N * V, 1, 3.0);
   std::vector<int32_t> tg = {0, 16, 3, 3, 8, 11};
   std::vector<float> lse(N), losses(N), dz(N * V);
-  auto loss = [&] { return ops::cross_entropy_forward(nullptr, lse.data(), z.data(), tg.data(), N, V); };
-  const double mean = ops::cross_entropy_forward(losses.data(), lse.data(), z.data(), tg.data(), N, V);
+  auto loss = [&] {
+    return ops::cross_entropy_forward(nullptr, lse.data(), z.data(), tg.data(), N, V);
+  };
+  const double mean =
+      ops::cross_entropy_forward(losses.data(), lse.data(), z.data(), tg.data(), N, V);
   ops::cross_entropy_backward(dz.data(), z.data(), lse.data(), tg.data(), N, V, 1.0f / N);
   EXPECT_LT(fd_check(loss, z.data(), N * V, dz.data(), 1e-3, 200), kTol);
   double m = 0;
@@ -267,7 +270,7 @@ TEST(Ops, VectorExpMatchesStdExp) {
   }
   EXPECT_LT(worst, 3e-7);
   EXPECT_EQ(vexpf(0.0f), 1.0f);
-  EXPECT_GT(vexpf(-INFINITY), 0.0f);           // clamped, no NaN
+  EXPECT_GT(vexpf(-INFINITY), 0.0f);  // clamped, no NaN
   EXPECT_LT(vexpf(-INFINITY), 1e-37f);
   EXPECT_TRUE(std::isfinite(vexpf(INFINITY)));  // clamped, no overflow
   // NaN in, NaN out, without the undefined float -> int conversion of NaN that UBSan found (in

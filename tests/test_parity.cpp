@@ -112,28 +112,21 @@ TEST_P(Parity, TenAdamWStepsMatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
-                         ::testing::Values("parity_prenorm_a.safetensors",
-                                           "parity_prenorm_b.safetensors",
-                                           "parity_full.safetensors",
-                                           "parity_block_s2.safetensors",
-                                           "parity_block_s4.safetensors",
-                                           "parity_block_s4_paper_init.safetensors",
-                                           "parity_full_sigmoid.safetensors",
-                                           "parity_full_nokeynorm.safetensors",
-                                           "parity_block_heads.safetensors",
-                                           "parity_full_dynamic.safetensors",
-                                           "parity_full_window.safetensors",
-                                           "parity_block_window.safetensors",
-                                           "parity_static.safetensors",
-                                           "parity_denseformer.safetensors",
-                                           "parity_block_s2_all.safetensors",
-                                           "parity_full_key_eps.safetensors",
-                                           "parity_full_temperature.safetensors",
-                                           "parity_block_dynamic_temperature.safetensors"),
-                         [](const auto& param_info) {
-                           std::string n = param_info.param;
-                           return n.substr(7, n.find('.') - 7);  // "prenorm_a"
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, Parity,
+    ::testing::Values("parity_prenorm_a.safetensors", "parity_prenorm_b.safetensors",
+                      "parity_full.safetensors", "parity_block_s2.safetensors",
+                      "parity_block_s4.safetensors", "parity_block_s4_paper_init.safetensors",
+                      "parity_full_sigmoid.safetensors", "parity_full_nokeynorm.safetensors",
+                      "parity_block_heads.safetensors", "parity_full_dynamic.safetensors",
+                      "parity_full_window.safetensors", "parity_block_window.safetensors",
+                      "parity_static.safetensors", "parity_denseformer.safetensors",
+                      "parity_block_s2_all.safetensors", "parity_full_key_eps.safetensors",
+                      "parity_full_temperature.safetensors",
+                      "parity_block_dynamic_temperature.safetensors"),
+    [](const auto& param_info) {
+      std::string n = param_info.param;
+      return n.substr(7, n.find('.') - 7);  // "prenorm_a"
+    });
 
 }  // namespace

@@ -42,8 +42,8 @@ void randomize(Model& m, uint64_t seed) {
     const bool vec = e.shape.size() == 1;
     const bool router = e.name.find("_res.") != std::string::npos;
     // Router parameters moderate enough that the depth softmax is neither uniform nor saturated.
-    const double sd = vec ? (router ? 0.3 : 0.5)
-                          : (router ? 0.1 : 1.0) / std::sqrt(double(e.shape[1]));
+    const double sd =
+        vec ? (router ? 0.3 : 0.5) : (router ? 0.1 : 1.0) / std::sqrt(double(e.shape[1]));
     auto v = randn(e.numel, seed++, sd);
     float* p = m.param(e.name);
     const bool gain = e.name.find("norm.weight") != std::string::npos;

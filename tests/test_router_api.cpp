@@ -13,20 +13,20 @@ using namespace attnres;
 
 TEST(RouterApi, ReadmeExampleRunsAndLearnsDepthWeights) {
   // --- README example begins ---
-  ModelConfig cfg;                  // only n_layer, d_model, norm_eps and residual are used
-  cfg.n_layer = 2;                  // L = 4 sublayers
+  ModelConfig cfg;  // only n_layer, d_model, norm_eps and residual are used
+  cfg.n_layer = 2;  // L = 4 sublayers
   cfg.d_model = 8;
   cfg.residual.mode = "block";
   cfg.residual.block_size = 2;
   auto router = make_router(cfg);
 
-  ParamLayout layout;               // the router adds its parameters to your layout
+  ParamLayout layout;  // the router adds its parameters to your layout
   router->add_params(layout);
   std::vector<float> params(layout.total()), grads(layout.total());
   router->bind(layout, params.data(), grads.data());
   router->init_params(params.data());  // pseudo-queries 0, key-norm gains 1 (SPEC 2)
 
-  const int64_t n = 4, d = 8, L = 4;    // n token rows of width d
+  const int64_t n = 4, d = 8, L = 4;  // n token rows of width d
   std::vector<float> emb(n * d, 0.5f), W(L * d * d, 0.1f);
   auto f = [&](int64_t l, const float* x, float* y) {  // your sublayer: y = tanh(x W_l)
     for (int64_t r = 0; r < n; r++)
@@ -41,9 +41,9 @@ TEST(RouterApi, ReadmeExampleRunsAndLearnsDepthWeights) {
     f(l, router->input(l), router->output_slot(l));
     router->commit_output(l);
   }
-  const float* h = router->final_hidden();     // feed your final norm / head with h
+  const float* h = router->final_hidden();  // feed your final norm / head with h
 
-  std::vector<float> dh(n * d, 1.0f);          // dLoss/dh from your head
+  std::vector<float> dh(n * d, 1.0f);  // dLoss/dh from your head
   router->begin_backward(dh.data());
   for (int64_t l = L - 1; l >= 0; l--) {
     const float* dy = router->grad_output(l);  // dLoss/d(output of sublayer l)
@@ -51,7 +51,7 @@ TEST(RouterApi, ReadmeExampleRunsAndLearnsDepthWeights) {
     const float* x = router->input(l);
     std::vector<float> y(n * d);
     f(l, x, y.data());
-    for (int64_t r = 0; r < n; r++)            // backward of tanh(x W_l)
+    for (int64_t r = 0; r < n; r++)  // backward of tanh(x W_l)
       for (int64_t j = 0; j < d; j++) {
         const float g = dy[r * d + j] * (1 - y[r * d + j] * y[r * d + j]);
         for (int64_t k = 0; k < d; k++) dx[r * d + k] += g * W[(l * d + k) * d + j];

@@ -231,8 +231,8 @@ TEST(Train, RouterTensorsTakeTheirOwnLearningRate) {
   for (size_t k = 0; k < entries.size(); k++) {
     const ParamEntry& e = entries[k];
     const Model& want = k < a.core_entries() ? b : c;
-    EXPECT_EQ(0, std::memcmp(a.params() + e.offset, want.params() + e.offset,
-                             sizeof(float) * e.numel))
+    EXPECT_EQ(0,
+              std::memcmp(a.params() + e.offset, want.params() + e.offset, sizeof(float) * e.numel))
         << e.name;
   }
   EXPECT_EQ(0, std::memcmp(same.params(), b.params(), sizeof(float) * n));
@@ -256,7 +256,8 @@ TEST(Train, ShardedAdamWMatchesTheFullOneBitForBit) {
   AdamW full(full_model.layout(), AdamWConfig{});
   std::vector<std::unique_ptr<AdamW>> shards;
   for (size_t i = 0; i + 1 < cut.size(); i++) {
-    shards.push_back(std::make_unique<AdamW>(shard_model.layout(), AdamWConfig{}, cut[i], cut[i + 1]));
+    shards.push_back(
+        std::make_unique<AdamW>(shard_model.layout(), AdamWConfig{}, cut[i], cut[i + 1]));
     EXPECT_TRUE(shards.back()->sharded());
     EXPECT_EQ(static_cast<int64_t>(shards.back()->m().size()), cut[i + 1] - cut[i]);
   }

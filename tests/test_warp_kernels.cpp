@@ -38,7 +38,8 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
 // Runs Body<K> with the tile for dh, as the GPU launcher does; false when dh is too wide.
 template <template <int> class Body, class... Args>
 void run_tiled(int64_t dh, int64_t rows, const Args&... args) {
-  ASSERT_TRUE(warp::with_tile<Body>(dh, [&](const auto& b) { run_warp(b, rows); }, args...));
+  ASSERT_TRUE(warp::with_tile<Body>(
+      dh, [&](const auto& b) { run_warp(b, rows); }, args...));
 }
 
 }  // namespace
@@ -123,8 +124,8 @@ TEST(WarpKernels, AttentionDecodeMatchesFunctor) {
     rows::run_rows_host(
         rows::AttnDecodePartial{a.data(), q.data(), kc.data(), vc.data(), pos0, H, Hkv, hd, KC, C},
         R);
-    run_warp(warp::AttnDecodePartial{
-                 {b.data(), q.data(), kc.data(), vc.data(), pos0, H, Hkv, hd, KC, C}},
+    run_warp(warp::AttnDecodePartial{{b.data(), q.data(), kc.data(), vc.data(), pos0, H, Hkv, hd,
+                                      KC, C}},
              R);
     for (int64_t r = 0; r < R; r++) {  // m: -inf for an empty chunk, in both
       const float ma = a[r * (hd + 2) + hd], mb = b[r * (hd + 2) + hd];
@@ -181,10 +182,11 @@ TEST(WarpKernels, DepthMixMatchesFunctor) {
         const int64_t q_ld = dynamic ? d : 0;
         const auto q = randn(dynamic ? N * d : d, 30, 0.2);
         std::vector<float> xa(N * d), xb(N * d, 9.0f), la(N * H), lb(N * H);
-        rows::run_rows_host(rows::DepthMixForward{xa.data(), la.data(), sa.data(), S, q.data(), q_ld, m},
-                            N * H);
+        rows::run_rows_host(
+            rows::DepthMixForward{xa.data(), la.data(), sa.data(), S, q.data(), q_ld, m}, N * H);
         run_tiled<warp::DepthMixForward>(
-            dh, N * H, rows::DepthMixForward{xb.data(), lb.data(), sb.data(), S, q.data(), q_ld, m});
+            dh, N * H,
+            rows::DepthMixForward{xb.data(), lb.data(), sb.data(), S, q.data(), q_ld, m});
         EXPECT_LT(rel(xb, xa), 1e-5);
         if (softmax) {
           EXPECT_LT(rel(lb, la), 1e-6);
@@ -323,11 +325,11 @@ TEST(WarpKernels, TwoPhaseMatchesFunctor) {
         }
         const rows::Source p{v[S].data(), r[S].data(), nullptr, H > 1 ? vb[S].data() : nullptr};
         std::vector<float> xa(N * d), xb(N * d), ya(N * H), yb(N * H);
-        rows::run_rows_host(
-            rows::DepthMixPhase2{xa.data(), ya.data(), oa[1].data(), la[1].data(), p, q[1].data(), m},
-            N * H);
-        run_warp(warp::DepthMixPhase2{
-                     {xb.data(), yb.data(), oa[1].data(), la[1].data(), p, q[1].data(), m}},
+        rows::run_rows_host(rows::DepthMixPhase2{xa.data(), ya.data(), oa[1].data(), la[1].data(),
+                                                 p, q[1].data(), m},
+                            N * H);
+        run_warp(warp::DepthMixPhase2{{xb.data(), yb.data(), oa[1].data(), la[1].data(), p,
+                                       q[1].data(), m}},
                  N * H);
         EXPECT_LT(rel(xb, xa), 1e-6);
         EXPECT_LT(rel(yb, ya), 1e-6);

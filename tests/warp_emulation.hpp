@@ -56,7 +56,7 @@ inline thread_local int lane = 0;
 inline thread_local int warp = 0;  // the warp of this thread in its block
 inline float slots[kMaxWarps][kLanes];
 inline Barrier* barriers[kMaxWarps] = {};  // one per warp: shuffles and __syncwarp
-inline Barrier* block_barrier = nullptr;    // __syncthreads
+inline Barrier* block_barrier = nullptr;   // __syncthreads
 
 // Calls body(row, lane) for every row, one host thread per lane (as warp::rows_kernel does with
 // one warp).

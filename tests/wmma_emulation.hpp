@@ -67,7 +67,8 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsig
   detail::check_operand(p, ldm, sizeof(T));
   for (int i = 0; i < 16; i++) {
     for (int j = 0; j < 16; j++) {
-      f.v[i][j] = detail::value(std::is_same_v<Layout, row_major> ? p[i * ldm + j] : p[j * ldm + i]);
+      f.v[i][j] =
+          detail::value(std::is_same_v<Layout, row_major> ? p[i * ldm + j] : p[j * ldm + i]);
     }
   }
 }

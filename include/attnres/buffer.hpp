@@ -44,7 +44,9 @@ struct LargePageAllocator {
     }
   }
   template <class U>
-  bool operator==(const LargePageAllocator<U>&) const { return true; }
+  bool operator==(const LargePageAllocator<U>&) const {
+    return true;
+  }
 };
 
 // A float buffer that may live on huge pages; otherwise a std::vector<float>.

@@ -15,15 +15,15 @@ namespace attnres {
 // The attnres_* ablations (SPEC 6) apply to full and block.
 struct ResidualConfig {
   std::string mode = "prenorm";
-  int64_t block_size = 4;          // block: sublayers per block (full behaves as 1)
-  std::string gate = "softmax";    // softmax | sigmoid
-  std::string key_norm = "rms";    // rms | none
-  int64_t heads = 1;               // split d into this many slices, one softmax each
-  std::string query = "static";    // static | dynamic (w + W u, u = most recent source)
-  int64_t window = 0;              // > 0: embedding plus the last `window` sources
-  double key_eps = 0;              // epsilon of the key RMSNorm; 0 = the model's norm_eps
-  double temperature = 1;          // score multiplier: s = temperature * q . k (ablation)
-  bool two_phase = true;           // how block mode computes (not part of the model function)
+  int64_t block_size = 4;        // block: sublayers per block (full behaves as 1)
+  std::string gate = "softmax";  // softmax | sigmoid
+  std::string key_norm = "rms";  // rms | none
+  int64_t heads = 1;             // split d into this many slices, one softmax each
+  std::string query = "static";  // static | dynamic (w + W u, u = most recent source)
+  int64_t window = 0;            // > 0: embedding plus the last `window` sources
+  double key_eps = 0;            // epsilon of the key RMSNorm; 0 = the model's norm_eps
+  double temperature = 1;        // score multiplier: s = temperature * q . k (ablation)
+  bool two_phase = true;         // how block mode computes (not part of the model function)
 
   bool is_attnres() const { return mode == "full" || mode == "block"; }
   // Sublayers per block as computed: 1 for full.
@@ -37,11 +37,11 @@ constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxSeqLen = int64_t{1} << 20;
 
 struct ModelConfig {
-  int64_t n_layer = 4;      // Transformer blocks; L = 2 * n_layer sublayers
-  int64_t n_head = 4;       // query heads
-  int64_t n_kv_head = 0;    // key/value heads (GQA when < n_head); 0 = auto (n_head)
-  int64_t d_model = 128;    // width d
-  int64_t ffn_hidden = 0;   // SwiGLU hidden width; 0 = auto (8/3 d rounded up to a multiple of 32)
+  int64_t n_layer = 4;     // Transformer blocks; L = 2 * n_layer sublayers
+  int64_t n_head = 4;      // query heads
+  int64_t n_kv_head = 0;   // key/value heads (GQA when < n_head); 0 = auto (n_head)
+  int64_t d_model = 128;   // width d
+  int64_t ffn_hidden = 0;  // SwiGLU hidden width; 0 = auto (8/3 d rounded up to a multiple of 32)
   int64_t vocab_size = 256;
   int64_t max_seq_len = 256;  // longest context the model is trained/used with
   // RMSNorm epsilon. 1e-10, not Llama's 1e-5: AttnRes normalises averages of many small sources
@@ -49,7 +49,7 @@ struct ModelConfig {
   // which 1e-5 would damp; PreNorm is indifferent (docs/FINDINGS.md).
   double norm_eps = 1e-10;
   double rope_theta = 10000.0;
-  bool tied = true;          // LM head shares tok_embeddings.weight
+  bool tied = true;  // LM head shares tok_embeddings.weight
   ResidualConfig residual;
 
   int64_t head_dim() const { return d_model / n_head; }

@@ -11,11 +11,11 @@
 namespace attnres {
 
 struct Diagnostics {
-  std::vector<std::string> sublayers;       // (L) "L0.attn", "L0.mlp", ...
-  std::vector<double> input_rms;            // (L) RMS of each sublayer's input x_l
-  std::vector<double> output_rms;           // (L) RMS of each sublayer's output
-  std::vector<double> grad_norm;            // (L) gradient norm of each sublayer's weights
-  bool has_weights = false;                 // false for prenorm
+  std::vector<std::string> sublayers;  // (L) "L0.attn", "L0.mlp", ...
+  std::vector<double> input_rms;       // (L) RMS of each sublayer's input x_l
+  std::vector<double> output_rms;      // (L) RMS of each sublayer's output
+  std::vector<double> grad_norm;       // (L) gradient norm of each sublayer's weights
+  bool has_weights = false;            // false for prenorm
   std::vector<std::string> weight_rows, weight_cols;
   std::vector<std::vector<double>> weights;  // mean depth-attention weights (NaN: not a source)
 };

@@ -47,7 +47,7 @@ struct SamplingConfig {
   int64_t top_k = 0;         // 0 = off
   double top_p = 1.0;        // nucleus; 1 = off
   uint64_t seed = 0;
-  void validate() const;     // throws Error
+  void validate() const;  // throws Error
 };
 
 // Picks the next token from logits (V) according to cfg; `state` advances the random stream.

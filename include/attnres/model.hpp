@@ -154,7 +154,7 @@ class Model {
   bool record_stats_ = false;
   SublayerStats stats_;
   std::shared_ptr<Backend> be_;
-  DevBuf<float> params_, grads_;        // (CPU: on huge pages where available)
+  DevBuf<float> params_, grads_;       // (CPU: on huge pages where available)
   DevBuf<float> rope_cos_, rope_sin_;  // (max_seq_len, hd/2)
   std::unique_ptr<StagePass>
       main_;  // forward()/backward(): all sublayers, the router's own sources

@@ -17,7 +17,7 @@ struct ParamEntry {
   std::vector<int64_t> shape;  // (out_features, in_features) for linear weights
   int64_t offset = 0;          // in floats, into the flat buffer
   int64_t numel = 0;
-  bool decay = false;          // AdamW weight decay applies (2-D matrices except embeddings)
+  bool decay = false;  // AdamW weight decay applies (2-D matrices except embeddings)
 };
 
 class ParamLayout {

@@ -48,7 +48,7 @@ struct TrainConfig {
   // evaluation, checkpoints, logging
   int64_t eval_every = 100;  // 0 = only at the end
   int64_t eval_batches = 16;
-  int64_t save_every = 0;    // 0 = only at the end (and on interruption)
+  int64_t save_every = 0;  // 0 = only at the end (and on interruption)
   int64_t keep_checkpoints = 2;
   int64_t log_every = 10;
   int64_t max_bad_steps = 10;  // non-finite loss/gradient steps skipped before giving up
@@ -57,7 +57,8 @@ struct TrainConfig {
   // load_initial_weights); "" = initialise from the seed. Ignored on resume.
   std::string init_from;
   std::string out_dir = "runs/default";
-  std::string data_dir;  // where the tokenizer and token cache live; "" = out_dir (compare shares one)
+  std::string
+      data_dir;  // where the tokenizer and token cache live; "" = out_dir (compare shares one)
   bool resume = false;
   // Multi-process runs: shard the AdamW moments over the ranks (ZeRO stage 1) instead of keeping
   // a full copy on each. A runtime choice like the rank count: not saved, and checkpoints are the
@@ -110,7 +111,7 @@ struct TrainResult {
   double seconds = 0;
   int64_t num_params = 0;
   int64_t skipped_steps = 0;
-  std::string model_path;  // final model.safetensors
+  std::string model_path;   // final model.safetensors
   uint64_t init_hash = 0;   // hash of the initial weights every residual mode shares
   uint64_t batch_hash = 0;  // hash of the first training batch (the batch order's fingerprint)
   double flops_per_token = 0;
@@ -136,8 +137,9 @@ struct TrainEvents {
 };
 
 // Trains according to cfg. Throws DivergedError when more than cfg.max_bad_steps steps had a
-// non-finite loss or gradient, or an evaluation gave a non-finite loss. With cfg.resume, continues the run in cfg.out_dir from its latest
-// checkpoint, reproducing the uninterrupted run's losses exactly (same thread count).
+// non-finite loss or gradient, or an evaluation gave a non-finite loss. With cfg.resume, continues
+// the run in cfg.out_dir from its latest checkpoint, reproducing the uninterrupted run's losses
+// exactly (same thread count).
 TrainResult train(const TrainConfig& cfg, const TrainEvents& events);
 
 // Data-parallel training: every rank of `comm` calls this with the same cfg. Each micro-batch's

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <omp.h>
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -12,7 +13,6 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <omp.h>
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/error.hpp"
@@ -53,7 +53,9 @@ struct BenchArgs {
   bool cuda_graphs = false;  // on a device: time the steps replayed from CUDA graphs
 };
 
-double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double secs(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -127,7 +129,8 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
     SafetensorsWriter w;
     w.set_metadata("config", c.to_json());
     const std::vector<float> host = m.params_to_host();
-    for (const ParamEntry& e : m.layout().entries()) w.add_f32(e.name, e.shape, host.data() + e.offset);
+    for (const ParamEntry& e : m.layout().entries())
+      w.add_f32(e.name, e.shape, host.data() + e.offset);
     w.add_i32("tokens", {B, T}, tok.data());
     w.add_i32("targets", {B, T}, tgt.data());
     w.write(a.weights_out);
@@ -171,7 +174,8 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
   prof::enable(false);
   json ops = json::object();
   for (int op = 0; op < prof::kOpCount; op++) {
-    ops[prof::op_name(op)] = {prof::seconds(op, prof::kForward), prof::seconds(op, prof::kBackward)};
+    ops[prof::op_name(op)] = {prof::seconds(op, prof::kForward),
+                              prof::seconds(op, prof::kBackward)};
   }
   // Inference: prefill T/2 tokens, then decode one token at a time.
   const int64_t P = std::max<int64_t>(1, T / 2);
@@ -305,13 +309,13 @@ void run_bench(const BenchArgs& a) {
         "--torch compares with PyTorch on the CPU: drop --torch, or use --device cpu");
   const ModelConfig probe = bench_config(a, "prenorm");
   const bool on_cpu = a.dev.device == "cpu";
-  std::printf("attnres bench: d %lld, %lld layers, %lld heads, T %lld, B %lld, vocab %lld, "
-              "%d threads; %lld timed steps after %lld warm-up (medians)\n",
-              static_cast<long long>(a.d_model), static_cast<long long>(a.n_layer),
-              static_cast<long long>(a.n_head), static_cast<long long>(a.seq_len),
-              static_cast<long long>(a.batch), static_cast<long long>(a.vocab),
-              omp_get_max_threads(), static_cast<long long>(a.steps),
-              static_cast<long long>(a.warmup));
+  std::printf(
+      "attnres bench: d %lld, %lld layers, %lld heads, T %lld, B %lld, vocab %lld, "
+      "%d threads; %lld timed steps after %lld warm-up (medians)\n",
+      static_cast<long long>(a.d_model), static_cast<long long>(a.n_layer),
+      static_cast<long long>(a.n_head), static_cast<long long>(a.seq_len),
+      static_cast<long long>(a.batch), static_cast<long long>(a.vocab), omp_get_max_threads(),
+      static_cast<long long>(a.steps), static_cast<long long>(a.warmup));
   double ceiling = 0;
   if (on_cpu) {
     std::fflush(stdout);
@@ -347,9 +351,9 @@ void run_bench(const BenchArgs& a) {
       }
     }
   }
-  const std::string weights = (fs::temp_directory_path() /
-                               ("attnres_bench_" + std::to_string(::getpid()) + ".safetensors"))
-                                  .string();
+  const std::string weights =
+      (fs::temp_directory_path() / ("attnres_bench_" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   // Modes are interleaved round by round (A B C A B C ...), so slow phases of the machine hit
   // every mode alike; each mode reports its median-time round.
@@ -358,7 +362,8 @@ void run_bench(const BenchArgs& a) {
     for (size_t mi = 0; mi < modes.size(); mi++) {
       const std::string& mode = modes[mi];
       std::string cmd = "'" + self + "' bench --child-mode " + mode + " " + self_args(a);
-      if (mode == "prenorm" && rep == 0 && !a.torch_pythons.empty()) cmd += " --weights-out " + weights;
+      if (mode == "prenorm" && rep == 0 && !a.torch_pythons.empty())
+        cmd += " --weights-out " + weights;
       std::string all;
       const std::string line = last_json_line(cmd + " 2>&1", &all);
       check(!line.empty(), "benchmark of mode " + mode + " failed:\n" + all);
@@ -412,11 +417,12 @@ void run_bench(const BenchArgs& a) {
   {
     const json inf = inference_interleaved(a, modes);
     results["inference_interleaved"] = inf;
-    std::printf("\ninference, all modes in one process, interleaved (medians; prefill %lld tokens, "
-                "then %lld single tokens):\n%-9s %12s %9s %12s %9s\n",
-                static_cast<long long>(std::max<int64_t>(1, a.seq_len / 2)),
-                static_cast<long long>(a.decode_tokens), "mode", "prefill t/s", "vs base",
-                "decode ms/t", "vs base");
+    std::printf(
+        "\ninference, all modes in one process, interleaved (medians; prefill %lld tokens, "
+        "then %lld single tokens):\n%-9s %12s %9s %12s %9s\n",
+        static_cast<long long>(std::max<int64_t>(1, a.seq_len / 2)),
+        static_cast<long long>(a.decode_tokens), "mode", "prefill t/s", "vs base", "decode ms/t",
+        "vs base");
     const json* b = nullptr;
     for (const auto& r : inf) {
       if (r["mode"] == "prenorm") b = &r;
@@ -445,7 +451,8 @@ void run_bench(const BenchArgs& a) {
       std::snprintf(extra, sizeof extra, " --steps %lld --warmup %lld --threads %d",
                     static_cast<long long>(a.steps), static_cast<long long>(a.warmup),
                     omp_get_max_threads());
-      const std::string script = (fs::path(ATTNRES_SOURCE_DIR) / "tools" / "bench_torch.py").string();
+      const std::string script =
+          (fs::path(ATTNRES_SOURCE_DIR) / "tools" / "bench_torch.py").string();
       std::string all;
       const std::string line =
           last_json_line(py + " " + script + " " + weights + extra + " 2>&1", &all);
@@ -494,7 +501,8 @@ void add_bench(CLI::App& app) {
   s->add_option("--vocab", a->vocab, "Vocabulary size")->capture_default_str();
   s->add_option("--modes", a->modes, "Residual modes, comma-separated")->capture_default_str();
   s->add_option("--block-size", a->block_size, "Block size of mode block")->capture_default_str();
-  s->add_option("--steps", a->steps, "Timed training steps (median reported)")->capture_default_str();
+  s->add_option("--steps", a->steps, "Timed training steps (median reported)")
+      ->capture_default_str();
   s->add_option("--warmup", a->warmup, "Untimed warm-up steps")->capture_default_str();
   s->add_option("--decode-tokens", a->decode_tokens, "Tokens decoded one at a time")
       ->capture_default_str();

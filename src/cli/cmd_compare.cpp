@@ -1,19 +1,19 @@
 // `attnres compare`: train several configurations that differ only in the residual mode (or a
 // swept option) on the same data, tokenizer, initial shared weights, batch order and token budget,
 // over several seeds; then write results.json, report.md and plots. `attnres report` redraws them.
+#include <omp.h>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
+#include <limits>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
-#include <omp.h>
+#include <set>
 
 #include "attnres/data.hpp"
 #include "attnres/error.hpp"
@@ -40,32 +40,72 @@ namespace {
 const std::map<std::string, std::vector<std::pair<std::string, std::string>>>& presets() {
   static const std::map<std::string, std::vector<std::pair<std::string, std::string>>> p = {
       {"tiny",
-       {{"--n-layer", "2"}, {"--d-model", "64"}, {"--n-head", "4"}, {"--seq-len", "64"},
-        {"--batch-size", "8"}, {"--steps", "200"}, {"--lr", "3e-3"}, {"--warmup", "20"},
-        {"--eval-every", "50"}, {"--eval-batches", "8"}, {"--tokenizer", "byte"}}},
+       {{"--n-layer", "2"},
+        {"--d-model", "64"},
+        {"--n-head", "4"},
+        {"--seq-len", "64"},
+        {"--batch-size", "8"},
+        {"--steps", "200"},
+        {"--lr", "3e-3"},
+        {"--warmup", "20"},
+        {"--eval-every", "50"},
+        {"--eval-batches", "8"},
+        {"--tokenizer", "byte"}}},
       // The README's main job (~15 minutes for 3 modes x 3 seeds): 32 sublayers, where the modes
       // part ways within a few hundred steps (docs/FINDINGS.md).
       {"small",
-       {{"--n-layer", "16"}, {"--d-model", "128"}, {"--n-head", "4"}, {"--seq-len", "128"},
-        {"--batch-size", "16"}, {"--steps", "300"}, {"--lr", "2e-3"}, {"--warmup", "50"},
-        {"--eval-every", "50"}, {"--eval-batches", "8"}, {"--tokenizer", "bpe"},
+       {{"--n-layer", "16"},
+        {"--d-model", "128"},
+        {"--n-head", "4"},
+        {"--seq-len", "128"},
+        {"--batch-size", "16"},
+        {"--steps", "300"},
+        {"--lr", "2e-3"},
+        {"--warmup", "50"},
+        {"--eval-every", "50"},
+        {"--eval-batches", "8"},
+        {"--tokenizer", "bpe"},
         {"--vocab-size", "2048"}}},
       // 8 sublayers (the earlier main job): the modes were indistinguishable here at eps 1e-5.
       {"shallow",
-       {{"--n-layer", "4"}, {"--d-model", "128"}, {"--n-head", "4"}, {"--seq-len", "128"},
-        {"--batch-size", "16"}, {"--steps", "1500"}, {"--lr", "3e-3"}, {"--warmup", "100"},
-        {"--eval-every", "150"}, {"--eval-batches", "16"}, {"--tokenizer", "bpe"},
+       {{"--n-layer", "4"},
+        {"--d-model", "128"},
+        {"--n-head", "4"},
+        {"--seq-len", "128"},
+        {"--batch-size", "16"},
+        {"--steps", "1500"},
+        {"--lr", "3e-3"},
+        {"--warmup", "100"},
+        {"--eval-every", "150"},
+        {"--eval-batches", "16"},
+        {"--tokenizer", "bpe"},
         {"--vocab-size", "2048"}}},
       // The configuration of issue 17's measurement, 4x the main job's budget (~1 hour).
       {"deep",
-       {{"--n-layer", "16"}, {"--d-model", "128"}, {"--n-head", "4"}, {"--seq-len", "128"},
-        {"--batch-size", "16"}, {"--steps", "1200"}, {"--lr", "2e-3"}, {"--warmup", "100"},
-        {"--eval-every", "200"}, {"--eval-batches", "16"}, {"--tokenizer", "bpe"},
+       {{"--n-layer", "16"},
+        {"--d-model", "128"},
+        {"--n-head", "4"},
+        {"--seq-len", "128"},
+        {"--batch-size", "16"},
+        {"--steps", "1200"},
+        {"--lr", "2e-3"},
+        {"--warmup", "100"},
+        {"--eval-every", "200"},
+        {"--eval-batches", "16"},
+        {"--tokenizer", "bpe"},
         {"--vocab-size", "2048"}}},
       {"base",
-       {{"--n-layer", "6"}, {"--d-model", "256"}, {"--n-head", "8"}, {"--seq-len", "256"},
-        {"--batch-size", "16"}, {"--steps", "3000"}, {"--lr", "2e-3"}, {"--warmup", "200"},
-        {"--eval-every", "250"}, {"--eval-batches", "16"}, {"--tokenizer", "bpe"},
+       {{"--n-layer", "6"},
+        {"--d-model", "256"},
+        {"--n-head", "8"},
+        {"--seq-len", "256"},
+        {"--batch-size", "16"},
+        {"--steps", "3000"},
+        {"--lr", "2e-3"},
+        {"--warmup", "200"},
+        {"--eval-every", "250"},
+        {"--eval-batches", "16"},
+        {"--tokenizer", "bpe"},
         {"--vocab-size", "4096"}}},
   };
   return p;
@@ -163,8 +203,8 @@ RunMetrics read_metrics(const fs::path& metrics) {
     }
     if (!j.is_object()) continue;
     if (j.contains("val_loss")) {
-      m.curve.push_back({j.value("tokens", json(nullptr)), j["val_loss"],
-                         j.value("elapsed_s", json(nullptr))});
+      m.curve.push_back(
+          {j.value("tokens", json(nullptr)), j["val_loss"], j.value("elapsed_s", json(nullptr))});
     } else if (j.contains("loss") && !j.contains("skipped")) {
       m.last_train_loss = j["loss"];
       m.last_tokens_per_s = j.value("tokens_per_s", json(nullptr));
@@ -212,9 +252,11 @@ std::string differing(const json& have, const json& want) {
 void check_same_settings(const json& have, const json& want, const fs::path& dir,
                          const char* what) {
   const std::string diff = differing(have, want);
-  check(diff.empty(), "'" + (dir / what).string() + "' was made with other settings than this "
-                      "command's (" + diff + " differ); use a new --out, or delete '" +
-                      dir.string() + "' to train it again");
+  check(diff.empty(), "'" + (dir / what).string() +
+                          "' was made with other settings than this "
+                          "command's (" +
+                          diff + " differ); use a new --out, or delete '" + dir.string() +
+                          "' to train it again");
 }
 
 std::string num_or(const json& x, const char* f, const char* none = "n/a") {
@@ -234,9 +276,10 @@ void print_summary(const json& results) {
   std::printf("\n%-*s %24s %6s  %s\n", w, "configuration", "val loss (mean +- std)", "seeds",
               vs.c_str());
   for (const auto& g : results["groups"]) {
-    const std::string loss = g["val_loss_mean"].is_number()
-                                 ? num_or(g["val_loss_mean"], "%.4f") + " +- " + num_or(g["val_loss_std"], "%.4f")
-                                 : std::string("no finished run");
+    const std::string loss =
+        g["val_loss_mean"].is_number()
+            ? num_or(g["val_loss_mean"], "%.4f") + " +- " + num_or(g["val_loss_std"], "%.4f")
+            : std::string("no finished run");
     std::printf("%-*s %24s %3d/%-2lld  %s\n", w, g["name"].get<std::string>().c_str(), loss.c_str(),
                 g["seeds"].get<int>(),
                 static_cast<long long>(g["seeds"].get<int>() + g["seeds_failed"].get<int64_t>()),
@@ -249,9 +292,10 @@ void print_summary(const json& results) {
       const std::string iv = c["n"].get<int>() >= 2
                                  ? num_or(c["lo"], "%+.4f") + " .. " + num_or(c["hi"], "%+.4f")
                                  : std::string("(no interval)");
-      std::printf("  %-26s - %-22s %s  %-18s  %s (%d seeds)\n", c["group"].get<std::string>().c_str(),
-                  c["vs"].get<std::string>().c_str(), num_or(c["mean"], "%+.4f").c_str(),
-                  iv.c_str(), c["verdict"].get<std::string>().c_str(), c["n"].get<int>());
+      std::printf("  %-26s - %-22s %s  %-18s  %s (%d seeds)\n",
+                  c["group"].get<std::string>().c_str(), c["vs"].get<std::string>().c_str(),
+                  num_or(c["mean"], "%+.4f").c_str(), iv.c_str(),
+                  c["verdict"].get<std::string>().c_str(), c["n"].get<int>());
     }
   }
   if (!an["claims"].empty()) {
@@ -262,8 +306,8 @@ void print_summary(const json& results) {
     }
   }
   for (const auto& f : an["failed_runs"]) {
-    std::printf("run %s seed %s: %s\n", f["group"].get<std::string>().c_str(), f["seed"].dump().c_str(),
-                f["status"].get<std::string>().c_str());
+    std::printf("run %s seed %s: %s\n", f["group"].get<std::string>().c_str(),
+                f["seed"].dump().c_str(), f["status"].get<std::string>().c_str());
   }
 }
 
@@ -313,8 +357,8 @@ bool run_compare(CompareArgs& a) {
   // warm-up keeps its share of the run (300 steps with warm-up 50, run for 60: warm-up 10).
   if (a.preset != "none") {
     auto it = presets().find(a.preset);
-    check(it != presets().end(), "unknown --preset '" + a.preset +
-                                     "'; use tiny, small, shallow, deep, base or none");
+    check(it != presets().end(),
+          "unknown --preset '" + a.preset + "'; use tiny, small, shallow, deep, base or none");
     std::map<std::string, std::string> p(it->second.begin(), it->second.end());
     if (a.app->count("--steps") > 0 && a.app->count("--warmup") == 0) {
       const double share = std::stod(p.at("--warmup")) / std::stod(p.at("--steps"));
@@ -348,12 +392,13 @@ bool run_compare(CompareArgs& a) {
     // What every configuration must share (the seeds, the data and the token budget) or what
     // compare sets itself (the mode) cannot be swept.
     static const std::set<std::string> fixed = {
-        "seed", "residual", "steps", "batch-size", "seq-len", "grad-accum", "data",
-        "tokenizer", "vocab-size", "val-fraction", "out", "resume", "init-from", "help",
-        "config", "eval-batches", "eval-every", "device"};
+        "seed",      "residual",  "steps",      "batch-size",   "seq-len",    "grad-accum",
+        "data",      "tokenizer", "vocab-size", "val-fraction", "out",        "resume",
+        "init-from", "help",      "config",     "eval-batches", "eval-every", "device"};
     check(!fixed.count(key),
-          "--sweep " + key + " cannot vary inside one comparison: every configuration shares the "
-          "seeds, data, tokenizer, token budget and evaluation" +
+          "--sweep " + key +
+              " cannot vary inside one comparison: every configuration shares the "
+              "seeds, data, tokenizer, token budget and evaluation" +
               std::string(key == "residual" ? " (compare the modes with --modes)"
                           : key == "seed"   ? " (use --seeds)"
                                             : " (run one compare per value)"));
@@ -417,7 +462,8 @@ bool run_compare(CompareArgs& a) {
   dopt.vocab_size = a.base.cfg.bpe_vocab;
   dopt.out_dir = data_dir;
   dopt.val_fraction = a.base.cfg.val_fraction;
-  std::printf("preparing data: %s (tokenizer %s)\n", dopt.corpus_path.c_str(), dopt.tokenizer.c_str());
+  std::printf("preparing data: %s (tokenizer %s)\n", dopt.corpus_path.c_str(),
+              dopt.tokenizer.c_str());
   std::fflush(stdout);
   PreparedData data = prepare_data(dopt);
   const int64_t vocab = data.tokenizer->vocab_size();
@@ -426,14 +472,15 @@ bool run_compare(CompareArgs& a) {
   const TrainConfig& b = a.base.cfg;
   const int64_t tokens_per_run = b.steps * b.batch_size * b.seq_len * b.grad_accum;
   const int64_t n_runs = static_cast<int64_t>(groups.size()) * a.seeds;
-  std::printf("\ncompare: %zu configuration(s) x %lld seed(s) = %lld runs, %lld steps x %lld "
-              "tokens each (%s tokens), on %s (%s train / %s val tokens)\n",
-              groups.size(), static_cast<long long>(a.seeds), static_cast<long long>(n_runs),
-              static_cast<long long>(b.steps),
-              static_cast<long long>(b.batch_size * b.seq_len * b.grad_accum),
-              format_count(static_cast<double>(tokens_per_run)).c_str(), b.data_path.c_str(),
-              format_count(static_cast<double>(data.train.size())).c_str(),
-              format_count(static_cast<double>(data.val.size())).c_str());
+  std::printf(
+      "\ncompare: %zu configuration(s) x %lld seed(s) = %lld runs, %lld steps x %lld "
+      "tokens each (%s tokens), on %s (%s train / %s val tokens)\n",
+      groups.size(), static_cast<long long>(a.seeds), static_cast<long long>(n_runs),
+      static_cast<long long>(b.steps),
+      static_cast<long long>(b.batch_size * b.seq_len * b.grad_accum),
+      format_count(static_cast<double>(tokens_per_run)).c_str(), b.data_path.c_str(),
+      format_count(static_cast<double>(data.train.size())).c_str(),
+      format_count(static_cast<double>(data.val.size())).c_str());
   int w = 28;  // the configuration column fits the longest name
   for (const Group& g : groups) w = std::max(w, static_cast<int>(g.name.size()) + 1);
   std::printf("%-*s %12s %14s %14s\n", w, "configuration", "parameters", "MFLOP/token",
@@ -471,7 +518,8 @@ bool run_compare(CompareArgs& a) {
       TrainConfig c = g.args.cfg;
       c.seed = b.seed + static_cast<uint64_t>(s);
       c.data_dir = data_dir;
-      const fs::path dir = fs::path(a.out) / "runs" / safe_name(g.name) / ("seed" + std::to_string(c.seed));
+      const fs::path dir =
+          fs::path(a.out) / "runs" / safe_name(g.name) / ("seed" + std::to_string(c.seed));
       c.out_dir = dir.string();
       const fs::path run_json = dir / "run.json";
       const double est = est_total / static_cast<double>(n_runs);
@@ -571,22 +619,23 @@ bool run_compare(CompareArgs& a) {
       auto opt_num = [](const std::optional<double>& x, const json& fallback) {
         return x ? json(*x) : fallback;
       };
-      json rj = {{"group", g.name},
-                 {"seed", c.seed},
-                 {"dir", fs::relative(dir, a.out).string()},
-                 {"status", diverged.empty() ? "ok" : "diverged"},
-                 {"final_val_loss", diverged.empty() ? opt_num(r.final_val_loss, nullptr) : json(nullptr)},
-                 {"final_train_loss", opt_num(r.final_train_loss, rm.last_train_loss)},
-                 {"tokens_per_s", opt_num(r.tokens_per_s, rm.last_tokens_per_s)},
-                 {"seconds", diverged.empty() ? r.seconds : run_s},
-                 {"skipped_steps", diverged.empty() ? json(r.skipped_steps) : json(nullptr)},
-                 {"params", params},
-                 {"flops_per_token", flops_per_token},
-                 {"init_hash", std::to_string(init_hash)},
-                 {"batch_hash", diverged.empty() ? json(std::to_string(r.batch_hash)) : json(nullptr)},
-                 {"settings", run_settings(c, vocab)},
-                 {"curve", rm.curve},
-                 {"diagnostics", rm.diagnostics}};
+      json rj = {
+          {"group", g.name},
+          {"seed", c.seed},
+          {"dir", fs::relative(dir, a.out).string()},
+          {"status", diverged.empty() ? "ok" : "diverged"},
+          {"final_val_loss", diverged.empty() ? opt_num(r.final_val_loss, nullptr) : json(nullptr)},
+          {"final_train_loss", opt_num(r.final_train_loss, rm.last_train_loss)},
+          {"tokens_per_s", opt_num(r.tokens_per_s, rm.last_tokens_per_s)},
+          {"seconds", diverged.empty() ? r.seconds : run_s},
+          {"skipped_steps", diverged.empty() ? json(r.skipped_steps) : json(nullptr)},
+          {"params", params},
+          {"flops_per_token", flops_per_token},
+          {"init_hash", std::to_string(init_hash)},
+          {"batch_hash", diverged.empty() ? json(std::to_string(r.batch_hash)) : json(nullptr)},
+          {"settings", run_settings(c, vocab)},
+          {"curve", rm.curve},
+          {"diagnostics", rm.diagnostics}};
       if (!diverged.empty()) {
         rj["reason"] = diverged;
         std::printf("  %s seed %llu diverged: %s\n", g.name.c_str(),
@@ -597,13 +646,14 @@ bool run_compare(CompareArgs& a) {
     }
   }
   remove_stop_handler();
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
   // Aggregate per configuration, over the runs that finished.
-  const std::string baseline = std::find(modes.begin(), modes.end(), "prenorm") != modes.end() &&
-                                       combos.size() == 1
-                                   ? "prenorm"
-                                   : groups.front().name;
+  const std::string baseline =
+      std::find(modes.begin(), modes.end(), "prenorm") != modes.end() && combos.size() == 1
+          ? "prenorm"
+          : groups.front().name;
   json gj = json::array();
   for (const Group& g : groups) gj.push_back(aggregate_group(g, runs));
   const json* base_group = nullptr;
@@ -611,10 +661,11 @@ bool run_compare(CompareArgs& a) {
     if (g["name"] == baseline) base_group = &g;
   }
   for (auto& g : gj) {
-    const bool both = g["val_loss_mean"].is_number() && base_group && (*base_group)["val_loss_mean"].is_number();
-    g["delta_vs_baseline"] = both ? json(g["val_loss_mean"].get<double>() -
-                                         (*base_group)["val_loss_mean"].get<double>())
-                                  : json(nullptr);
+    const bool both =
+        g["val_loss_mean"].is_number() && base_group && (*base_group)["val_loss_mean"].is_number();
+    g["delta_vs_baseline"] =
+        both ? json(g["val_loss_mean"].get<double>() - (*base_group)["val_loss_mean"].get<double>())
+             : json(nullptr);
   }
   // The runs of one seed must share initial weights and batch order across configurations.
   bool same_init = true, same_batch = true;
@@ -633,42 +684,41 @@ bool run_compare(CompareArgs& a) {
   mc.model.resolve();
   json seeds = json::array();
   for (int64_t s = 0; s < a.seeds; s++) seeds.push_back(b.seed + static_cast<uint64_t>(s));
-  json results = {
-      {"format", "attnres-compare/2"},
-      {"command", a.command_line},
-      {"created", now_iso()},
-      {"hardware",
-       {{"cpu", cpu_name()},
-        {"threads", omp_get_max_threads()},
-        {"device", b.device},
-        {"precision", b.precision}}},
-      {"wall_time_s", wall},
-      {"preset", a.preset},
-      {"data",
-       {{"path", b.data_path},
-        {"tokenizer", data.tokenizer_ref},
-        {"vocab_size", vocab},
-        {"train_tokens", data.train.size()},
-        {"val_tokens", data.val.size()}}},
-      {"model", json::parse(mc.model.to_json())},
-      {"train",
-       {{"steps", b.steps},
-        {"batch_size", b.batch_size},
-        {"seq_len", b.seq_len},
-        {"grad_accum", b.grad_accum},
-        {"tokens_per_run", tokens_per_run},
-        {"lr", b.adamw.lr},
-        {"weight_decay", b.adamw.weight_decay},
-        {"grad_clip", b.grad_clip},
-        {"schedule", b.schedule.kind},
-        {"warmup_steps", b.schedule.warmup_steps},
-        {"eval_every", b.eval_every},
-        {"eval_batches", b.eval_batches}}},
-      {"seeds", seeds},
-      {"baseline", baseline},
-      {"groups", gj},
-      {"runs", runs},
-      {"checks", {{"shared_init", same_init}, {"shared_batches", same_batch}}}};
+  json results = {{"format", "attnres-compare/2"},
+                  {"command", a.command_line},
+                  {"created", now_iso()},
+                  {"hardware",
+                   {{"cpu", cpu_name()},
+                    {"threads", omp_get_max_threads()},
+                    {"device", b.device},
+                    {"precision", b.precision}}},
+                  {"wall_time_s", wall},
+                  {"preset", a.preset},
+                  {"data",
+                   {{"path", b.data_path},
+                    {"tokenizer", data.tokenizer_ref},
+                    {"vocab_size", vocab},
+                    {"train_tokens", data.train.size()},
+                    {"val_tokens", data.val.size()}}},
+                  {"model", json::parse(mc.model.to_json())},
+                  {"train",
+                   {{"steps", b.steps},
+                    {"batch_size", b.batch_size},
+                    {"seq_len", b.seq_len},
+                    {"grad_accum", b.grad_accum},
+                    {"tokens_per_run", tokens_per_run},
+                    {"lr", b.adamw.lr},
+                    {"weight_decay", b.adamw.weight_decay},
+                    {"grad_clip", b.grad_clip},
+                    {"schedule", b.schedule.kind},
+                    {"warmup_steps", b.schedule.warmup_steps},
+                    {"eval_every", b.eval_every},
+                    {"eval_batches", b.eval_batches}}},
+                  {"seeds", seeds},
+                  {"baseline", baseline},
+                  {"groups", gj},
+                  {"runs", runs},
+                  {"checks", {{"shared_init", same_init}, {"shared_batches", same_batch}}}};
   results["analysis"] = report::analyze(results);
   const std::string results_path = (fs::path(a.out) / "results.json").string();
   std::string why;
@@ -689,7 +739,8 @@ bool run_compare(CompareArgs& a) {
   std::printf("\nshared initial weights: %s, shared batch order: %s\n", same_init ? "yes" : "NO",
               same_batch ? "yes" : "NO");
   if (!plotted) std::printf("plots not drawn: %s\n", why.c_str());
-  std::printf("report: %s/report.md (wall time %s)\n", a.out.c_str(), format_duration(wall).c_str());
+  std::printf("report: %s/report.md (wall time %s)\n", a.out.c_str(),
+              format_duration(wall).c_str());
   return true;
 }
 
@@ -705,7 +756,8 @@ void add_compare(CLI::App& app) {
   s->add_option("--modes", a->modes, "Residual modes to compare, comma-separated")
       ->capture_default_str();
   s->add_option("--seeds", a->seeds,
-                "Repeats with seeds seed, seed+1, ... (at least 3 for a verdict on a difference)")->capture_default_str();
+                "Repeats with seeds seed, seed+1, ... (at least 3 for a verdict on a difference)")
+      ->capture_default_str();
   s->add_option("--sweep", a->sweeps,
                 "Also vary a training option: OPTION=V1,V2,... (e.g. block-size=2,4,8; "
                 "repeatable: the product is run)");

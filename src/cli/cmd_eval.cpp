@@ -74,9 +74,10 @@ void run_eval(const EvalArgs& a) {
   }
   bar.finish();
   const double loss = total / static_cast<double>(nb);
-  std::printf("%s split of %s: %lld tokens evaluated | loss %.4f | perplexity %.3f | %.4f bits/token\n",
-              a.split.c_str(), data.c_str(), static_cast<long long>(nb * B * T), loss,
-              std::exp(loss), loss / std::log(2.0));
+  std::printf(
+      "%s split of %s: %lld tokens evaluated | loss %.4f | perplexity %.3f | %.4f bits/token\n",
+      a.split.c_str(), data.c_str(), static_cast<long long>(nb * B * T), loss, std::exp(loss),
+      loss / std::log(2.0));
 }
 
 }  // namespace

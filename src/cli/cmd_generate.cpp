@@ -54,7 +54,8 @@ void run_generate(const GenArgs& a) {
 
 void add_generate(CLI::App& app) {
   auto a = std::make_shared<GenArgs>();
-  CLI::App* s = app.add_subcommand("generate", "Generate text from a checkpoint (KV-cache decoding)");
+  CLI::App* s =
+      app.add_subcommand("generate", "Generate text from a checkpoint (KV-cache decoding)");
   s->add_option("model,--model", a->model, "model.safetensors")->required();
   s->add_option("--prompt", a->prompt, "Text to continue (its tokens exactly; no BOS added)")
       ->required();

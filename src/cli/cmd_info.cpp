@@ -25,22 +25,29 @@ void run_info(const std::string& path) {
   std::printf("  n_head      %lld (kv %lld, head_dim %lld)\n  ffn_hidden  %lld\n",
               static_cast<long long>(c.n_head), static_cast<long long>(c.n_kv_head),
               static_cast<long long>(c.head_dim()), static_cast<long long>(c.ffn_hidden));
-  std::printf("  vocab_size  %lld\n  max_seq_len %lld\n  tied head   %s\n  norm_eps    %.9g\n"
-              "  rope_theta  %g\n",
-              static_cast<long long>(c.vocab_size), static_cast<long long>(c.max_seq_len),
-              c.tied ? "yes" : "no", c.norm_eps, c.rope_theta);
+  std::printf(
+      "  vocab_size  %lld\n  max_seq_len %lld\n  tied head   %s\n  norm_eps    %.9g\n"
+      "  rope_theta  %g\n",
+      static_cast<long long>(c.vocab_size), static_cast<long long>(c.max_seq_len),
+      c.tied ? "yes" : "no", c.norm_eps, c.rope_theta);
   if (c.residual.is_attnres()) {
-    std::printf("  key_eps     %.9g\n  temperature %.9g\n", c.key_norm_eps(), c.residual.temperature);
+    std::printf("  key_eps     %.9g\n  temperature %.9g\n", c.key_norm_eps(),
+                c.residual.temperature);
   }
   // Parameter counts by role.
   std::map<std::string, int64_t> groups;
   for (const ParamEntry& e : model->layout().entries()) {
     std::string g = "other";
-    if (e.name == "tok_embeddings.weight") g = "embedding";
-    else if (e.name == "output.weight") g = "lm head";
-    else if (e.name.find(".attention.") != std::string::npos) g = "attention";
-    else if (e.name.find(".feed_forward.") != std::string::npos) g = "mlp";
-    else if (e.name.find("norm.weight") != std::string::npos) g = "norms";
+    if (e.name == "tok_embeddings.weight")
+      g = "embedding";
+    else if (e.name == "output.weight")
+      g = "lm head";
+    else if (e.name.find(".attention.") != std::string::npos)
+      g = "attention";
+    else if (e.name.find(".feed_forward.") != std::string::npos)
+      g = "mlp";
+    else if (e.name.find("norm.weight") != std::string::npos)
+      g = "norms";
     groups[g] += e.numel;
   }
   std::printf("parameters: %lld total\n", static_cast<long long>(model->num_params()));

@@ -47,8 +47,8 @@ void run_inspect(const InspectArgs& a) {
     check(!data.empty(), "give --text or --data (no train_config.json beside '" + a.model + "')");
     const Corpus corpus = read_corpus(data);
     // The start of the held-out split, as in training.
-    const int64_t start = static_cast<int64_t>(static_cast<double>(corpus.text.size()) *
-                                               (1.0 - val_fraction));
+    const int64_t start =
+        static_cast<int64_t>(static_cast<double>(corpus.text.size()) * (1.0 - val_fraction));
     ids = tok->encode(std::string_view(corpus.text).substr(start, 64 * want));
     source = data + " (validation split)";
   }
@@ -58,7 +58,8 @@ void run_inspect(const InspectArgs& a) {
   const Diagnostics d = measure_diagnostics(*model, ids.data(), 1, T);
   const ModelConfig& c = model->config();
   std::printf("%s: residual %s", a.model.c_str(), c.residual.mode.c_str());
-  if (c.residual.mode == "block") std::printf(" (block size %lld)", static_cast<long long>(c.residual.block_size));
+  if (c.residual.mode == "block")
+    std::printf(" (block size %lld)", static_cast<long long>(c.residual.block_size));
   std::printf(", %lld sublayers; %lld tokens of %s\n\n", static_cast<long long>(c.n_sublayers()),
               static_cast<long long>(T), source.c_str());
   if (d.has_weights) {

@@ -33,7 +33,9 @@ struct ScaleArgs {
 
 struct Size {
   int64_t n_layer = 0, d_model = 0;
-  std::string name() const { return "L" + std::to_string(n_layer) + "_d" + std::to_string(d_model); }
+  std::string name() const {
+    return "L" + std::to_string(n_layer) + "_d" + std::to_string(d_model);
+  }
 };
 
 std::vector<Size> parse_sizes(const std::string& text) {
@@ -46,8 +48,9 @@ std::vector<Size> parse_sizes(const std::string& text) {
     check(static_cast<bool>(is >> z.n_layer >> x >> z.d_model) && x == 'x' && !(is >> extra) &&
               z.n_layer >= 1 && z.n_layer <= 256 && z.d_model >= 32 && z.d_model % 32 == 0 &&
               z.d_model <= 8192,
-          "--sizes '" + item + "' must be LAYERSxWIDTH with 1-256 layers and a width that is a "
-          "multiple of 32 (e.g. 4x64,6x96,8x128)");
+          "--sizes '" + item +
+              "' must be LAYERSxWIDTH with 1-256 layers and a width that is a "
+              "multiple of 32 (e.g. 4x64,6x96,8x128)");
     check(out.empty() || 12.0 * z.n_layer * z.d_model * z.d_model >
                              12.0 * out.back().n_layer * out.back().d_model * out.back().d_model,
           "--sizes must grow: '" + item + "' is not larger than the size before it");
@@ -104,7 +107,8 @@ json summarize(const std::vector<Size>& sizes, const std::vector<json>& results)
     adv[mode] = {{"factor", std::isfinite(f) ? json(f) : json(nullptr)},
                  {"at_flops", last["flops"]}};
   }
-  return {{"format", "attnres-scaling/1"}, {"baseline", base}, {"modes", modes}, {"advantage", adv}};
+  return {
+      {"format", "attnres-scaling/1"}, {"baseline", base}, {"modes", modes}, {"advantage", adv}};
 }
 
 std::string fmt4(double x) {
@@ -120,8 +124,9 @@ std::string markdown(const json& s, const std::vector<Size>& sizes, const std::v
         "| training FLOPs |\n|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < sizes.size(); i++) {
     for (const auto& g : res[i].at("groups")) {
-      std::snprintf(b, sizeof b, "%.3e", g.at("flops_per_token").get<double>() *
-                                             res[i].at("train").at("tokens_per_run").get<double>());
+      std::snprintf(b, sizeof b, "%.3e",
+                    g.at("flops_per_token").get<double>() *
+                        res[i].at("train").at("tokens_per_run").get<double>());
       md << "| " << sizes[i].name() << " | " << g.at("params").get<int64_t>() << " | "
          << res[i].at("train").at("steps").get<int64_t>() << " | "
          << res[i].at("train").at("tokens_per_run").get<int64_t>() << " | "
@@ -150,7 +155,8 @@ std::string markdown(const json& s, const std::vector<Size>& sizes, const std::v
           "three or more sizes to test the law.\n";
   }
   md << "\n## Compute advantage over `" << s.at("baseline").get<std::string>()
-     << "` at the largest size\n\nThe compute the baseline's fit needs to reach each mode's loss at "
+     << "` at the largest size\n\nThe compute the baseline's fit needs to reach each mode's loss "
+        "at "
         "the largest size, over the compute that mode used (the paper: 1.25x for Block AttnRes). "
         "With one seed per size and few sizes, read it as an estimate.\n\n";
   for (const auto& [mode, a] : s.at("advantage").items()) {
@@ -170,7 +176,8 @@ std::string markdown(const json& s, const std::vector<Size>& sizes, const std::v
 
 bool run_scale(ScaleArgs& a, CLI::App* app) {
   const std::vector<Size> sizes = parse_sizes(a.sizes);
-  check(a.tokens_per_param > 0 && a.tokens_per_param <= 1e4, "--tokens-per-param must be in (0, 1e4]");
+  check(a.tokens_per_param > 0 && a.tokens_per_param <= 1e4,
+        "--tokens-per-param must be in (0, 1e4]");
   check(a.min_steps >= 1, "--min-steps must be >= 1");
   std::vector<json> results;
   for (size_t i = 0; i < sizes.size(); i++) {
@@ -185,12 +192,11 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
     const double per_step = static_cast<double>(b.batch_size * b.seq_len * b.grad_accum);
     const int64_t steps = std::max<int64_t>(
         a.min_steps, static_cast<int64_t>(std::ceil(a.tokens_per_param * params / per_step)));
-    apply_train_args(c.base, {"--n-layer=" + std::to_string(z.n_layer),
-                              "--d-model=" + std::to_string(z.d_model),
-                              "--n-head=" + std::to_string(z.d_model / 32),
-                              "--steps=" + std::to_string(steps),
-                              "--warmup=" + std::to_string(std::min<int64_t>(100, steps / 10)),
-                              "--eval-every=" + std::to_string(std::max<int64_t>(1, steps / 5))});
+    apply_train_args(
+        c.base, {"--n-layer=" + std::to_string(z.n_layer), "--d-model=" + std::to_string(z.d_model),
+                 "--n-head=" + std::to_string(z.d_model / 32), "--steps=" + std::to_string(steps),
+                 "--warmup=" + std::to_string(std::min<int64_t>(100, steps / 10)),
+                 "--eval-every=" + std::to_string(std::max<int64_t>(1, steps / 5))});
     std::printf("\n=== scale: size %zu/%zu, %s: %lld layers, d %lld, %lld steps (%.3g tokens)\n",
                 i + 1, sizes.size(), z.name().c_str(), static_cast<long long>(z.n_layer),
                 static_cast<long long>(z.d_model), static_cast<long long>(steps),
@@ -204,7 +210,8 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
   std::string why;
   const bool plotted = a.cmp.no_plots ? false : render_plots(a.cmp.out, &why);
   std::string md = markdown(s, sizes, results);
-  if (!plotted) md += "\nThe plot was not drawn: " + (a.cmp.no_plots ? std::string("--no-plots") : why) + ".\n";
+  if (!plotted)
+    md += "\nThe plot was not drawn: " + (a.cmp.no_plots ? std::string("--no-plots") : why) + ".\n";
   write_file_atomic((fs::path(a.cmp.out) / "scaling.md").string(), md);
   std::printf("\n%s", md.c_str());
   std::printf("\nscaling report: %s/scaling.md\n", a.cmp.out.c_str());

@@ -101,16 +101,18 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
   // throughput of its own (its final weights were evaluated).
   char val[64] = "no evaluation", speed[96] = "no steps timed in this call";
   if (r.final_val_loss) {
-    std::snprintf(val, sizeof val, "%.4f (ppl %.2f)", *r.final_val_loss, std::exp(*r.final_val_loss));
+    std::snprintf(val, sizeof val, "%.4f (ppl %.2f)", *r.final_val_loss,
+                  std::exp(*r.final_val_loss));
   }
   if (r.tokens_per_s && r.model_gflops) {
     std::snprintf(speed, sizeof speed, "%s tok/s, %.1f GFLOP/s model FLOPs",
                   format_count(*r.tokens_per_s).c_str(), *r.model_gflops);
   }
-  std::printf("done: %lld steps in %s | final val loss %s | %s | %lld params | peak memory %s "
-              "MiB\nmodel: %s\n",
-              static_cast<long long>(r.steps_done), format_duration(r.seconds).c_str(), val, speed,
-              static_cast<long long>(r.num_params), memory.c_str(), r.model_path.c_str());
+  std::printf(
+      "done: %lld steps in %s | final val loss %s | %s | %lld params | peak memory %s "
+      "MiB\nmodel: %s\n",
+      static_cast<long long>(r.steps_done), format_duration(r.seconds).c_str(), val, speed,
+      static_cast<long long>(r.num_params), memory.c_str(), r.model_path.c_str());
   if (a.sample_tokens > 0) {
     Metadata meta;
     auto model = load_model(r.model_path, &meta);

@@ -26,10 +26,14 @@ std::string format_duration(double s) {
 
 std::string format_count(double x) {
   char buf[32];
-  if (x >= 1e9) std::snprintf(buf, sizeof buf, "%.2fG", x / 1e9);
-  else if (x >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
-  else if (x >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", x / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", x);
+  if (x >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2fG", x / 1e9);
+  else if (x >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
+  else if (x >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", x / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", x);
   return buf;
 }
 
@@ -39,9 +43,8 @@ void Progress::update(int64_t step, int64_t total, const std::string& fields, do
     const int filled = total > 0 ? static_cast<int>(width * step / total) : 0;
     std::string bar(filled, '#');
     bar.resize(width, '.');
-    std::printf("\r\033[K[%s] %lld/%lld | %s | ETA %s", bar.c_str(),
-                static_cast<long long>(step), static_cast<long long>(total), fields.c_str(),
-                format_duration(eta_s).c_str());
+    std::printf("\r\033[K[%s] %lld/%lld | %s | ETA %s", bar.c_str(), static_cast<long long>(step),
+                static_cast<long long>(total), fields.c_str(), format_duration(eta_s).c_str());
     std::fflush(stdout);
     drawn_ = true;
   } else if (step % plain_every_ == 0 || step == total) {

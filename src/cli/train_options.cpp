@@ -115,14 +115,16 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
   // model
   s->add_option("--n-layer", c.model.n_layer, "Transformer blocks")->capture_default_str();
   s->add_option("--n-head", c.model.n_head, "Attention heads")->capture_default_str();
-  s->add_option("--n-kv-head", c.model.n_kv_head, "Key/value heads (GQA; 0 = n_head)")->capture_default_str();
+  s->add_option("--n-kv-head", c.model.n_kv_head, "Key/value heads (GQA; 0 = n_head)")
+      ->capture_default_str();
   s->add_option("--d-model", c.model.d_model, "Model width")->capture_default_str();
   s->add_option("--ffn-hidden", c.model.ffn_hidden, "SwiGLU hidden width (0 = 8/3 d)")
       ->capture_default_str();
   s->add_flag("--untied", a.untied, "Separate LM head instead of the tied embedding");
-  s->add_option("--norm-eps", c.model.norm_eps,
-                "RMSNorm epsilon of the sublayer input and final norms (and of the AttnRes key norms "
-                "unless --attnres-key-eps)")
+  s->add_option(
+       "--norm-eps", c.model.norm_eps,
+       "RMSNorm epsilon of the sublayer input and final norms (and of the AttnRes key norms "
+       "unless --attnres-key-eps)")
       ->capture_default_str();
   ResidualConfig& r = c.model.residual;
   s->add_option("--residual", r.mode, "Residual: prenorm | full | block | static | denseformer")
@@ -148,9 +150,10 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
   s->add_option("--attnres-key-eps", r.key_eps,
                 "full/block: epsilon of the key RMSNorm (0 = --norm-eps)")
       ->capture_default_str();
-  s->add_option("--attnres-temperature", r.temperature,
-                "full/block: score multiplier, s = T q . k (e.g. 0.088 = 1/sqrt(128)); with Adam and "
-                "zero-initialised queries it acts like a learning-rate multiplier on the queries")
+  s->add_option(
+       "--attnres-temperature", r.temperature,
+       "full/block: score multiplier, s = T q . k (e.g. 0.088 = 1/sqrt(128)); with Adam and "
+       "zero-initialised queries it acts like a learning-rate multiplier on the queries")
       ->capture_default_str();
   s->add_option("--attnres-two-phase", r.two_phase,
                 "block: two-phase computation (SPEC 4); same function, for comparisons")

@@ -69,8 +69,7 @@ void Backend::depth_source_backward(float*, const ops::DepthSource&, const ops::
                                     int64_t, float*, const ops::DepthMix&, int64_t) {
   no_device_step(*this, "depth_source_backward");
 }
-void Backend::scalar_mix_forward_dev(float*, const float* const*, const float*, int64_t,
-                                     int64_t) {
+void Backend::scalar_mix_forward_dev(float*, const float* const*, const float*, int64_t, int64_t) {
   no_device_step(*this, "scalar_mix_forward_dev");
 }
 void Backend::scalar_mix_backward_dev(float* const*, float*, const float*, const float* const*,

@@ -64,7 +64,7 @@ class Backend {
   virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a + b
   virtual void mul(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a * b
   virtual void add_product(float* dst, const float* a, const float* b, int64_t n) = 0;  // += a*b
-  virtual void scale(float* x, float s, int64_t n) = 0;  // x *= s
+  virtual void scale(float* x, float s, int64_t n) = 0;                                 // x *= s
   // Row vectors broadcast over the N rows of (N,C): x += row; dst = src * row (dst may be src).
   virtual void add_row(float* x, const float* row, int64_t N, int64_t C) = 0;
   virtual void mul_row(float* dst, const float* src, const float* row, int64_t N, int64_t C) = 0;
@@ -80,14 +80,13 @@ class Backend {
   // reads no ids back: no wait for the device), else null.
   virtual void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
                                   int64_t C, const int32_t* host_ids = nullptr) = 0;
-  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g,
-                               int64_t N, int64_t C, float eps) = 0;
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,
+                               int64_t C, float eps) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp,
                                 const float* g, const float* rstd, int64_t N, int64_t C) = 0;
   // memo: see MatmulMemo (null: none).
   virtual void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
-                              int64_t OC, bool accumulate = false,
-                              MatmulMemo* memo = nullptr) = 0;
+                              int64_t OC, bool accumulate = false, MatmulMemo* memo = nullptr) = 0;
   virtual void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
                                const float* w, int64_t N, int64_t IC, int64_t OC,
                                MatmulMemo* memo = nullptr) = 0;
@@ -105,8 +104,7 @@ class Backend {
   virtual void attention_forward(float* out, float* att, const float* qkv,
                                  const ops::AttnShape& s) = 0;
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                                  const float* out, const float* att,
-                                  const ops::AttnShape& s) = 0;
+                                  const float* out, const float* att, const ops::AttnShape& s) = 0;
   // Scalar mixes (static and DenseFormer residuals): out (n) = sum_{i<S} w[i] src[i] (n each),
   // the S weights in host memory; the backward adds w[i] dout into dsrc[i] (null: skipped) and
   // sum_k dout[k] src[i][k] into dw[i] (host, double).

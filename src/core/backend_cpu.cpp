@@ -89,16 +89,16 @@ class CpuBackend final : public Backend {
                          int64_t C) override {
     ops::embedding_forward(out, ids, wte, N, C);
   }
-  void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
-                          int64_t C, const int32_t* /*host_ids: ids are host memory*/) override {
+  void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N, int64_t C,
+                          const int32_t* /*host_ids: ids are host memory*/) override {
     ops::embedding_backward(dwte, dout, ids, N, C);
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int64_t N,
                        int64_t C, float eps) override {
     ops::rmsnorm_forward(out, rstd, inp, g, N, C, eps);
   }
-  void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp,
-                        const float* g, const float* rstd, int64_t N, int64_t C) override {
+  void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
+                        const float* rstd, int64_t N, int64_t C) override {
     ops::rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, C);
   }
   // fp32: nothing to keep between the passes (memos unused).
@@ -106,9 +106,8 @@ class CpuBackend final : public Backend {
                       int64_t OC, bool accumulate, MatmulMemo* /*memo*/) override {
     ops::matmul_forward(out, inp, w, N, IC, OC, accumulate);
   }
-  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
-                       const float* w, int64_t N, int64_t IC, int64_t OC,
-                       MatmulMemo* /*memo*/) override {
+  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                       int64_t N, int64_t IC, int64_t OC, MatmulMemo* /*memo*/) override {
     ops::matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
   }
   void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
@@ -133,8 +132,7 @@ class CpuBackend final : public Backend {
     ops::scalar_mix_forward(out, src, w, S, n);
   }
   void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
-                           const float* const* src, const float* w, int64_t S,
-                           int64_t n) override {
+                           const float* const* src, const float* w, int64_t S, int64_t n) override {
     ops::scalar_mix_backward(dsrc, dw, dout, src, w, S, n);
   }
   void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,

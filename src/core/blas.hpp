@@ -9,13 +9,12 @@ namespace attnres {
 
 // C (M,N) = alpha * op(A) (M,K) * op(B) (K,N) + beta * C, all row-major with leading dimensions.
 // op(X) = X^T when trans_X is true (then A is stored (K,M), B is stored (N,K)).
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-           int64_t ldc);
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // Same contract, plain loops in double accumulation. Slow; the reference for tests.
 void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                     const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                     float* C, int64_t ldc);
+                     const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                     int64_t ldc);
 
 }  // namespace attnres

@@ -20,8 +20,8 @@ void read_json_field(const nlohmann::json& j, const char* key, T& dst, const std
   if (it == j.end()) return;
   const nlohmann::json& v = *it;
   auto bad = [&](const char* expected) {
-    throw Error(what + ": field '" + key + "' must be " + expected + ", got " + v.dump(-1, ' ', true) +
-                "; the file is corrupt or was edited by hand");
+    throw Error(what + ": field '" + key + "' must be " + expected + ", got " +
+                v.dump(-1, ' ', true) + "; the file is corrupt or was edited by hand");
   };
   if constexpr (std::is_same_v<T, bool>) {
     if (!v.is_boolean()) bad("true or false");

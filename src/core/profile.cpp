@@ -12,9 +12,9 @@ void* g_sync_ctx = nullptr;
 }  // namespace
 
 const char* op_name(int op) {
-  static const char* names[kOpCount] = {"embedding", "rmsnorm",       "matmul",
-                                        "rope",      "attention",     "swiglu",
-                                        "cross-entropy", "residual/depth mix", "optimizer"};
+  static const char* names[kOpCount] = {
+      "embedding",          "rmsnorm",  "matmul", "rope", "attention", "swiglu", "cross-entropy",
+      "residual/depth mix", "optimizer"};
   return op >= 0 && op < kOpCount ? names[op] : "?";
 }
 void enable(bool on) { g_on.store(on); }

@@ -45,7 +45,8 @@ class Scope {
   ~Scope() {
     if (on_) {
       synchronize();
-      add(op_, phase_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+      add(op_, phase_,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
     }
   }
   Scope(const Scope&) = delete;

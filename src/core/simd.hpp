@@ -66,11 +66,13 @@ typedef float f16v __attribute__((vector_size(64)));
 // (a . b, c . b) in one pass over b. Each result is bit-identical to dot()'s (same accumulators,
 // same order): callers rely on that, e.g. a softmax over ONE source must give exactly weight 1
 // and a score gradient of exactly 0 whether the score came from dot() or dot2().
-[[gnu::always_inline]] inline void dot2(const float* a, const float* c, const float* b, int64_t n, float* ab, float* cb) {
+[[gnu::always_inline]] inline void dot2(const float* a, const float* c, const float* b, int64_t n,
+                                        float* ab, float* cb) {
   f16v s0 = {}, s1 = {}, s2 = {}, s3 = {}, t0 = {}, t1 = {}, t2 = {}, t3 = {};
   int64_t k = 0;
   for (; k + 64 <= n; k += 64) {
-    const f16v b0 = load(b + k), b1 = load(b + k + 16), b2 = load(b + k + 32), b3 = load(b + k + 48);
+    const f16v b0 = load(b + k), b1 = load(b + k + 16), b2 = load(b + k + 32),
+               b3 = load(b + k + 48);
     s0 += load(a + k) * b0;
     s1 += load(a + k + 16) * b1;
     s2 += load(a + k + 32) * b2;

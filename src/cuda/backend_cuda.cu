@@ -111,11 +111,17 @@ void launch_flash(const flash::Args& a, int64_t units, cudaStream_t st) {
 template <int Pass>
 void run_flash(const flash::Args& a, int64_t hd, int64_t units, cudaStream_t st) {
   switch (hd) {
-    case 16: return launch_flash<16, Pass>(a, units, st);
-    case 32: return launch_flash<32, Pass>(a, units, st);
-    case 64: return launch_flash<64, Pass>(a, units, st);
-    case 128: return launch_flash<128, Pass>(a, units, st);
-    default: throw Error("internal: flash attention has no kernel for head dimension " + std::to_string(hd));
+    case 16:
+      return launch_flash<16, Pass>(a, units, st);
+    case 32:
+      return launch_flash<32, Pass>(a, units, st);
+    case 64:
+      return launch_flash<64, Pass>(a, units, st);
+    case 128:
+      return launch_flash<128, Pass>(a, units, st);
+    default:
+      throw Error("internal: flash attention has no kernel for head dimension " +
+                  std::to_string(hd));
   }
 }
 flash::Args flash_args(const float* qkv, const ops::AttnShape& s) {
@@ -204,7 +210,6 @@ template class DeviceVec<uint16_t>;
 
 void synchronize() { ATTNRES_CUDA_CHECK(cudaDeviceSynchronize()); }
 
-
 namespace {
 
 // cuBLAS takes int dimensions.
@@ -240,10 +245,10 @@ struct CudaExec {
   // A kernel for hd whose shared memory fits this device (hd 128 needs 145 KiB: not on sm_86/89).
   bool flash_attention_supported(int64_t hd) const {
     if (!flash::supported(hd)) return false;
-    const size_t need = hd == 16    ? sizeof(flash::Smem<16>)
-                        : hd == 32  ? sizeof(flash::Smem<32>)
-                        : hd == 64  ? sizeof(flash::Smem<64>)
-                                    : sizeof(flash::Smem<128>);
+    const size_t need = hd == 16   ? sizeof(flash::Smem<16>)
+                        : hd == 32 ? sizeof(flash::Smem<32>)
+                        : hd == 64 ? sizeof(flash::Smem<64>)
+                                   : sizeof(flash::Smem<128>);
     return need <= static_cast<size_t>(smem_optin_);
   }
   // out (B,T,H*hd), lse (B,H,T) from q|k|v (B,T,ld).
@@ -481,8 +486,8 @@ struct CudaExec {
     if (f.m.dh() > 32 * warp::kWarp) return cuda::launch(f, n, s_);  // wide: the reference
     for (int64_t k0 = 0; k0 < f.K; k0 += warp::kQueries) {
       const int64_t kn = std::min<int64_t>(warp::kQueries, f.K - k0);
-      warp::with_tile<warp::DepthMixPhase1>(f.m.dh(), [&](const auto& b) { warps(b, n, 4); }, f, k0,
-                                             kn);
+      warp::with_tile<warp::DepthMixPhase1>(
+          f.m.dh(), [&](const auto& b) { warps(b, n, 4); }, f, k0, kn);
     }
   }
   void launch(const rows::DepthMixPhase2& f, int64_t n) { warps(warp::DepthMixPhase2{f}, n); }
@@ -502,14 +507,15 @@ struct CudaExec {
     if (rows <= 0) return;
     const int64_t blocks = std::min<int64_t>((rows + per_block - 1) / per_block, 1 << 16);
     warp::rows_kernel<<<static_cast<unsigned>(blocks), per_block * warp::kWarp, 0, s_>>>(body,
-                                                                                       rows);
+                                                                                         rows);
     ATTNRES_CUDA_CHECK(cudaGetLastError());
   }
   // The register tile that holds a (d/H)-channel slice; wider slices run the reference, one
   // thread per slice.
   template <template <int> class Body, class F>
   void depth(const F& f, int64_t dh, int64_t rows) {
-    if (!warp::with_tile<Body>(dh, [&](const auto& b) { warps(b, rows, 4); }, f)) {
+    if (!warp::with_tile<Body>(
+            dh, [&](const auto& b) { warps(b, rows, 4); }, f)) {
       cuda::launch(f, rows, s_);
     }
   }
@@ -525,28 +531,28 @@ struct CudaExec {
     }
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     // out^T (OC,N) = w (OC,IC) . inp^T (IC,N): w is stored as w^T column-major -> op T.
-    ATTNRES_CUBLAS_CHECK(cublasSgemm(h_, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &one, w, ic, inp,
-                                     ic, &beta, out, oc));
+    ATTNRES_CUBLAS_CHECK(
+        cublasSgemm(h_, CUBLAS_OP_T, CUBLAS_OP_N, oc, n, ic, &one, w, ic, inp, ic, &beta, out, oc));
   }
-  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
-                       const float* w, int64_t N, int64_t IC, int64_t OC) {
+  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                       int64_t N, int64_t IC, int64_t OC) {
     const int n = dim(N), ic = dim(IC), oc = dim(OC);
     if (N == 0 || IC == 0 || OC == 0) return;  // nothing to add
     const float one = 1.0f;
     if (dinp) {
       // dinp^T (IC,N) += w^T (IC,OC) . dout^T (OC,N)
-      ATTNRES_CUBLAS_CHECK(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &one, w, ic,
-                                       dout, oc, &one, dinp, ic));
+      ATTNRES_CUBLAS_CHECK(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_N, ic, n, oc, &one, w, ic, dout,
+                                       oc, &one, dinp, ic));
     }
     if (dw) {
       // dw^T (IC,OC) += inp^T (IC,N) . dout (N,OC)
-      ATTNRES_CUBLAS_CHECK(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &one, inp, ic,
-                                       dout, oc, &one, dw, ic));
+      ATTNRES_CUBLAS_CHECK(cublasSgemm(h_, CUBLAS_OP_N, CUBLAS_OP_T, ic, oc, n, &one, inp, ic, dout,
+                                       oc, &one, dw, ic));
     }
   }
 
-  void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
-                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+                 const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     cuda::gemm_bf16(h_, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
   }
   // Batched, with the operand order of gemm_bf16 above; the pointer table is device memory.
@@ -556,10 +562,10 @@ struct CudaExec {
     if (count == 0 || M == 0 || N == 0) return;
     check(K > 0, "internal: batched GEMM with an empty inner dimension");
     const auto* t = reinterpret_cast<const float* const*>(table);
-    ATTNRES_CUBLAS_CHECK(cublasSgemmBatched(
-        h_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M),
-        dim(K), &alpha, t + count, dim(ldb), t, dim(lda), &beta,
-        const_cast<float* const*>(t + 2 * count), dim(ldc), dim(count)));
+    ATTNRES_CUBLAS_CHECK(
+        cublasSgemmBatched(h_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           dim(N), dim(M), dim(K), &alpha, t + count, dim(ldb), t, dim(lda), &beta,
+                           const_cast<float* const*>(t + 2 * count), dim(ldc), dim(count)));
   }
   // The same with bf16 operands and fp32 results, accumulated in fp32 on the tensor cores.
   void gemm_batched_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -568,8 +574,8 @@ struct CudaExec {
     if (count == 0 || M == 0 || N == 0) return;
     check(K > 0, "internal: batched GEMM with an empty inner dimension");
     ATTNRES_CUBLAS_CHECK(cublasGemmBatchedEx(
-        h_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M),
-        dim(K), &alpha, table + count, CUDA_R_16BF, dim(ldb), table, CUDA_R_16BF, dim(lda), &beta,
+        h_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, dim(N), dim(M), dim(K),
+        &alpha, table + count, CUDA_R_16BF, dim(ldb), table, CUDA_R_16BF, dim(lda), &beta,
         const_cast<void* const*>(table + 2 * count), CUDA_R_32F, dim(ldc), dim(count),
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
@@ -604,9 +610,9 @@ std::shared_ptr<Backend> make_cuda_backend(int device) {
   std::string why;
   const int n = cuda::device_count(&why);
   if (n == 0) throw Error("device cuda is unavailable: " + why);
-  check(device >= 0 && device < n, "device cuda:" + std::to_string(device) + " does not exist: " +
-                                       std::to_string(n) + " GPU(s) here (cuda:0 .. cuda:" +
-                                       std::to_string(n - 1) + ")");
+  check(device >= 0 && device < n,
+        "device cuda:" + std::to_string(device) + " does not exist: " + std::to_string(n) +
+            " GPU(s) here (cuda:0 .. cuda:" + std::to_string(n - 1) + ")");
   return std::make_shared<cuda::RowBackend<cuda::CudaExec>>(device);
 }
 

@@ -72,8 +72,8 @@ struct HostExec {
                       int64_t OC, bool accumulate) {
     run([=] { ops::matmul_forward(out, inp, w, N, IC, OC, accumulate); });
   }
-  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
-                       const float* w, int64_t N, int64_t IC, int64_t OC) {
+  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                       int64_t N, int64_t IC, int64_t OC) {
     run([=] { ops::matmul_backward(dinp, dw, dout, inp, w, N, IC, OC); });
   }
   void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -83,8 +83,7 @@ struct HostExec {
       check_distinct_outputs(table, count);
       for (int64_t i = 0; i < count; i++) {
         sgemm(ta, tb, M, N, K, alpha, static_cast<const float*>(table[i]), lda,
-              static_cast<const float*>(table[count + i]), ldb, beta, output(table, count, i),
-              ldc);
+              static_cast<const float*>(table[count + i]), ldb, beta, output(table, count, i), ldc);
       }
     });
   }
@@ -103,8 +102,8 @@ struct HostExec {
   }
   // Tensor-core bf16 GEMMs multiply the bf16 values exactly and accumulate in fp32: the CPU sgemm
   // on the values widened back to fp32 computes the same up to the order of the additions.
-  void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A,
-                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+                 const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     run([=, this] {
       widen(wa_, A, ta ? K : M, ta ? M : K, lda);
       widen(wb_, B, tb ? N : K, tb ? K : N, ldb);

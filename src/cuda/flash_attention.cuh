@@ -34,8 +34,8 @@ namespace attnres::cuda::flash {
 namespace wmma = nvcuda::wmma;
 using bf16 = __nv_bfloat16;
 using warp::kWarp;
-constexpr int kTile = 16;              // a warp's rows (the WMMA tile)
-constexpr int kWarps = 4;              // warps per block
+constexpr int kTile = 16;               // a warp's rows (the WMMA tile)
+constexpr int kWarps = 4;               // warps per block
 constexpr int kBlock = kTile * kWarps;  // a block's rows, and the other side's tile
 
 struct Args {
@@ -65,17 +65,17 @@ template <int HD>
 struct Smem {
   static constexpr int kRows = kTile * HD;  // one warp's 16 rows
   struct Warp {
-    bf16 a[kRows];                // this warp's rows: Q (forward, dQ) or K (dK/dV)
-    bf16 b[kRows];                // dO (dQ) or V (dK/dV)
-    float s[kTile * kBlock];      // S (16 x 64): this warp's rows against the tile's
-    float dp[kTile * kBlock];     // dP, the same shape
-    bf16 p[kTile * kBlock];       // P as an operand
-    bf16 ds[kTile * kBlock];      // dS as an operand
-    float stage[kRows];           // accumulators on their way out
+    bf16 a[kRows];                  // this warp's rows: Q (forward, dQ) or K (dK/dV)
+    bf16 b[kRows];                  // dO (dQ) or V (dK/dV)
+    float s[kTile * kBlock];        // S (16 x 64): this warp's rows against the tile's
+    float dp[kTile * kBlock];       // dP, the same shape
+    bf16 p[kTile * kBlock];         // P as an operand
+    bf16 ds[kTile * kBlock];        // dS as an operand
+    float stage[kRows];             // accumulators on their way out
     float lse[kTile], dsum[kTile];  // this warp's query rows
   };
-  bf16 x[kBlock * HD];            // the shared tile: K (forward, dQ) or Q (dK/dV)
-  bf16 y[kBlock * HD];            // V (forward, dQ) or dO (dK/dV)
+  bf16 x[kBlock * HD];              // the shared tile: K (forward, dQ) or Q (dK/dV)
+  bf16 y[kBlock * HD];              // V (forward, dQ) or dO (dK/dV)
   float lse[kBlock], dsum[kBlock];  // dK/dV: the query tile's rows
   Warp w[kWarps];
 };
@@ -98,8 +98,8 @@ __device__ __forceinline__ void load4(float (&v)[4], const float* src) {
 // dst (R,HD) bf16 = rows [0, n) of src (row stride ld), zero beyond; `threads` threads, this one
 // `tid`, four channels at a time.
 template <int HD>
-__device__ __forceinline__ void load_rows(bf16* dst, const float* src, int64_t ld, int64_t n,
-                                          int R, int tid, int threads) {
+__device__ __forceinline__ void load_rows(bf16* dst, const float* src, int64_t ld, int64_t n, int R,
+                                          int tid, int threads) {
   for (int i = tid * 4; i < R * HD; i += threads * 4) {
     const int r = i / HD, c = i % HD;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -268,7 +268,8 @@ __device__ void backward_kv_block(const Args& a, int64_t unit, int w, int lane, 
   const bool part = a.dk_part != nullptr;
   const int64_t nt = a.tiles(), kt = unit % nt, bk = unit / nt, G = a.H / a.Hkv;
   const int64_t heads = part ? a.H : a.Hkv, hx = bk % heads, b = bk / heads;
-  const int64_t kh = part ? hx / G : hx, h_begin = part ? hx : kh * G, h_end = part ? hx + 1 : (kh + 1) * G;
+  const int64_t kh = part ? hx / G : hx, h_begin = part ? hx : kh * G,
+                h_end = part ? hx + 1 : (kh + 1) * G;
   const int64_t u0 = kt * kBlock + w * kTile;  // this warp's first key
   const int64_t nk = u0 < a.T ? lesser(kTile, a.T - u0) : 0, us = u0 < a.T ? u0 : 0;
   const int tid = w * kWarp + lane, threads = kWarps * kWarp;
@@ -293,8 +294,9 @@ __device__ void backward_kv_block(const Args& a, int64_t unit, int w, int lane, 
         sm.dsum[i] = i < nq ? a.dsum[bh * a.T + t0 + i] : 0.0f;
       }
       __syncthreads();
-      if (u0 >= t0 + nq) continue;  // every query of the tile is before these keys (no barrier
-                                    // follows before the next __syncthreads)
+      if (u0 >= t0 + nq)
+        continue;                     // every query of the tile is before these keys (no barrier
+                                      // follows before the next __syncthreads)
       products<HD>(m.s, m.a, sm.x);   // S^T (16 keys, 64 queries)
       products<HD>(m.dp, m.b, sm.y);  // dP^T
       __syncwarp();
@@ -325,7 +327,7 @@ __device__ void backward_q_block(const Args& a, int64_t unit, int w, int lane, S
   const int64_t nq = t0 < a.T ? lesser(kTile, a.T - t0) : 0, ts = t0 < a.T ? t0 : 0;
   const int tid = w * kWarp + lane, threads = kWarps * kWarp;
   typename Smem<HD>::Warp& m = sm.w[w];
-  load_rows<HD>(m.a, a.qkv + q_at(a, b, ts, h, HD), a.ld, nq, kTile, lane, kWarp);         // Q
+  load_rows<HD>(m.a, a.qkv + q_at(a, b, ts, h, HD), a.ld, nq, kTile, lane, kWarp);       // Q
   load_rows<HD>(m.b, a.dout + o_at(a, b, ts, h, HD), a.H * HD, nq, kTile, lane, kWarp);  // dO
   if (lane < kTile) {
     m.lse[lane] = lane < nq ? a.lse[bh * a.T + t0 + lane] : 0.0f;
@@ -354,8 +356,6 @@ __device__ void backward_q_block(const Args& a, int64_t unit, int w, int lane, S
 
 // Units (blocks): forward and dQ B * H * tiles, dK/dV B * Hkv * tiles (with dk_part B * H * tiles).
 inline int64_t query_units(const Args& a) { return a.B * a.H * a.tiles(); }
-inline int64_t key_units(const Args& a) {
-  return a.B * (a.dk_part ? a.H : a.Hkv) * a.tiles();
-}
+inline int64_t key_units(const Args& a) { return a.B * (a.dk_part ? a.H : a.Hkv) * a.tiles(); }
 
 }  // namespace attnres::cuda::flash

@@ -44,15 +44,16 @@ struct NcclApi {
         return fn != nullptr;
       };
       return sym(api.get_unique_id, "ncclGetUniqueId") &&
-             sym(api.comm_init_rank, "ncclCommInitRank") &&
-             sym(api.all_reduce, "ncclAllReduce") && sym(api.comm_destroy, "ncclCommDestroy") &&
+             sym(api.comm_init_rank, "ncclCommInitRank") && sym(api.all_reduce, "ncclAllReduce") &&
+             sym(api.comm_destroy, "ncclCommDestroy") &&
              sym(api.error_string, "ncclGetErrorString");
     }();
     if (!ok && why) *why = error;
     return ok ? &api : nullptr;
   }
   void check(ncclResult_t r, const char* call) const {
-    if (r != ncclSuccess) throw Error(std::string("NCCL call ") + call + " failed: " + error_string(r));
+    if (r != ncclSuccess)
+      throw Error(std::string("NCCL call ") + call + " failed: " + error_string(r));
   }
 };
 

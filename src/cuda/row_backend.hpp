@@ -118,8 +118,7 @@ class RowBackend final : public Backend {
   // prepare_embedding_backward (with the batch, before a captured step) or here: from host_ids,
   // or from the ids read back (N ints) when the caller has no host copy. Its size depends on N
   // only (the group count is read on the device), so a captured launch fits every batch.
-  void prepare_embedding_backward(const int32_t* ids, const int32_t* host_ids,
-                                  int64_t N) override {
+  void prepare_embedding_backward(const int32_t* ids, const int32_t* host_ids, int64_t N) override {
     prep_ids_ = nullptr;
     if (N == 0) return;
     std::vector<int32_t>& h = host_ids_;
@@ -146,8 +145,8 @@ class RowBackend final : public Backend {
     x_.upload(dev + N, g.data(), sizeof(int32_t) * g.size());
     prep_ids_ = ids;
   }
-  void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N,
-                          int64_t C, const int32_t* host_ids) override {
+  void embedding_backward(float* dwte, const float* dout, const int32_t* ids, int64_t N, int64_t C,
+                          const int32_t* host_ids) override {
     if (N == 0) return;
     const bool prepared = host_ids && prep_ids_ == ids && host_ids_.size() == size_t(N) &&
                           std::equal(host_ids, host_ids + N, host_ids_.begin());
@@ -169,8 +168,8 @@ class RowBackend final : public Backend {
                        int64_t C, float eps) override {
     x_.launch(rows::RmsNormForward{out, rstd, inp, g, C, eps}, N);
   }
-  void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp,
-                        const float* g, const float* rstd, int64_t N, int64_t C) override {
+  void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
+                        const float* rstd, int64_t N, int64_t C) override {
     x_.launch(rows::RmsNormBackwardInput{dinp, dout, inp, g, rstd, C}, N);
     const int64_t K = (N + kRowsPerChunk - 1) / kRowsPerChunk;
     auto* part = static_cast<float*>(scratch(cols_, sizeof(float) * K * C));
@@ -203,9 +202,8 @@ class RowBackend final : public Backend {
     // out (N,OC) = inp (N,IC) w^T
     x_.gemm_bf16(false, true, N, OC, IC, a, IC, b, IC, accumulate ? 1.0f : 0.0f, out, OC);
   }
-  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp,
-                       const float* w, int64_t N, int64_t IC, int64_t OC,
-                       MatmulMemo* memo) override {
+  void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                       int64_t N, int64_t IC, int64_t OC, MatmulMemo* memo) override {
     const bool kept = memo && memo->valid && memo->inp_src == inp && memo->w_src == w &&
                       memo->N == N && memo->IC == IC && memo->OC == OC;
     if (memo) memo->valid = false;  // used once
@@ -254,7 +252,8 @@ class RowBackend final : public Backend {
     if constexpr (Exec::kFlashAttention) {
       if (flash(s)) return x_.flash_attention_forward(out, att, qkv, s);
     }
-    if (precision_ == MatmulPrecision::bf16) return attention_forward_as<uint16_t>(out, att, qkv, s);
+    if (precision_ == MatmulPrecision::bf16)
+      return attention_forward_as<uint16_t>(out, att, qkv, s);
     attention_forward_as<float>(out, att, qkv, s);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
@@ -291,8 +290,7 @@ class RowBackend final : public Backend {
   // The weights' gradients: P partial sums per source (threads stride over the elements, so
   // reads coalesce), added in order: on the host (dw, host weights), or on the device (da).
   void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
-                           const float* const* src, const float* w, int64_t S,
-                           int64_t n) override {
+                           const float* const* src, const float* w, int64_t S, int64_t n) override {
     mix_backward(dsrc, dw, nullptr, dout, src, w, nullptr, S, n);
   }
   void scalar_mix_backward_dev(float* const* dsrc, float* da, const float* dout,
@@ -314,9 +312,9 @@ class RowBackend final : public Backend {
       const int64_t m = std::min(kDecodeQueries, n - t0), p0 = pos0 + t0;
       const int64_t C = (p0 + m + kDecodeKeys - 1) / kDecodeKeys;
       auto* part = static_cast<float*>(scratch(decode_, sizeof(float) * m * H * C * (hd + 2)));
-      x_.launch(rows::AttnDecodePartial{part, q + t0 * H * hd, kc, vc, p0, H, Hkv, hd,
-                                        kDecodeKeys, C},
-                m * H * C);
+      x_.launch(
+          rows::AttnDecodePartial{part, q + t0 * H * hd, kc, vc, p0, H, Hkv, hd, kDecodeKeys, C},
+          m * H * C);
       x_.launch(rows::AttnDecodeMerge{out + t0 * H * hd, part, hd, C}, m * H * hd);
     }
   }
@@ -406,8 +404,8 @@ class RowBackend final : public Backend {
     }
     readers_.resize(static_cast<size_t>(K));
     for (int64_t k = 0; k < K; k++) readers_[k] = {rd[k].dx, rd[k].lse, rd[k].D, rd[k].qg};
-    const auto* table = static_cast<const rows::Reader*>(
-        tables_.get(readers_.data(), sizeof(rows::Reader) * K));
+    const auto* table =
+        static_cast<const rows::Reader*>(tables_.get(readers_.data(), sizeof(rows::Reader) * K));
     // (Full AttnRes asks for K = 1, 2, .. L + 1 readers in turn: room for a power of two of them,
     // so the scratch grows a few times, not L)
     int64_t room = 1;
@@ -431,9 +429,9 @@ class RowBackend final : public Backend {
   }
   void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                     const ops::AdamStep& k) override {
-    x_.launch(
-        rows::AdamW{p, g, m, v, k.b1, k.b2, k.step_size, k.inv_bc2_sqrt, k.eps, k.grad_scale, decay},
-        n);
+    x_.launch(rows::AdamW{p, g, m, v, k.b1, k.b2, k.step_size, k.inv_bc2_sqrt, k.eps, k.grad_scale,
+                          decay},
+              n);
   }
 
   // ---- a step without waits (core/step_scalars.hpp) ----
@@ -549,13 +547,14 @@ class RowBackend final : public Backend {
                              const float* att, const ops::AttnShape& s) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
     const int64_t T = s.T, ld = s.ld(), HD = s.H * s.hd, G = s.H / s.Hkv, TT = T * T;
-    const E* x = operand<E>(bf_a_, qkv, s.B * T * ld);   // q|k|v (B,T,ld)
+    const E* x = operand<E>(bf_a_, qkv, s.B * T * ld);    // q|k|v (B,T,ld)
     const E* go = operand<E>(bf_c_, dout, s.B * T * HD);  // dout (B,T,HD)
     auto dO = [&](int64_t i, int64_t h) { return go + i * T * HD + h * s.hd; };
     Batch& b = batch_;
     b.clear();
     for (int64_t i = 0; i < s.B; i++) {
-      for (int64_t h = 0; h < s.H; h++) b.add(dO(i, h), v(x, s, i, h), scratch + (i * s.H + h) * TT);
+      for (int64_t h = 0; h < s.H; h++)
+        b.add(dO(i, h), v(x, s, i, h), scratch + (i * s.H + h) * TT);
     }
     // dP_bh (T,T) = dout_bh v_bh^T, then dS in place (fp32)
     gemm<E>(b, false, true, T, T, s.hd, 1.0f, HD, ld, 0.0f, T);
@@ -630,8 +629,8 @@ class RowBackend final : public Backend {
     return b.data();
   }
   // The scalar mixes with the weights on the host (wh) or in this backend's memory (wd).
-  void mix_forward(float* out, const float* const* src, const float* wh, const float* wd,
-                   int64_t S, int64_t n) {
+  void mix_forward(float* out, const float* const* src, const float* wh, const float* wd, int64_t S,
+                   int64_t n) {
     constexpr int64_t kMax = rows::kMaxMix;
     if (S == 0) return zero(out, sizeof(float) * n);
     for (int64_t i0 = 0; i0 < S; i0 += kMax) {
@@ -728,8 +727,8 @@ class RowBackend final : public Backend {
     return x + i * s.T * s.ld() + (s.H + s.Hkv + h / (s.H / s.Hkv)) * s.hd;
   }
 
-  static constexpr int64_t kRowsPerChunk = 64;  // column sums: rows per partial sum
-  static constexpr int64_t kDecodeKeys = 32;    // decode attention: cached keys per chunk
+  static constexpr int64_t kRowsPerChunk = 64;   // column sums: rows per partial sum
+  static constexpr int64_t kDecodeKeys = 32;     // decode attention: cached keys per chunk
   static constexpr int64_t kDecodeQueries = 16;  // decode attention: queries per launch
   static constexpr int64_t kStepPartials = 256;  // step scalars: partial sums per reduction
 

@@ -266,7 +266,8 @@ struct EmbeddingBackwardGrouped {
     if (s >= *G) return;
     float* w = dwte + static_cast<int64_t>(id[s]) * C + c;
     float acc = *w;
-    for (int32_t k = start[s]; k < start[s + 1]; k++) acc += dout[static_cast<int64_t>(perm[k]) * C + c];
+    for (int32_t k = start[s]; k < start[s + 1]; k++)
+      acc += dout[static_cast<int64_t>(perm[k]) * C + c];
     *w = acc;
   }
 };
@@ -436,9 +437,9 @@ struct CrossEntropyBackwardBf16 {
 
 // ---- depth attention (SPEC 2-4) ----  index = n * H + h (one head slice of one token)
 struct Source {
-  const float* v;     // (N,d)
-  const float* rstd;  // (N,H)
-  float* dv;          // (N,d) or null
+  const float* v;                // (N,d)
+  const float* rstd;             // (N,H)
+  float* dv;                     // (N,d) or null
   const uint16_t* vb = nullptr;  // (N,d) v in bf16: where set, the depth kernels read it instead
   ATTNRES_HD float at(int64_t i) const { return vb ? bf16_bits_to_float(vb[i]) : v[i]; }
 };
@@ -556,7 +557,8 @@ struct DepthMixPhase2 {
 // g_i = dx . v_i, ds_i = a_i (g_i - dx . x) (softmax) or a_i (1 - a_i) g_i (sigmoid);
 // dv_i += a_i dx + ds_i ds_i/dv_i (with the key norm: r q - s r^2 v / dh), and the query gradient
 // ds_i * r v_i (or ds_i v_i) goes to dq: row n of a (N,d) buffer, which the caller reduces over
-// tokens for a shared query (ColumnPartial + ColumnSumAdd) or which is the dynamic query's gradient itself.
+// tokens for a shared query (ColumnPartial + ColumnSumAdd) or which is the dynamic query's gradient
+// itself.
 struct DepthMixBackward {
   float* dq;  // (N,d) +=
   const float* dx;
@@ -826,8 +828,17 @@ struct AdamWScaled {
   bool decay;
   ATTNRES_HD void operator()(int64_t i) const {
     if (s[step::kOk] == 0.0f) return;
-    AdamW{p, g, m, v, s[step::kBeta1], s[step::kBeta2], s[step::kStepSize],
-          s[step::kInvBc2Sqrt], s[step::kEps], s[step::kClip], decay ? s[step::kDecay] : 1.0f}(i);
+    AdamW{p,
+          g,
+          m,
+          v,
+          s[step::kBeta1],
+          s[step::kBeta2],
+          s[step::kStepSize],
+          s[step::kInvBc2Sqrt],
+          s[step::kEps],
+          s[step::kClip],
+          decay ? s[step::kDecay] : 1.0f}(i);
   }
 };
 

@@ -3,9 +3,10 @@
 // 32nd channel, partial sums combined with warp shuffles. Same fields, same results to rounding;
 // CudaExec (backend_cuda.cu) runs these in place of the functor's own operator() and the functors
 // stay the reference: the cuda-host backend runs them on every machine, and the GPU tests compare
-// the cuda backend with the CPU ops. Included by backend_cuda.cu, and by tests/test_warp_kernels.cpp,
-// which runs each kernel on 32 host threads standing in for a warp's lanes (tests/warp_emulation.hpp)
-// against its functor, so these kernels are tested on every machine too.
+// the cuda backend with the CPU ops. Included by backend_cuda.cu, and by
+// tests/test_warp_kernels.cpp, which runs each kernel on 32 host threads standing in for a warp's
+// lanes (tests/warp_emulation.hpp) against its functor, so these kernels are tested on every
+// machine too.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -56,13 +57,13 @@ template <int kMaxPerLane>
 __device__ inline void load_slice(float (&vv)[kMaxPerLane], const rows::Source& s, int64_t off,
                                   int64_t dh, int lane) {
   if (s.vb) {
-ATTNRES_UNROLL
+    ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       vv[j] = c < dh ? rows::bf16_bits_to_float(s.vb[off + c]) : 0.0f;
     }
   } else {
-ATTNRES_UNROLL
+    ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       vv[j] = c < dh ? s.v[off + c] : 0.0f;
@@ -103,7 +104,8 @@ struct RmsNormBackwardInput {
     float dot = 0.0f;
     for (int64_t c = lane; c < f.C; c += kWarp) dot += f.g[c] * dy[c] * x[c];
     const float k = r * r * r * warp_sum(dot) / static_cast<float>(f.C);
-    for (int64_t c = lane; c < f.C; c += kWarp) f.dinp[n * f.C + c] += r * f.g[c] * dy[c] - k * x[c];
+    for (int64_t c = lane; c < f.C; c += kWarp)
+      f.dinp[n * f.C + c] += r * f.g[c] * dy[c] - k * x[c];
   }
 };
 
@@ -153,7 +155,7 @@ struct DepthMixForward {
     const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
     const float* qh = f.q + n * f.q_ld + h * dh;
     float q[kMaxPerLane], acc[kMaxPerLane];
-ATTNRES_UNROLL
+    ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       q[j] = c < dh ? qh[c] : 0.0f;
@@ -163,7 +165,7 @@ ATTNRES_UNROLL
     for (int64_t i = 0; i < f.S; i++) {
       float vv[kMaxPerLane], dot = 0.0f;
       load_slice(vv, f.src[i], off, dh, lane);
-ATTNRES_UNROLL
+      ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) dot += q[j] * vv[j];
       dot = warp_sum(dot);
       const float s = m.key_norm ? dot * f.src[i].rstd[idx] : dot;
@@ -171,7 +173,7 @@ ATTNRES_UNROLL
       if (m.softmax) {
         if (s > mx) {
           const float scale = ::expf(mx - s);  // 0 for the first source
-ATTNRES_UNROLL
+          ATTNRES_UNROLL
           for (int j = 0; j < kMaxPerLane; j++) acc[j] *= scale;
           z *= scale;
           mx = s;
@@ -181,11 +183,11 @@ ATTNRES_UNROLL
       } else {
         w = rows::sigmoidf(s);
       }
-ATTNRES_UNROLL
+      ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) acc[j] += w * vv[j];
     }
     const float inv = m.softmax ? 1.0f / z : 1.0f;
-ATTNRES_UNROLL
+    ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       if (c < dh) f.x[off + c] = acc[j] * inv;
@@ -205,7 +207,7 @@ struct DepthMixBackward {
     const float* qh = f.q + n * f.q_ld + h * dh;
     float q[kMaxPerLane], g[kMaxPerLane], dq[kMaxPerLane];
     float D = 0.0f;
-ATTNRES_UNROLL
+    ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       q[j] = c < dh ? qh[c] : 0.0f;
@@ -218,7 +220,7 @@ ATTNRES_UNROLL
     for (int64_t i = 0; i < f.S; i++) {
       float vv[kMaxPerLane], dot = 0.0f, gv = 0.0f;
       load_slice(vv, f.src[i], off, dh, lane);
-ATTNRES_UNROLL
+      ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
         dot += q[j] * vv[j];
         gv += g[j] * vv[j];
@@ -232,16 +234,16 @@ ATTNRES_UNROLL
       const float k = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
       if (f.src[i].dv) {
         float* dv = f.src[i].dv + off;
-ATTNRES_UNROLL
+        ATTNRES_UNROLL
         for (int j = 0; j < kMaxPerLane; j++) {
           const int64_t c = lane + j * kWarp;
           if (c < dh) dv[c] += a * g[j] + ds * (r * q[j] - k * vv[j]);
         }
       }
-ATTNRES_UNROLL
+      ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) dq[j] += ds * r * vv[j];
     }
-ATTNRES_UNROLL
+    ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       if (c < dh) f.dq[off + c] += dq[j];
@@ -272,7 +274,7 @@ struct DepthSourceBackward {
     const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
     float vv[kMaxPerLane], dv[kMaxPerLane];
     load_slice(vv, f.src, off, dh, lane);
-ATTNRES_UNROLL
+    ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       dv[j] = 0.0f;
@@ -284,7 +286,7 @@ ATTNRES_UNROLL
       const float* qh = R.qg + h * dh;
       const float* gh = R.dx + off;
       float q[kMaxPerLane], g[kMaxPerLane], qv = 0.0f, gv = 0.0f;
-ATTNRES_UNROLL
+      ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
         const int64_t c = lane + j * kWarp;
         q[j] = c < dh ? qh[c] : 0.0f;
@@ -298,11 +300,11 @@ ATTNRES_UNROLL
       const float a = m.softmax ? ::expf(s - R.lse[idx]) : rows::sigmoidf(s);
       const float ds = m.softmax ? a * (gv - R.D[idx]) : a * (1.0f - a) * gv;
       const float kk = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
-ATTNRES_UNROLL
+      ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) dv[j] += a * g[j] + ds * (r * q[j] - kk * vv[j]);
       if (lane == 0) f.dsr[(h * f.K + k) * f.N + n] = ds * r;
     }
-ATTNRES_UNROLL
+    ATTNRES_UNROLL
     for (int j = 0; j < kMaxPerLane; j++) {
       const int64_t c = lane + j * kWarp;
       if (c < dh) f.dv[off + c] = dv[j];
@@ -321,23 +323,23 @@ struct DepthMixPhase1 {
     const rows::Mix& m = f.m;
     const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
     float acc[kQueries][kMaxPerLane], mx[kQueries], z[kQueries];
-ATTNRES_UNROLL
+    ATTNRES_UNROLL
     for (int k = 0; k < kQueries; k++) {
       mx[k] = -INFINITY;
       z[k] = 0.0f;
-ATTNRES_UNROLL
+      ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) acc[k][j] = 0.0f;
     }
     for (int64_t i = 0; i < f.S; i++) {
       float vv[kMaxPerLane];
       load_slice(vv, f.src[i], off, dh, lane);
       const float r = m.key_norm ? f.src[i].rstd[idx] : 1.0f;
-ATTNRES_UNROLL
+      ATTNRES_UNROLL
       for (int k = 0; k < kQueries; k++) {
         if (k >= kn) break;  // uniform across the warp
         const float* qh = f.q[k0 + k] + h * dh;
         float dot = 0.0f;
-ATTNRES_UNROLL
+        ATTNRES_UNROLL
         for (int j = 0; j < kMaxPerLane; j++) {
           const int64_t c = lane + j * kWarp;
           if (c < dh) dot += qh[c] * vv[j];
@@ -345,23 +347,23 @@ ATTNRES_UNROLL
         const float s = warp_sum(dot) * r;
         if (s > mx[k]) {
           const float scale = ::expf(mx[k] - s);
-ATTNRES_UNROLL
+          ATTNRES_UNROLL
           for (int j = 0; j < kMaxPerLane; j++) acc[k][j] *= scale;
           z[k] *= scale;
           mx[k] = s;
         }
         const float w = ::expf(s - mx[k]);
         z[k] += w;
-ATTNRES_UNROLL
+        ATTNRES_UNROLL
         for (int j = 0; j < kMaxPerLane; j++) acc[k][j] += w * vv[j];
       }
     }
-ATTNRES_UNROLL
+    ATTNRES_UNROLL
     for (int k = 0; k < kQueries; k++) {
       if (k >= kn) break;
       float* o = f.o[k0 + k] + off;
       const float inv = 1.0f / z[k];
-ATTNRES_UNROLL
+      ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) {
         const int64_t c = lane + j * kWarp;
         if (c < dh) o[c] = acc[k][j] * inv;

@@ -35,7 +35,8 @@ void Communicator::require_same(uint64_t value, const std::string& what, const s
   allreduce_sum(differs.data(), size());
   std::string ranks;
   for (int r = 0; r < size(); r++) {
-    if (differs[static_cast<size_t>(r)] > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (differs[static_cast<size_t>(r)] > 0)
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   }
   if (!ranks.empty()) {
     throw Error("the " + what + " of rank(s) " + ranks + " differ from rank 0's; " + fix);

@@ -56,8 +56,8 @@ std::unique_ptr<DeviceReducer> make_device_reducer(Communicator& comm, Backend& 
         "ATTNRES_DEVICE_REDUCE=nccl needs GPU memory; device " + be.name() +
             " keeps its tensors in host memory (unset it, or use direct or staged)");
   if (want == "direct" || (want.empty() && be.host_memory())) {
-    check(be.host_memory(), "ATTNRES_DEVICE_REDUCE=direct needs host memory; device " + be.name() +
-                                " has its own");
+    check(be.host_memory(),
+          "ATTNRES_DEVICE_REDUCE=direct needs host memory; device " + be.name() + " has its own");
     return std::make_unique<DirectReducer>(comm);
   }
   if (want == "staged") return std::make_unique<StagedReducer>(comm, be);

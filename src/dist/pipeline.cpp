@@ -7,8 +7,8 @@
 #include <cstring>
 #include <limits>
 
-#include "attnres/dist.hpp"
 #include "attnres/buffer.hpp"
+#include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 
 namespace attnres::pipe {

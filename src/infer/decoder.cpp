@@ -7,8 +7,8 @@
 #include "attnres/error.hpp"
 #include "attnres/generate.hpp"
 #include "attnres/residual.hpp"
-#include "model/layer_views.hpp"
 #include "core/backend.hpp"
+#include "model/layer_views.hpp"
 #include "ops/ops.hpp"
 
 namespace attnres {
@@ -17,8 +17,8 @@ Decoder::Decoder(const Model& model, int64_t max_len)
     : model_(model), be_(model.backend()), max_len_(max_len) {
   const ModelConfig& c = model.config();
   check(max_len >= 1 && max_len <= c.max_seq_len,
-        "decoder length " + std::to_string(max_len) + " must be in [1, max_seq_len = " +
-            std::to_string(c.max_seq_len) + "]");
+        "decoder length " + std::to_string(max_len) +
+            " must be in [1, max_seq_len = " + std::to_string(c.max_seq_len) + "]");
   router_ = make_router(c, &be_);
   // The router only reads its parameters during forward; no gradients here.
   router_->bind(model.layout(), const_cast<float*>(model.params()), nullptr);

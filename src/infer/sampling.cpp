@@ -25,15 +25,18 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingConfig& cfg, 
   int64_t keep = V;
   if (cfg.top_k > 0 && cfg.top_k < V) {
     keep = cfg.top_k;
-    std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(),
-                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
   } else {
-    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
   }
   std::vector<double> p(keep);
   const double mx = logits[ids[0]];
   double sum = 0.0;
-  for (int64_t i = 0; i < keep; i++) sum += (p[i] = std::exp((logits[ids[i]] - mx) / cfg.temperature));
+  for (int64_t i = 0; i < keep; i++)
+    sum += (p[i] = std::exp((logits[ids[i]] - mx) / cfg.temperature));
   if (cfg.top_p < 1.0) {  // smallest prefix whose probability reaches top_p
     double cum = 0.0;
     int64_t cut = keep;

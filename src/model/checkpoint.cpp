@@ -108,21 +108,25 @@ int64_t load_initial_weights(Model& model, const std::string& path,
         kept++;
         continue;
       }
-      throw Error("--init-from '" + path + "' has no tensor '" + e.name + "' that this model "
+      throw Error("--init-from '" + path + "' has no tensor '" + e.name +
+                  "' that this model "
                   "needs; give a checkpoint of the same size (layers, width, heads, vocabulary, "
                   "tied or untied head)");
     }
     r.read_f32(e.name, e.shape, p.data() + e.offset);
     for (int64_t i = 0; i < e.numel; i++) {
       if (!std::isfinite(p[static_cast<size_t>(e.offset + i)])) {
-        throw Error("--init-from '" + path + "': tensor '" + e.name + "' holds a non-finite "
-                    "value (element " + std::to_string(i) + "); the checkpoint is unusable");
+        throw Error("--init-from '" + path + "': tensor '" + e.name +
+                    "' holds a non-finite "
+                    "value (element " +
+                    std::to_string(i) + "); the checkpoint is unusable");
       }
     }
   }
   for (const std::string& n : r.names()) {
     if (!expected.count(n)) {
-      throw Error("--init-from '" + path + "' has tensor '" + n + "' that this model does not "
+      throw Error("--init-from '" + path + "' has tensor '" + n +
+                  "' that this model does not "
                   "(another residual mode, or another size); train with the checkpoint's own "
                   "--residual and model options");
     }
@@ -136,7 +140,8 @@ std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta, int64
   SafetensorsReader r = SafetensorsReader::open(path);
   auto it = r.metadata().find("config");
   if (it == r.metadata().end()) {
-    throw Error("'" + path + "' has no model config in its __metadata__ (key 'config'); it is not "
+    throw Error("'" + path +
+                "' has no model config in its __metadata__ (key 'config'); it is not "
                 "an attnres checkpoint. Train one with `attnres train`.");
   }
   ModelConfig cfg;
@@ -207,7 +212,8 @@ Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt)
                     "'; it belongs to a different model configuration");
       }
       float* dst = (k[0] == 'm' ? (host ? opt.m().data() : hm.data())
-                                : (host ? opt.v().data() : hv.data())) + e.offset;
+                                : (host ? opt.v().data() : hv.data())) +
+                   e.offset;
       r.read_f32(n, e.shape, dst);
     }
   }

@@ -19,28 +19,30 @@ void ModelConfig::resolve() {
 
 void ModelConfig::validate() const {
   auto need = [](bool ok, const std::string& msg) { check(ok, "invalid model config: " + msg); };
-  need(n_layer >= 1 && n_layer <= 4096, "n_layer must be in [1, 4096], got " + std::to_string(n_layer));
+  need(n_layer >= 1 && n_layer <= 4096,
+       "n_layer must be in [1, 4096], got " + std::to_string(n_layer));
   // Upper bounds keep every size product (vocab x d, F x d, seq x head_dim) far from int64
   // overflow, so a config read from a hostile file cannot wrap a size computation.
-  need(d_model >= 2 && d_model <= kMaxDModel,
-       "d_model must be in [2, " + std::to_string(kMaxDModel) + "], got " + std::to_string(d_model));
-  need(n_head >= 1 && d_model % n_head == 0,
-       "d_model (" + std::to_string(d_model) + ") must be divisible by n_head (" +
-           std::to_string(n_head) + ")");
+  need(
+      d_model >= 2 && d_model <= kMaxDModel,
+      "d_model must be in [2, " + std::to_string(kMaxDModel) + "], got " + std::to_string(d_model));
+  need(n_head >= 1 && d_model % n_head == 0, "d_model (" + std::to_string(d_model) +
+                                                 ") must be divisible by n_head (" +
+                                                 std::to_string(n_head) + ")");
   need(head_dim() % 2 == 0, "head_dim = d_model / n_head must be even for rotary embeddings, got " +
                                 std::to_string(head_dim()));
-  need(n_kv_head >= 1 && n_head % n_kv_head == 0,
-       "n_head (" + std::to_string(n_head) + ") must be a multiple of n_kv_head (" +
-           std::to_string(n_kv_head) + ")");
+  need(n_kv_head >= 1 && n_head % n_kv_head == 0, "n_head (" + std::to_string(n_head) +
+                                                      ") must be a multiple of n_kv_head (" +
+                                                      std::to_string(n_kv_head) + ")");
   need(ffn_hidden >= 1 && ffn_hidden <= kMaxFfnHidden,
-       "ffn_hidden must be in [1, " + std::to_string(kMaxFfnHidden) + "] (or 0 for automatic), got " +
-           std::to_string(ffn_hidden));
-  need(vocab_size >= 2 && vocab_size <= kMaxVocab,
-       "vocab_size must be in [2, " + std::to_string(kMaxVocab) + "], got " +
-           std::to_string(vocab_size));
-  need(max_seq_len >= 1 && max_seq_len <= kMaxSeqLen,
-       "max_seq_len must be in [1, " + std::to_string(kMaxSeqLen) + "], got " +
-           std::to_string(max_seq_len));
+       "ffn_hidden must be in [1, " + std::to_string(kMaxFfnHidden) +
+           "] (or 0 for automatic), got " + std::to_string(ffn_hidden));
+  need(vocab_size >= 2 && vocab_size <= kMaxVocab, "vocab_size must be in [2, " +
+                                                       std::to_string(kMaxVocab) + "], got " +
+                                                       std::to_string(vocab_size));
+  need(max_seq_len >= 1 && max_seq_len <= kMaxSeqLen, "max_seq_len must be in [1, " +
+                                                          std::to_string(kMaxSeqLen) + "], got " +
+                                                          std::to_string(max_seq_len));
   // The RoPE tables hold max_seq_len x head_dim floats; cap them at 1 GiB.
   need(max_seq_len * head_dim() <= (int64_t{1} << 28),
        "max_seq_len x head_dim = " + std::to_string(max_seq_len) + " x " +
@@ -55,9 +57,10 @@ void ModelConfig::validate() const {
        "attnres key eps (--attnres-key-eps) must be 0 (= norm_eps) or in [1e-30, 1)");
   need(std::isfinite(r.temperature) && r.temperature >= 1e-6 && r.temperature <= 1000,
        "attnres temperature (--attnres-temperature) must be in [1e-6, 1000]");
-  need(r.mode == "prenorm" || r.mode == "full" || r.mode == "block" || r.mode == "static" ||
-           r.mode == "denseformer",
-       "residual mode '" + r.mode + "' is unknown; use prenorm, full, block, static or denseformer");
+  need(
+      r.mode == "prenorm" || r.mode == "full" || r.mode == "block" || r.mode == "static" ||
+          r.mode == "denseformer",
+      "residual mode '" + r.mode + "' is unknown; use prenorm, full, block, static or denseformer");
   if (r.is_attnres()) {
     need(r.block_size >= 1 && r.block_size <= kMaxSeqLen,
          "block_size must be in [1, " + std::to_string(kMaxSeqLen) + "], got " +
@@ -66,22 +69,22 @@ void ModelConfig::validate() const {
          "attnres gate '" + r.gate + "' is unknown; use softmax or sigmoid");
     need(r.key_norm == "rms" || r.key_norm == "none",
          "attnres key norm '" + r.key_norm + "' is unknown; use rms or none");
-    need(r.heads >= 1 && d_model % r.heads == 0,
-         "attnres heads (" + std::to_string(r.heads) + ") must divide d_model (" +
-             std::to_string(d_model) + ")");
+    need(r.heads >= 1 && d_model % r.heads == 0, "attnres heads (" + std::to_string(r.heads) +
+                                                     ") must divide d_model (" +
+                                                     std::to_string(d_model) + ")");
     need(r.query == "static" || r.query == "dynamic",
          "attnres query '" + r.query + "' is unknown; use static or dynamic");
-    need(r.window >= 0 && r.window <= kMaxSeqLen, "attnres window must be in [0, " +
-                                                      std::to_string(kMaxSeqLen) + "] (0 = off)");
+    need(r.window >= 0 && r.window <= kMaxSeqLen,
+         "attnres window must be in [0, " + std::to_string(kMaxSeqLen) + "] (0 = off)");
   }
 }
 
 std::string ModelConfig::to_json() const {
-  nlohmann::json j = {{"n_layer", n_layer},       {"n_head", n_head},
-                      {"n_kv_head", n_kv_head},   {"d_model", d_model},
-                      {"ffn_hidden", ffn_hidden}, {"vocab_size", vocab_size},
+  nlohmann::json j = {{"n_layer", n_layer},         {"n_head", n_head},
+                      {"n_kv_head", n_kv_head},     {"d_model", d_model},
+                      {"ffn_hidden", ffn_hidden},   {"vocab_size", vocab_size},
                       {"max_seq_len", max_seq_len}, {"norm_eps", norm_eps},
-                      {"rope_theta", rope_theta}, {"tied", tied},
+                      {"rope_theta", rope_theta},   {"tied", tied},
                       {"residual", residual.mode}};
   if (residual.is_attnres()) {
     j["block_size"] = residual.effective_block_size();

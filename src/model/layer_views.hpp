@@ -20,7 +20,7 @@ struct LayerViews {
 inline LayerViews layer_views(const ParamLayout& layout, const float* base, int64_t i) {
   const std::string p = "layers." + std::to_string(i) + ".";
   auto at = [&](const char* s) { return base + layout.find(p + s)->offset; };
-  return {at("attention_norm.weight"), at("attention.wq.weight"), at("attention.wo.weight"),
+  return {at("attention_norm.weight"), at("attention.wq.weight"),    at("attention.wo.weight"),
           at("ffn_norm.weight"),       at("feed_forward.w1.weight"), at("feed_forward.w2.weight")};
 }
 

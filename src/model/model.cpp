@@ -28,18 +28,18 @@ struct Model::Acts {
   int64_t B = 0, T = 0, cap_rows = 0, cap_att = 0;
   bool have_targets = false;
   using Buf = DevBuf<float>;
-  DevBuf<int32_t> tokens, targets;  // (N)
+  DevBuf<int32_t> tokens, targets;   // (N)
   std::vector<int32_t> host_tokens;  // (N) the tokens' host copy (the embedding backward's)
-  Buf emb;                          // (N,d)
-  Buf xn_att, rstd_att;             // (nl,N,d), (nl,N)
-  Buf qkv;                          // (nl,N,QKV) q|k|v after RoPE
-  Buf att;                          // (nl,B,H,T,T) attention probabilities
-  Buf atty;                         // (nl,N,H*hd) attention output before wo
-  Buf xn_mlp, rstd_mlp;             // (nl,N,d), (nl,N)
-  Buf h13;                          // (nl,N,2F) [w1 x | w3 x]
-  Buf gate;                         // (nl,N,F) silu(h1) * h3
-  Buf xf, rstd_f;                   // (N,d), (N) final norm
-  Buf logits, lse;                  // (N,V), (N)
+  Buf emb;                           // (N,d)
+  Buf xn_att, rstd_att;              // (nl,N,d), (nl,N)
+  Buf qkv;                           // (nl,N,QKV) q|k|v after RoPE
+  Buf att;                           // (nl,B,H,T,T) attention probabilities
+  Buf atty;                          // (nl,N,H*hd) attention output before wo
+  Buf xn_mlp, rstd_mlp;              // (nl,N,d), (nl,N)
+  Buf h13;                           // (nl,N,2F) [w1 x | w3 x]
+  Buf gate;                          // (nl,N,F) silu(h1) * h3
+  Buf xf, rstd_f;                    // (N,d), (N) final norm
+  Buf logits, lse;                   // (N,V), (N)
   // backward scratch, reused by every layer
   Buf d_a, d_b, d_c, d_att;
   // The backend's keepsakes of each GEMM between forward and backward (MatmulMemo): per layer
@@ -93,7 +93,9 @@ bool Model::on_cpu() const { return be_->is_cpu(); }
 
 std::vector<float> Model::params_to_host() const { return params_.download(); }
 std::vector<float> Model::grads_to_host() const { return grads_.download(); }
-void Model::params_from_host(const float* host) { be_->upload(params_.data(), host, sizeof(float) * params_.size()); }
+void Model::params_from_host(const float* host) {
+  be_->upload(params_.data(), host, sizeof(float) * params_.size());
+}
 
 Model::~Model() = default;
 
@@ -354,7 +356,7 @@ double Model::run_staged(StagePass& p, float* step_scalars) {
     {
       prof::Scope ps(prof::kRmsNorm, prof::kForward);
       be.rmsnorm_forward(xn, a.rstd_att.data() + j * N, router.input(2 * i), w.attn_norm, N, d,
-                           eps);
+                         eps);
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
@@ -388,7 +390,7 @@ double Model::run_staged(StagePass& p, float* step_scalars) {
     {
       prof::Scope ps(prof::kRmsNorm, prof::kForward);
       be.rmsnorm_forward(xm, a.rstd_mlp.data() + j * N, router.input(2 * i + 1), w.ffn_norm, N, d,
-                           eps);
+                         eps);
     }
     {
       prof::Scope ps(prof::kMatmul, prof::kForward);
@@ -412,8 +414,8 @@ double Model::run_staged(StagePass& p, float* step_scalars) {
   if (!a.head) return 0.0;
   {
     prof::Scope ps(prof::kRmsNorm, prof::kForward);
-    be.rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router.final_hidden(), param("norm.weight"),
-                         N, d, eps);
+    be.rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router.final_hidden(), param("norm.weight"), N,
+                       d, eps);
   }
   const float* wout = cfg_.tied ? wte : param("output.weight");
   {
@@ -478,8 +480,8 @@ void Model::run_backward(StagePass& p) {
     const float* gnorm = param("norm.weight");
     {
       prof::Scope ps(prof::kRmsNorm, prof::kBackward);
-      be.rmsnorm_backward(dh, grad_of(gnorm), dxf, router.final_hidden(), gnorm, a.rstd_f.data(),
-                            N, d);
+      be.rmsnorm_backward(dh, grad_of(gnorm), dxf, router.final_hidden(), gnorm, a.rstd_f.data(), N,
+                          d);
     }
     {
       prof::Scope ps(prof::kResidual, prof::kBackward);
@@ -504,8 +506,8 @@ void Model::run_backward(StagePass& p) {
       float* dgate = zeroed(a.d_a, N * F);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(dgate, grad_of(w.w2), dy, gemm_input(a, a.gate, j, 3, N * F), w.w2, N,
-                           F, d, a.mm(j, 3));
+        be.matmul_backward(dgate, grad_of(w.w2), dy, gemm_input(a, a.gate, j, 3, N * F), w.w2, N, F,
+                           d, a.mm(j, 3));
       }
       float* dh13 = zeroed(a.d_b, N * 2 * F);
       {
@@ -522,7 +524,7 @@ void Model::run_backward(StagePass& p) {
       {
         prof::Scope ps(prof::kRmsNorm, prof::kBackward);
         be.rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router.input(l), w.ffn_norm,
-                              a.rstd_mlp.data() + j * N, N, d);
+                            a.rstd_mlp.data() + j * N, N, d);
       }
       {
         prof::Scope ps(prof::kResidual, prof::kBackward);
@@ -556,19 +558,19 @@ void Model::run_backward(StagePass& p) {
       {
         prof::Scope ps(prof::kRope, prof::kBackward);
         be.rope_backward(dqkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV,
-                           0);
+                         0);
       }
       float* dxn = zeroed(a.d_c, N * d);
       {
         prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(dxn, grad_of(w.wqkv), dqkv, gemm_input(a, a.xn_att, j, 0, N * d),
-                           w.wqkv, N, d, QKV, a.mm(j, 0));
+        be.matmul_backward(dxn, grad_of(w.wqkv), dqkv, gemm_input(a, a.xn_att, j, 0, N * d), w.wqkv,
+                           N, d, QKV, a.mm(j, 0));
       }
       float* dx = router.grad_input_slot(l);
       {
         prof::Scope ps(prof::kRmsNorm, prof::kBackward);
         be.rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router.input(l), w.attn_norm,
-                              a.rstd_att.data() + j * N, N, d);
+                            a.rstd_att.data() + j * N, N, d);
       }
       {
         prof::Scope ps(prof::kResidual, prof::kBackward);

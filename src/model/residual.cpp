@@ -1,6 +1,6 @@
 // Picks the DepthRouter for a configuration's residual mode.
-#include "attnres/error.hpp"
 #include "attnres/residual.hpp"
+#include "attnres/error.hpp"
 #include "core/backend.hpp"
 #include "model/routers.hpp"
 

@@ -15,8 +15,8 @@
 #include <omp.h>
 
 #include <cmath>
-#include <map>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "attnres/error.hpp"
@@ -130,7 +130,8 @@ class AttnResRouter final : public DepthRouter {
   void start_pass() {
     for (int64_t id = 0; id < boundary_sources(first_); id++) {
       Source& s = st_->e[static_cast<size_t>(id)];
-      if (mix_.key_norm && !s.has_rstd) be_.depth_rstd(s.r.data(), s.v.data(), n_, d_, mix_.H, eps_);
+      if (mix_.key_norm && !s.has_rstd)
+        be_.depth_rstd(s.r.data(), s.v.data(), n_, d_, mix_.H, eps_);
       s.has_rstd = true;
       if (!s.has_bf16) round_to_bf16(s);
     }
@@ -351,7 +352,7 @@ class AttnResRouter final : public DepthRouter {
       grow(final_, nd);
     }
     if (!by_source_) {  // (the by-source buffers come with the backward: alloc_by_source)
-      grow(out_, nd);  // S == 1 never uses it, but block mode does
+      grow(out_, nd);   // S == 1 never uses it, but block mode does
       grow(dx_, nd);
     }
     if (dynamic_) {
@@ -382,9 +383,7 @@ class AttnResRouter final : public DepthRouter {
   // it is formed, and every depth mix reads that copy (half the traffic of the O(L^2) reads;
   // scores, mixes and gradients still accumulate in fp32; the key norm's inverse RMS comes from
   // the fp32 values).
-  void set_storage() {
-    bf16_ = !be_.is_cpu() && be_.matmul_precision() == MatmulPrecision::bf16;
-  }
+  void set_storage() { bf16_ = !be_.is_cpu() && be_.matmul_precision() == MatmulPrecision::bf16; }
   void round_to_bf16(Source& s) {
     if (!bf16_) return;
     s.vb.on(&be_).resize(static_cast<size_t>(n_ * d_));
@@ -574,7 +573,7 @@ class AttnResRouter final : public DepthRouter {
   Buf final_, out_, dx_, qdyn_, qraw_, dq_, qprod_;
   std::vector<Buf> dxs_, D_;  // by source: every mixer's dx (N,d) and dx . x (N,H)
   Buf dv_cur_;
-  Buf dq_all_;  // by source, on a device: every mixer's query gradient ((L+1), d)
+  Buf dq_all_;                  // by source, on a device: every mixer's query gradient ((L+1), d)
   std::vector<float> dq_part_;  // by source: one source's gradient; query partials
 };
 

@@ -59,7 +59,9 @@ class DenseFormerRouter final : public DepthRouter {
       da_.on(&be_).resize(static_cast<size_t>(nl_ + 1));
     }
   }
-  const float* input(int64_t l) override { return l % 2 == 0 ? z_[l / 2].data() : h_[l / 2].data(); }
+  const float* input(int64_t l) override {
+    return l % 2 == 0 ? z_[l / 2].data() : h_[l / 2].data();
+  }
   float* output_slot(int64_t) override { return out_.data(); }
   void commit_output(int64_t l) override {
     const int64_t i = l / 2, nd = n_ * d_;
@@ -95,12 +97,12 @@ class DenseFormerRouter final : public DepthRouter {
       }
       if (be_.is_cpu()) {
         std::vector<double> da(i + 2, 0.0);
-        be_.scalar_mix_backward(dsrc.data(), da.data(), dz_.data(), src.data(), w_[i].data(),
-                                i + 2, nd);
+        be_.scalar_mix_backward(dsrc.data(), da.data(), dz_.data(), src.data(), w_[i].data(), i + 2,
+                                nd);
         add_to_grads(be_, grads_ + off_[i], std::vector<float>(da.begin(), da.end()), tmp_);
       } else {
-        be_.scalar_mix_backward_dev(dsrc.data(), da_.data(), dz_.data(), src.data(),
-                                    wd_[i].data(), i + 2, nd);
+        be_.scalar_mix_backward_dev(dsrc.data(), da_.data(), dz_.data(), src.data(), wd_[i].data(),
+                                    i + 2, nd);
         be_.add(grads_ + off_[i], grads_ + off_[i], da_.data(), i + 2);
       }
       be_.copy(dh_.data(), dX_[i + 1].data(), sizeof(float) * nd);  // X_{i+1} = h_i + out

@@ -43,7 +43,7 @@ class StaticRouter final : public DepthRouter {
     be_.copy(v_[0].data(), emb, sizeof(float) * nd);
     if (be_.is_cpu()) {
       read_logits();  // the parameters stay put until the next forward
-    } else {  // the weights on the device: no round trip through the host
+    } else {          // the weights on the device: no round trip through the host
       w_.resize(L_ + 1);
       da_.on(&be_).resize(static_cast<size_t>(L_ + 1));
       for (int64_t m = 0; m <= L_; m++) {
@@ -153,10 +153,10 @@ class StaticRouter final : public DepthRouter {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<int64_t> off_;
-  std::vector<std::vector<float>> z_;       // host copies of the logits (CPU)
-  std::vector<DevBuf<float>> w_;            // on a device: each mixer's softmax weights
-  DevBuf<float> da_;                        // on a device: d loss / d weights of one mixer
-  std::vector<DevBuf<float>> v_, g_, x_;    // sources, their gradients, mixer outputs
+  std::vector<std::vector<float>> z_;     // host copies of the logits (CPU)
+  std::vector<DevBuf<float>> w_;          // on a device: each mixer's softmax weights
+  DevBuf<float> da_;                      // on a device: d loss / d weights of one mixer
+  std::vector<DevBuf<float>> v_, g_, x_;  // sources, their gradients, mixer outputs
   DevBuf<float> dx_, dz_;
 };
 

@@ -12,7 +12,8 @@ namespace attnres {
 
 // Every mode runs on any backend (be: null = the CPU).
 std::unique_ptr<DepthRouter> make_prenorm_router(const ModelConfig& cfg, Backend* be);
-std::unique_ptr<DepthRouter> make_attnres_router(const ModelConfig& cfg, Backend* be);  // full, block
+std::unique_ptr<DepthRouter> make_attnres_router(const ModelConfig& cfg,
+                                                 Backend* be);  // full, block
 std::unique_ptr<DepthRouter> make_static_router(const ModelConfig& cfg, Backend* be);
 std::unique_ptr<DepthRouter> make_denseformer_router(const ModelConfig& cfg, Backend* be);
 

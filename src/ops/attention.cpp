@@ -16,7 +16,6 @@
 
 namespace attnres::ops {
 
-
 // Row blocks of the causal score matrix: block [r0, r1) only needs keys [0, r1), so the GEMMs skip
 // (most of) the masked upper triangle: 56% of the full T x T work for T = 512.
 constexpr int64_t kRowBlock = 64;
@@ -65,8 +64,7 @@ void attention_forward(float* out, float* att, const float* qkv, const AttnShape
 ATTNRES_KERNEL
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const AttnShape& s) {
-  const int64_t T = s.T, H = s.H, Hkv = s.Hkv, hd = s.hd, ld = s.ld(), HD = H * hd,
-                grp = H / Hkv;
+  const int64_t T = s.T, H = s.H, Hkv = s.Hkv, hd = s.hd, ld = s.ld(), HD = H * hd, grp = H / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Parallel over (batch, kv head): the query heads of one group all add into the same dk/dv.
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)

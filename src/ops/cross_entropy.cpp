@@ -10,8 +10,8 @@
 namespace attnres::ops {
 
 ATTNRES_KERNEL
-double cross_entropy_forward(float* losses, float* lse, const float* logits,
-                             const int32_t* targets, int64_t N, int64_t V) {
+double cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                             int64_t N, int64_t V) {
   const double total = deterministic_sum(N, [&](int64_t n) {
     const float* z = logits + n * V;
     float mx = z[0];

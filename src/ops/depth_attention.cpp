@@ -153,7 +153,8 @@ void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, 
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
           if (r + kPrefetchRows < nb) prefetch_row(src[i].v + (n + kPrefetchRows) * d, d);
-          for (int64_t h = 0; h < H; h++) a[(r * H + h) * S + i] = score(src[i], qg + n * q_ld, n, h, m);
+          for (int64_t h = 0; h < H; h++)
+            a[(r * H + h) * S + i] = score(src[i], qg + n * q_ld, n, h, m);
         }
       }
       // Gates: softmax over the sources (vectorised exp) or sigmoid.
@@ -171,7 +172,8 @@ void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, 
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
           for (int64_t h = 0; h < H; h++) {
-            accumulate(x + n * d + h * dh, a[(r * H + h) * S + i], src[i].v + n * d + h * dh, dh, i == 0);
+            accumulate(x + n * d + h * dh, a[(r * H + h) * S + i], src[i].v + n * d + h * dh, dh,
+                       i == 0);
           }
         }
       }
@@ -222,7 +224,8 @@ void depth_mix_weights(double* wsum, const DepthSource* src, int64_t S, const fl
   for (int64_t n = 0; n < N; n++) {
     for (int64_t h = 0; h < m.H; h++) {
       double mx = -1e300, z = 0;
-      for (int64_t i = 0; i < S; i++) mx = std::max(mx, s[i] = score(src[i], qg + n * q_ld, n, h, m));
+      for (int64_t i = 0; i < S; i++)
+        mx = std::max(mx, s[i] = score(src[i], qg + n * q_ld, n, h, m));
       for (int64_t i = 0; i < S; i++) {
         s[i] = m.softmax ? std::exp(s[i] - mx) : 1.0 / (1.0 + std::exp(-s[i]));
         z += s[i];
@@ -247,14 +250,16 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
 #pragma omp parallel num_threads(nthr)
   {
     std::vector<float> D(static_cast<size_t>(TB * H));  // dx . x per row and head
-    float* my_dq = shared_q ? part.data() + static_cast<int64_t>(omp_get_thread_num()) * d : nullptr;
+    float* my_dq =
+        shared_q ? part.data() + static_cast<int64_t>(omp_get_thread_num()) * d : nullptr;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
       const int64_t n0 = t * TB, nb = std::min(TB, N - n0);
       if (m.softmax) {
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
-          for (int64_t h = 0; h < H; h++) D[r * H + h] = dotf(dx + n * d + h * dh, x + n * d + h * dh, dh);
+          for (int64_t h = 0; h < H; h++)
+            D[r * H + h] = dotf(dx + n * d + h * dh, x + n * d + h * dh, dh);
         }
       }
       // Source by source over the tile's rows (long contiguous runs of v and dv); the softmax
@@ -291,7 +296,8 @@ void depth_dx_dot(float* D, const float* dx, const float* x, const DepthMix& m, 
   const int64_t d = m.d, H = m.H, dh = m.dh();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; n++) {
-    for (int64_t h = 0; h < H; h++) D[n * H + h] = dotf(dx + n * d + h * dh, x + n * d + h * dh, dh);
+    for (int64_t h = 0; h < H; h++)
+      D[n * H + h] = dotf(dx + n * d + h * dh, x + n * d + h * dh, dh);
   }
 }
 
@@ -346,19 +352,22 @@ void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
           for (int64_t k = 0; k < K; k++) {
-            for (int64_t h = 0; h < H; h++) a[((k * TB + r) * H + h) * S + i] = score(src[i], qg[k], n, h, m);
+            for (int64_t h = 0; h < H; h++)
+              a[((k * TB + r) * H + h) * S + i] = score(src[i], qg[k], n, h, m);
           }
         }
       }
       for (int64_t k = 0; k < K; k++) {
-        for (int64_t rh = 0; rh < nb * H; rh++) lse[k][n0 * H + rh] = softmax_inplace(a.data() + (k * TB * H + rh) * S, S);
+        for (int64_t rh = 0; rh < nb * H; rh++)
+          lse[k][n0 * H + rh] = softmax_inplace(a.data() + (k * TB * H + rh) * S, S);
       }
       for (int64_t k = 0; k < K; k++) {
         for (int64_t i = 0; i < S; i++) {
           for (int64_t r = 0; r < nb; r++) {
             const int64_t n = n0 + r;
             for (int64_t h = 0; h < H; h++) {
-              accumulate(o[k] + n * d + h * dh, a[((k * TB + r) * H + h) * S + i], src[i].v + n * d + h * dh, dh, i == 0);
+              accumulate(o[k] + n * d + h * dh, a[((k * TB + r) * H + h) * S + i],
+                         src[i].v + n * d + h * dh, dh, i == 0);
             }
           }
         }

@@ -4,8 +4,8 @@
 
 namespace attnres::ops {
 
-void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
-                    int64_t OC, bool accumulate) {
+void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC, int64_t OC,
+                    bool accumulate) {
   // out (N,OC) = inp (N,IC) * w^T (IC,OC)
   sgemm(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, accumulate ? 1.0f : 0.0f, out, OC);
 }

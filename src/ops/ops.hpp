@@ -26,8 +26,8 @@ void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* in
 
 // ---- matmul (matmul.cpp) ----  Linear layer without bias; weights stored (OC, IC).
 // out (N,OC) = inp (N,IC) @ w^T     (accumulate=false overwrites, true adds)
-void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
-                    int64_t OC, bool accumulate = false);
+void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC, int64_t OC,
+                    bool accumulate = false);
 // dinp (N,IC) += dout @ w ; dw (OC,IC) += dout^T @ inp. Either may be null to skip it.
 void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                      int64_t N, int64_t IC, int64_t OC);
@@ -69,8 +69,8 @@ void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N
 
 // ---- cross-entropy (cross_entropy.cpp) ----  fused log-softmax + negative log-likelihood
 // losses (N) = -log softmax(logits)[target]; lse (N) log-sum-exp saved for backward. Returns mean.
-double cross_entropy_forward(float* losses, float* lse, const float* logits,
-                             const int32_t* targets, int64_t N, int64_t V);
+double cross_entropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                             int64_t N, int64_t V);
 // dlogits (N,V) = (softmax - onehot) * dloss. Writes (not accumulates): dlogits may alias logits
 // (the logits are dead after the loss), which saves a (N,V) buffer.
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
@@ -81,9 +81,9 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
 //   s_i = rstd_i * (qg . v_i)  (key norm rms; qg = query * key-norm gain)  or  qg . v_i  (none)
 //   a_i = softmax_i(s_i) or sigmoid(s_i);   x = sum_i a_i v_i   (values are the raw sources)
 struct DepthSource {
-  const float* v;      // (N,d) the source
-  const float* rstd;   // (N,H) inverse RMS per head slice (key norm rms), else unused
-  float* dv;           // (N,d) gradient accumulator (backward), may be null to drop it
+  const float* v;     // (N,d) the source
+  const float* rstd;  // (N,H) inverse RMS per head slice (key norm rms), else unused
+  float* dv;          // (N,d) gradient accumulator (backward), may be null to drop it
   // (N,d) v rounded to bf16 (uint16_t bits), or null: where set, a device backend's depth ops
   // read it instead of v (bf16 storage of the sources; the CPU ops always read v).
   const uint16_t* vb = nullptr;

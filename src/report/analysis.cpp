@@ -136,18 +136,22 @@ double grad_cv(const json& r) {
 
 json interval_json(const stats::Interval& iv) {
   auto num = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
-  return {{"n", iv.n},           {"mean", num(iv.mean)}, {"sd", num(iv.sd)},
-          {"lo", num(iv.lo)},    {"hi", num(iv.hi)},     {"verdict", stats::verdict_name(iv.verdict)}};
+  return {{"n", iv.n},        {"mean", num(iv.mean)}, {"sd", num(iv.sd)},
+          {"lo", num(iv.lo)}, {"hi", num(iv.hi)},     {"verdict", stats::verdict_name(iv.verdict)}};
 }
 
 // A claim that some quantity is LOWER for the subject: the interval's verdict as the claim's.
 std::string claim_verdict(const stats::Interval& iv) {
   if (iv.n == 0) return "no data (no finished run with this measurement)";
   switch (iv.verdict) {
-    case stats::Verdict::lower: return "holds";
-    case stats::Verdict::higher: return "contradicted";
-    case stats::Verdict::indistinguishable: return "not shown (interval includes no effect)";
-    case stats::Verdict::too_few: return "too few seeds (need 3)";
+    case stats::Verdict::lower:
+      return "holds";
+    case stats::Verdict::higher:
+      return "contradicted";
+    case stats::Verdict::indistinguishable:
+      return "not shown (interval includes no effect)";
+    case stats::Verdict::too_few:
+      return "too few seeds (need 3)";
   }
   return "?";
 }
@@ -161,8 +165,12 @@ std::string iv_text(const stats::Interval& iv, const char* f) {
 json claim(const std::string& text, const std::string& paper, const std::string& subject,
            const std::string& measured, const std::string& interval, const std::string& verdict,
            int n) {
-  return {{"claim", text},         {"paper", paper},     {"subject", subject},
-          {"measured", measured}, {"interval", interval}, {"verdict", verdict},
+  return {{"claim", text},
+          {"paper", paper},
+          {"subject", subject},
+          {"measured", measured},
+          {"interval", interval},
+          {"verdict", verdict},
           {"n", n}};
 }
 
@@ -204,7 +212,8 @@ std::map<std::string, std::string> select_groups(const json& results, bool swept
 // The same swept values as g, in the baseline mode (for same-settings comparisons).
 const json* same_settings(const json& results, const json& g, const std::string& base_mode) {
   for (const auto& b : results.at("groups")) {
-    if (b.at("mode") == base_mode && b.value("sweep", json::object()) == g.value("sweep", json::object()))
+    if (b.at("mode") == base_mode &&
+        b.value("sweep", json::object()) == g.value("sweep", json::object()))
       return &b;
   }
   return nullptr;
@@ -223,8 +232,8 @@ void add_claims(const json& results, const std::map<std::string, std::string>& s
     loss_iv[mode] = dl;
     claims.push_back(claim("lower validation loss than PreNorm at the same tokens",
                            "-0.02 to -0.06 nats (SPEC 6)", subject,
-                           dl.n ? fmt("%+.4f nats", dl.mean) : "no data",
-                           iv_text(dl, "%+.4f"), claim_verdict(dl), dl.n));
+                           dl.n ? fmt("%+.4f nats", dl.mean) : "no data", iv_text(dl, "%+.4f"),
+                           claim_verdict(dl), dl.n));
     for (const auto& [key, fn, text] :
          {std::tuple{"input", &log_input_growth,
                      "hidden-state magnitude bounded over depth (sublayer input RMS, last quarter "
@@ -236,10 +245,10 @@ void add_claims(const json& results, const std::map<std::string, std::string>& s
       const auto d = stats::mean_interval(paired(runs, base, fn));
       const double gm = mine.empty() ? kNaN : std::exp(stats::mean_interval(mine).mean);
       const double gb = theirs.empty() ? kNaN : std::exp(stats::mean_interval(theirs).mean);
-      const std::string iv =
-          d.n >= 2 ? "ratio [" + fmt("%.3g", std::exp(d.lo)) + ", " + fmt("%.3g", std::exp(d.hi)) +
-                         "] (" + std::to_string(d.n) + " seeds)"
-                   : iv_text(d, "%.3g");
+      const std::string iv = d.n >= 2 ? "ratio [" + fmt("%.3g", std::exp(d.lo)) + ", " +
+                                            fmt("%.3g", std::exp(d.hi)) + "] (" +
+                                            std::to_string(d.n) + " seeds)"
+                                      : iv_text(d, "%.3g");
       claims.push_back(claim(text, "PreNorm grows with depth, AttnRes stays bounded", subject,
                              d.n ? fmt("%.3gx", gm) + " vs PreNorm " + fmt("%.3gx", gb) +
                                        " (ratio " + fmt("%.3g", std::exp(d.mean)) + ")"
@@ -250,13 +259,13 @@ void add_claims(const json& results, const std::map<std::string, std::string>& s
     {
       const auto d = stats::mean_interval(paired(runs, base, grad_cv));
       const auto mine = values(runs, grad_cv), theirs = values(base, grad_cv);
-      claims.push_back(claim(
-          "more uniform gradient norms over depth (coefficient of variation, vs PreNorm's)",
-          "AttnRes spreads them evenly", subject,
-          d.n ? "CV " + fmt("%.2f", stats::mean_interval(mine).mean) + " vs PreNorm " +
-                    fmt("%.2f", stats::mean_interval(theirs).mean)
-              : "no diagnostics",
-          iv_text(d, "%+.2f"), claim_verdict(d), d.n));
+      claims.push_back(
+          claim("more uniform gradient norms over depth (coefficient of variation, vs PreNorm's)",
+                "AttnRes spreads them evenly", subject,
+                d.n ? "CV " + fmt("%.2f", stats::mean_interval(mine).mean) + " vs PreNorm " +
+                          fmt("%.2f", stats::mean_interval(theirs).mean)
+                    : "no diagnostics",
+                iv_text(d, "%+.2f"), claim_verdict(d), d.n));
     }
     {
       // Diagonal dominance: the share of mixers reading their most recent source most, against
@@ -274,19 +283,19 @@ void add_claims(const json& results, const std::map<std::string, std::string>& s
           "each sublayer leans on its predecessor", subject,
           ds.n ? fmt("%.0f%%", 100 * (0.5 - ds.mean)) + " of mixers" : "no depth weights",
           ds.n >= 2 ? "[" + fmt("%.0f%%", 100 * std::max(0.0, 0.5 - ds.hi)) + ", " +
-                          fmt("%.0f%%", 100 * std::min(1.0, 0.5 - ds.lo)) + "] (" + std::to_string(ds.n) +
-                          " seeds; holds above 50%)"
+                          fmt("%.0f%%", 100 * std::min(1.0, 0.5 - ds.lo)) + "] (" +
+                          std::to_string(ds.n) + " seeds; holds above 50%)"
                     : iv_text(ds, "%.2f"),
           claim_verdict(ds), ds.n));
       const auto de = stats::mean_interval(emb);
-      claims.push_back(claim(
-          "weight kept on the embedding (mean weight on it minus the uniform share)",
-          "learned weights keep weight on the embedding", subject,
-          de.n ? fmt("%+.1f", -100 * de.mean) + " points" : "no depth weights",
-          de.n >= 2 ? "[" + fmt("%+.1f", -100 * de.hi) + ", " + fmt("%+.1f", -100 * de.lo) +
-                          "] points (" + std::to_string(de.n) + " seeds)"
-                    : iv_text(de, "%.2f"),
-          claim_verdict(de), de.n));
+      claims.push_back(
+          claim("weight kept on the embedding (mean weight on it minus the uniform share)",
+                "learned weights keep weight on the embedding", subject,
+                de.n ? fmt("%+.1f", -100 * de.mean) + " points" : "no depth weights",
+                de.n >= 2 ? "[" + fmt("%+.1f", -100 * de.hi) + ", " + fmt("%+.1f", -100 * de.lo) +
+                                "] points (" + std::to_string(de.n) + " seeds)"
+                          : iv_text(de, "%.2f"),
+                claim_verdict(de), de.n));
     }
   }
   if (sel.count("full") && sel.count("block")) {
@@ -333,7 +342,8 @@ static void validate(const json& results) {
   std::set<std::pair<std::string, uint64_t>> seen;
   for (const auto& r : runs) {
     const std::string g = r.at("group");
-    check(names.count(g), "results.json: a run names configuration '" + g + "', which is not one of its groups");
+    check(names.count(g),
+          "results.json: a run names configuration '" + g + "', which is not one of its groups");
     const uint64_t seed = r.at("seed").get<uint64_t>();
     check(seen.insert({g, seed}).second,
           "results.json: configuration '" + g + "' has two runs with seed " + std::to_string(seed));
@@ -393,7 +403,8 @@ json analyze(const json& results) {
   };
   for (const auto& g : groups) {
     if (g.at("mode") == base_mode) continue;
-    if (const json* b = same_settings(results, g, base_mode)) compare_to(g, (*b).at("name"), "same settings");
+    if (const json* b = same_settings(results, g, base_mode))
+      compare_to(g, (*b).at("name"), "same settings");
   }
   if (swept && sel.count(base_mode)) {
     for (const auto& g : groups) {

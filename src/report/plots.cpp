@@ -63,8 +63,10 @@ bool render_plots(const std::string& run_dir, std::string* why) {
   if (st == 0) return true;
   if (why) {
     if (out.find("No module named 'matplotlib'") != std::string::npos) {
-      *why = "python3-matplotlib is not installed (apt-get install python3-matplotlib), then run "
-             "`attnres report " + run_dir + "`";
+      *why =
+          "python3-matplotlib is not installed (apt-get install python3-matplotlib), then run "
+          "`attnres report " +
+          run_dir + "`";
     } else if (out.find("not found") != std::string::npos || WEXITSTATUS(st) == 127) {
       *why = "python3 is not installed (apt-get install python3 python3-matplotlib)";
     } else {

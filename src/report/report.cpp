@@ -56,8 +56,8 @@ void write_comparisons(std::ostringstream& md, const nlohmann::json& an) {
         "| configuration | vs | kind | mean diff | 95 % interval | seeds | verdict |\n"
         "|---|---|---|---|---|---|---|\n";
   for (const auto& c : an.at("comparisons")) {
-    md << "| " << c.at("group").get<std::string>() << " | " << c.at("vs").get<std::string>() << " | "
-       << c.at("kind").get<std::string>() << " | " << num(c.at("mean"), "%+.4f") << " | "
+    md << "| " << c.at("group").get<std::string>() << " | " << c.at("vs").get<std::string>()
+       << " | " << c.at("kind").get<std::string>() << " | " << num(c.at("mean"), "%+.4f") << " | "
        << (c.at("n").get<int>() >= 2
                ? "[" + num(c.at("lo"), "%+.4f") + ", " + num(c.at("hi"), "%+.4f") + "]"
                : std::string("-"))
@@ -122,21 +122,22 @@ void write_report(const std::string& run_dir) {
          << hw.value("precision", std::string("fp32")) << ")";
     }
     md << "\n";
-    md << "* Wall time: " << fmt("%.1f", r.at("wall_time_s").get<double>() / 60.0)
-       << " min for " << r.at("runs").size() << " runs\n\n";
+    md << "* Wall time: " << fmt("%.1f", r.at("wall_time_s").get<double>() / 60.0) << " min for "
+       << r.at("runs").size() << " runs\n\n";
 
     md << "## Setup\n\n";
     const auto& m = r.at("model");
     md << "| setting | value |\n|---|---|\n";
-    md << "| data | `" << r.at("data").at("path").get<std::string>() << "`: "
-       << with_commas(r.at("data").at("train_tokens").get<int64_t>()) << " train / "
+    md << "| data | `" << r.at("data").at("path").get<std::string>()
+       << "`: " << with_commas(r.at("data").at("train_tokens").get<int64_t>()) << " train / "
        << with_commas(r.at("data").at("val_tokens").get<int64_t>()) << " validation tokens, "
        << "tokenizer " << r.at("data").at("tokenizer").get<std::string>() << " (vocab "
        << r.at("data").at("vocab_size").get<int64_t>() << ") |\n";
-    md << "| model | " << m.at("n_layer").get<int64_t>() << " layers (" << 2 * m.at("n_layer").get<int64_t>()
-       << " sublayers), d " << m.at("d_model").get<int64_t>() << ", " << m.at("n_head").get<int64_t>()
-       << " heads (kv " << m.at("n_kv_head").get<int64_t>() << "), SwiGLU " << m.at("ffn_hidden").get<int64_t>()
-       << ", context " << m.at("max_seq_len").get<int64_t>() << ", "
+    md << "| model | " << m.at("n_layer").get<int64_t>() << " layers ("
+       << 2 * m.at("n_layer").get<int64_t>() << " sublayers), d " << m.at("d_model").get<int64_t>()
+       << ", " << m.at("n_head").get<int64_t>() << " heads (kv " << m.at("n_kv_head").get<int64_t>()
+       << "), SwiGLU " << m.at("ffn_hidden").get<int64_t>() << ", context "
+       << m.at("max_seq_len").get<int64_t>() << ", "
        << (m.at("tied").get<bool>() ? "tied" : "untied") << " head"
        << (m.contains("norm_eps") && m["norm_eps"].is_number()
                ? ", RMSNorm eps " + fmt("%g", m["norm_eps"].get<double>())
@@ -154,13 +155,14 @@ void write_report(const std::string& run_dir) {
        << fmt("%g", tr.at("grad_clip").get<double>()) << " |\n";
     md << "| seeds | " << r.at("seeds").dump() << " (per seed: the same initial shared weights "
        << "and batch order in every configuration) |\n";
-    md << "| evaluation | " << tr.at("eval_batches").get<int64_t>()
-       << " validation batches every " << tr.at("eval_every").get<int64_t>() << " steps |\n\n";
+    md << "| evaluation | " << tr.at("eval_batches").get<int64_t>() << " validation batches every "
+       << tr.at("eval_every").get<int64_t>() << " steps |\n\n";
 
     const nlohmann::json an = report::analyze(r);
     md << "## Results\n\n";
     md << "Final validation loss (nats/token) as mean +- sample std over the seeds that finished; "
-          "the difference is of the means, to `" << baseline << "`.\n\n";
+          "the difference is of the means, to `"
+       << baseline << "`.\n\n";
     md << "| configuration | val loss | seeds | perplexity | diff vs " << baseline
        << " | parameters | tokens/s |\n|---|---|---|---|---|---|---|\n";
     // (every number re-derived from the runs, whatever the stored aggregates say)
@@ -173,12 +175,13 @@ void write_report(const std::string& run_dir) {
       const bool has = st.at("mean").is_number();
       std::string diff = "-";
       if (g.at("name") != baseline) {
-        diff = has && base_stats && base_stats->at("mean").is_number()
-                   ? fmt("%+.4f", st.at("mean").get<double>() - base_stats->at("mean").get<double>())
-                   : std::string("n/a");
+        diff =
+            has && base_stats && base_stats->at("mean").is_number()
+                ? fmt("%+.4f", st.at("mean").get<double>() - base_stats->at("mean").get<double>())
+                : std::string("n/a");
       }
       md << "| " << g.at("name").get<std::string>() << " | "
-         << (!has ? std::string("no finished run")
+         << (!has     ? std::string("no finished run")
              : n >= 2 ? num(st.at("mean"), "%.4f") + " +- " + num(st.at("sd"), "%.4f")
                       : num(st.at("mean"), "%.4f") + " (1 seed: no spread)")
          << " | " << n << (failed ? " (" + std::to_string(failed) + " failed)" : std::string())
@@ -192,9 +195,8 @@ void write_report(const std::string& run_dir) {
     write_failed(md, an);
     if (r.contains("checks")) {
       md << "\nChecks: shared initial weights across configurations of a seed: "
-         << (r["checks"].value("shared_init", false) ? "yes" : "NO")
-         << "; identical batch order: " << (r["checks"].value("shared_batches", false) ? "yes" : "NO")
-         << ".\n";
+         << (r["checks"].value("shared_init", false) ? "yes" : "NO") << "; identical batch order: "
+         << (r["checks"].value("shared_batches", false) ? "yes" : "NO") << ".\n";
     }
     md << "\n## Plots\n\n";
     const std::string plots_note = r.value("plots_note", std::string());
@@ -211,7 +213,8 @@ void write_report(const std::string& run_dir) {
       if (!plots || !g.value("has_depth_weights", false)) continue;
       std::string safe = g.at("name").get<std::string>();
       for (char& c : safe) {
-        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') c = '_';
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-')
+          c = '_';
       }
       md << "Learned depth weights of `" << g.at("name").get<std::string>()
          << "` (rows read, columns are sources; mean over a validation batch and seeds):\n\n"
@@ -220,7 +223,8 @@ void write_report(const std::string& run_dir) {
     }
     md << "## Files\n\n`results.json` (every number above), `runs/<configuration>/seed<k>/` "
           "(each run's `metrics.jsonl`, checkpoints and final `model.safetensors`), the PNG "
-          "plots. Regenerate this report and the plots with `attnres report " << run_dir << "`.\n";
+          "plots. Regenerate this report and the plots with `attnres report "
+       << run_dir << "`.\n";
     write_file_atomic((fs::path(run_dir) / "report.md").string(), md.str());
   } catch (const nlohmann::json::exception& e) {
     throw Error("'" + path + "' lacks a field the report needs (" + e.what() +

@@ -8,9 +8,9 @@
 namespace attnres::scaling {
 
 struct PowerFit {
-  double A = 0, alpha = 0;  // L = A * C^-alpha
-  double r2 = 0;            // of the fit in log-log space
-  int n = 0;                // points fitted
+  double A = 0, alpha = 0;                // L = A * C^-alpha
+  double r2 = 0;                          // of the fit in log-log space
+  int n = 0;                              // points fitted
   double at(double C) const;              // A * C^-alpha
   double compute_for(double loss) const;  // the C at which the fit reaches `loss`
 };

@@ -49,10 +49,14 @@ Interval mean_interval(const std::vector<double>& xs, int min_n) {
 
 const char* verdict_name(Verdict v) {
   switch (v) {
-    case Verdict::lower: return "lower";
-    case Verdict::higher: return "higher";
-    case Verdict::indistinguishable: return "indistinguishable";
-    case Verdict::too_few: return "too few seeds";
+    case Verdict::lower:
+      return "lower";
+    case Verdict::higher:
+      return "higher";
+    case Verdict::indistinguishable:
+      return "indistinguishable";
+    case Verdict::too_few:
+      return "too few seeds";
   }
   return "?";
 }

@@ -46,10 +46,10 @@ class DeviceStep {
  private:
   struct Slot {
     std::unique_ptr<Captured> graph;
-    uint64_t epoch = 0;  // the backend's memory epoch the graph was captured at
-    bool warm = false;   // ran once uncaptured since the last capture failure or change
+    uint64_t epoch = 0;    // the backend's memory epoch the graph was captured at
+    bool warm = false;     // ran once uncaptured since the last capture failure or change
     int64_t B = 0, T = 0;  // the batch shape it was captured for (forward+backward)
-    int failures = 0;    // consecutive capture failures
+    int failures = 0;      // consecutive capture failures
   };
   template <class F>
   void run(Slot& s, F&& work);

@@ -24,7 +24,9 @@ Diagnostics measure_diagnostics(Model& model, const int32_t* tokens, int64_t B, 
 }
 
 std::string diagnostics_to_json(const Diagnostics& d) {
-  auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
+  auto num = [](double x) {
+    return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);
+  };
   auto arr = [&](const std::vector<double>& v) {
     nlohmann::json a = nlohmann::json::array();
     for (double x : v) a.push_back(num(x));

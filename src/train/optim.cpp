@@ -74,15 +74,14 @@ AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg, int64_t begin, int64_t 
   v_.on(be).assign_zero(static_cast<size_t>(end - begin));
 }
 
-void AdamW::step(float* params, const float* grads, double lr, float grad_scale,
-                 double router_lr) {
+void AdamW::step(float* params, const float* grads, double lr, float grad_scale, double router_lr) {
   t_ += 1;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(cfg_.beta2, static_cast<double>(t_)));
   auto factors = [&](double rate) {
     return ops::AdamStep{static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
                          static_cast<float>(rate / bc1), static_cast<float>(1.0 / bc2_sqrt),
-                         static_cast<float>(cfg_.eps), grad_scale};
+                         static_cast<float>(cfg_.eps),   grad_scale};
   };
   const ops::AdamStep k = factors(lr), kr = factors(router_lr >= 0 ? router_lr : lr);
   const double rlr = router_lr >= 0 ? router_lr : lr;

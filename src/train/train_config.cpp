@@ -2,8 +2,8 @@
 #include <nlohmann/json.hpp>
 
 #include "attnres/error.hpp"
-#include "core/json_field.hpp"
 #include "attnres/train.hpp"
+#include "core/json_field.hpp"
 
 namespace attnres {
 
@@ -43,8 +43,9 @@ void TrainConfig::validate() const {
   need(!cuda_graphs || device != "cpu",
        "--cuda-graphs captures the step on --device cuda (or cuda-host, its emulation)");
   need(device == "cpu" || (pipeline == 1 && !zero1),
-       "--device " + device + " trains data-parallel only for now: drop --pipeline and --zero1 "
-       "(or use --device cpu)");
+       "--device " + device +
+           " trains data-parallel only for now: drop --pipeline and --zero1 "
+           "(or use --device cpu)");
   need(router_lr_mult > 0 && router_lr_mult <= 1000, "--router-lr-mult must be in (0, 1000]");
   need(router_warmup >= -1, "--router-warmup must be >= 0 (or -1: the schedule's warm-up)");
   need(device == "cpu" || (router_lr_mult == 1.0 && router_warmup == -1),
