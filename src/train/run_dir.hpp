@@ -1,0 +1,40 @@
+// A training run's checkpoints (checkpoints/step_N/ in the run directory, `latest` naming the
+// newest complete one): each written into a temporary directory, synced, renamed into place,
+// then named in `latest`, so a crash at any moment leaves the previous checkpoint complete and
+// current. The oldest beyond `keep` are removed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace attnres {
+
+class AdamW;
+class Model;
+
+class RunDir {
+ public:
+  // tokenizer_path: the tokenizer file copied into each checkpoint ("" = none, e.g. bytes).
+  RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref, std::string tokenizer_path);
+
+  // Writes checkpoints/step_N (model, optimizer state, tokenizer) and points `latest` at it. On
+  // failure (e.g. a full disk) throws Error and leaves `latest` and the checkpoint it names
+  // untouched; the partial step_N.tmp directory is removed.
+  void save(const Model& model, AdamW& opt, int64_t step) const;
+
+  // Path of the newest complete checkpoint directory; Error if there is none.
+  std::string latest() const;
+
+  // For an error message about a failed run: where its last good checkpoint is named.
+  std::string last_checkpoint_note() const;
+
+ private:
+  std::string ckpt_root() const;
+  void prune(const std::string& keep_name) const;
+
+  std::string out_dir_;
+  int64_t keep_;
+  std::string tokenizer_ref_, tokenizer_path_;
+};
+
+}  // namespace attnres

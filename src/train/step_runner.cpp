@@ -1,0 +1,187 @@
+#include "train/step_runner.hpp"
+
+#include <cmath>
+
+#include "attnres/data.hpp"
+#include "attnres/dist.hpp"
+#include "attnres/error.hpp"
+#include "attnres/model.hpp"
+#include "attnres/optim.hpp"
+#include "attnres/pipeline.hpp"
+#include "attnres/train.hpp"
+#include "core/backend.hpp"
+#include "train/device_step.hpp"
+
+namespace attnres {
+
+namespace {
+
+// This rank's rows of each micro-batch: data parallel, a slice; a pipeline, whole ones.
+struct Rows {
+  int64_t count, first;
+};
+Rows rows_of(const StepContext& c) {
+  const int64_t ranks = c.comm.size();
+  if (c.pipeline) return {c.cfg.batch_size, 0};
+  const int64_t n = c.cfg.batch_size / ranks;
+  return {n, c.comm.rank() * n};
+}
+
+// Micro-batches averaged into the step's mean: equal slices and micro-batches, so the global mean
+// is the mean of the ranks' micro means (a pipeline's loss comes from its last stage alone).
+int64_t parts_of(const StepContext& c) {
+  return c.cfg.grad_accum * (c.pipeline ? 1 : c.comm.size());
+}
+
+// Forward and backward on the host's schedule; the gradients summed over the ranks, scaled to
+// the mean, measured, and the update applied unless they are not finite.
+class HostStep : public StepRunner {
+ public:
+  explicit HostStep(const StepContext& c) : c_(c), rows_(rows_of(c)), parts_(parts_of(c)) {}
+
+  Outcome run(int64_t step, Rates rates, bool sublayer_norms) override {
+    Model& model = c_.model;
+    const int64_t n = model.layout().total();
+    double loss = forward_backward(step);
+    if (c_.comm.size() > 1) {
+      // Sum of every rank's (sum over micro-batches of) mean-loss gradients, in buckets. A
+      // non-finite value on any rank makes the sum non-finite on all, so all skip together.
+      // Pipeline: each rank's gradients are those of its stages' parameters (zero elsewhere).
+      c_.reducer->allreduce_sum(model.grads(), n);
+      c_.comm.allreduce_sum(&loss, 1);
+    }
+    Outcome o;
+    o.loss = loss / static_cast<double>(parts_);
+    if (c_.loss_hook) o.loss = c_.loss_hook(step + 1, o.loss);
+    if (parts_ > 1) model.backend().scale(model.grads(), 1.0f / static_cast<float>(parts_), n);
+    if (sublayer_norms) o.sublayer_grad_norms = model.sublayer_grad_norms();  // before clipping
+    o.grad_norm = std::sqrt(model.backend().sum_squares(model.grads(), n));
+    o.ok = std::isfinite(o.loss) && std::isfinite(o.grad_norm);
+    if (!o.ok) return o;
+    c_.opt.step(model.params(), model.grads(), rates.lr, clip_scale(o.grad_norm, c_.cfg.grad_clip),
+                rates.router_lr);
+    if (c_.shard_counts) c_.comm.allgather(model.params(), *c_.shard_counts);  // ZeRO-1
+    return o;
+  }
+
+ protected:
+  // The sum over the step's micro-batches of their mean losses, gradients accumulated.
+  virtual double forward_backward(int64_t step) {
+    c_.model.zero_grad();
+    double loss = 0.0;
+    for (int64_t micro = 0; micro < c_.cfg.grad_accum; micro++) {
+      c_.train.sample_rows(c_.cfg.seed, step, micro, rows_.first, rows_.count, c_.cfg.seq_len,
+                           batch_);
+      loss += c_.model.forward(batch_.inputs.data(), batch_.targets.data(), rows_.count,
+                               c_.cfg.seq_len);
+      c_.model.backward();
+    }
+    return loss;
+  }
+
+  const StepContext c_;
+  const Rows rows_;
+  const int64_t parts_;
+  Batch batch_;
+};
+
+// This rank's stages of every micro-batch, in the 1F1B order.
+class PipelineStep : public HostStep {
+ public:
+  explicit PipelineStep(const StepContext& c)
+      : HostStep(c), micro_batches_(static_cast<size_t>(c.cfg.grad_accum)) {}
+
+ protected:
+  double forward_backward(int64_t step) override {
+    c_.model.zero_grad();
+    inputs_.clear();
+    targets_.clear();
+    for (int64_t micro = 0; micro < c_.cfg.grad_accum; micro++) {
+      Batch& mb = micro_batches_[static_cast<size_t>(micro)];
+      c_.train.sample_rows(c_.cfg.seed, step, micro, rows_.first, rows_.count, c_.cfg.seq_len, mb);
+      inputs_.push_back(mb.inputs.data());
+      targets_.push_back(mb.targets.data());
+    }
+    return c_.pipeline->step(inputs_, targets_, rows_.count, c_.cfg.seq_len);
+  }
+
+ private:
+  std::vector<Batch> micro_batches_;
+  std::vector<const int32_t*> inputs_, targets_;
+};
+
+// On a device: no wait for the host until the update is queued; the step's scalars stay on the
+// device (device_step.hpp). With several ranks the gradients are summed between the
+// forward+backward and the update, outside the graphs; the mean over ranks and micro-batches is
+// the update's scale.
+class DeviceStepRunner : public StepRunner {
+ public:
+  explicit DeviceStepRunner(const StepContext& c)
+      : c_(c),
+        rows_(rows_of(c)),
+        parts_(parts_of(c)),
+        step_(c.model, c.opt, c.cfg.grad_clip, 1.0f / static_cast<float>(parts_), c.cfg.cuda_graphs,
+              /*loss_check=*/c.comm.size() == 1) {}
+
+  Outcome run(int64_t step, Rates rates, bool sublayer_norms) override {
+    const int64_t ranks = c_.comm.size();
+    step_.begin();
+    for (int64_t micro = 0; micro < c_.cfg.grad_accum; micro++) {
+      c_.train.sample_rows(c_.cfg.seed, step, micro, rows_.first, rows_.count, c_.cfg.seq_len,
+                           batch_);
+      step_.micro(batch_.inputs.data(), batch_.targets.data(), rows_.count, c_.cfg.seq_len);
+    }
+    if (ranks > 1) c_.reducer->allreduce_sum(c_.model.grads(), c_.model.layout().total());
+    Outcome o;
+    if (sublayer_norms) {  // (before the scale by 1 / parts, so scaled here)
+      o.sublayer_grad_norms = c_.model.sublayer_grad_norms();
+      for (double& g : o.sublayer_grad_norms) g /= static_cast<double>(parts_);
+    }
+    const DeviceStep::Result r = step_.finish(rates.lr);
+    double sums[2] = {r.loss_sum, r.ok ? 1.0 : 0.0};
+    if (ranks > 1) {
+      c_.comm.allreduce_sum(sums, 2);
+      // Every rank's verdict comes from the same summed gradients alone (a non-finite loss makes
+      // its rank's gradients, so the sum, non-finite): a split verdict would be a bug, and the
+      // replicas would drift apart.
+      check(sums[1] == 0.0 || sums[1] == static_cast<double>(ranks),
+            "internal: the ranks disagree on skipping step " + std::to_string(step + 1));
+    }
+    o.loss = sums[0] / static_cast<double>(parts_);
+    o.grad_norm = r.norm;
+    o.ok = r.ok;
+    if (!step_.off_reason().empty() && !off_told_) {
+      c_.message("note: CUDA graphs turned off: " + step_.off_reason() +
+                 "; the steps run uncaptured");
+      off_told_ = true;
+    }
+    return o;
+  }
+
+  Graphs graphs() const override { return {step_.captures(), step_.replays(), step_.off_reason()}; }
+
+ private:
+  const StepContext c_;
+  const Rows rows_;
+  const int64_t parts_;
+  DeviceStep step_;
+  Batch batch_;
+  bool off_told_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<StepRunner> make_step_runner(const StepContext& ctx) {
+  // (a test's loss_hook needs the loss on the host before the update: it keeps the host's step)
+  if (!ctx.model.on_cpu() && !ctx.pipeline && !ctx.shard_counts && !ctx.loss_hook) {
+    return std::make_unique<DeviceStepRunner>(ctx);
+  }
+  if (ctx.cfg.cuda_graphs) {
+    ctx.message(std::string("note: --cuda-graphs is not used ") +
+                (ctx.model.on_cpu() ? "on the CPU" : "here") + "; the steps run uncaptured");
+  }
+  if (ctx.pipeline) return std::make_unique<PipelineStep>(ctx);
+  return std::make_unique<HostStep>(ctx);
+}
+
+}  // namespace attnres
