@@ -18,11 +18,13 @@ PACKAGES=(
 # Optional extras. `scripts/setup.sh --python`: PyTorch, to regenerate the parity fixtures
 # (tools/gen_fixtures.py) and run the PyTorch benchmarks.
 # `scripts/setup.sh --fuzz`: clang 14 with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh).
+# `scripts/setup.sh --lint`: clang-format 14 and clang-tidy 14 (scripts/lint.sh).
 for arg in "$@"; do
   case "$arg" in
     --python) PACKAGES+=(python3-numpy python3-torch libopenblas0-pthread) ;;  # OpenBLAS: torch's BLAS
     --fuzz) PACKAGES+=(clang-14 libclang-rt-14-dev) ;;  # libclang-rt-14-dev: libclang_rt.fuzzer
-    *) echo "[setup] unknown option '$arg' (use --python or --fuzz)" >&2; exit 2 ;;
+    --lint) PACKAGES+=(clang-format-14 clang-tidy-14) ;;
+    *) echo "[setup] unknown option '$arg' (use --python, --fuzz or --lint)" >&2; exit 2 ;;
   esac
 done
 

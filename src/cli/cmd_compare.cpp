@@ -494,6 +494,8 @@ bool run_compare(CompareArgs& a) {
     c.model.validate();
     Model probe(c.model);
     g.est_step_s = time_step(c);
+    // (whole evaluations: the integer division is meant)
+    // NOLINTNEXTLINE(bugprone-integer-division)
     const double evals = c.eval_every > 0 ? static_cast<double>(c.steps / c.eval_every) : 1.0;
     const double est = g.est_step_s * static_cast<double>(c.steps) +
                        evals * static_cast<double>(c.eval_batches) * g.est_step_s / 3.0;

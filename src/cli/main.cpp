@@ -51,7 +51,9 @@ void set_command_line(int argc, char** argv) {
 }
 }  // namespace attnres::cli
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_main(int argc, char** argv) {
   tune_openmp_wait(argv);
   attnres::cli::start_signal_thread();  // before any other thread exists
   attnres::cli::set_command_line(argc, argv);
@@ -137,4 +139,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& e) {  // setting up the commands failed (e.g. out of memory)
+    std::fprintf(stderr, "internal error: %s\n(please report this with the command you ran)\n",
+                 e.what());
+    return 2;
+  }
 }

@@ -12,7 +12,7 @@ Progress::Progress(int64_t plain_every)
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "--:--";
-  const int64_t t = static_cast<int64_t>(s + 0.5);
+  const int64_t t = std::llround(s);
   char buf[32];
   if (t >= 3600) {
     std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(t / 3600),

@@ -14,7 +14,12 @@ template <class Exec>
 class TableCache {
  public:
   explicit TableCache(Exec& x) : x_(x) {}
-  ~TableCache() { clear(); }
+  ~TableCache() {
+    try {
+      clear();
+    } catch (...) {  // a failing device at exit: the process's memory goes with it
+    }
+  }
   TableCache(const TableCache&) = delete;
   TableCache& operator=(const TableCache&) = delete;
 

@@ -192,6 +192,7 @@ Corpus read_corpus(const std::string& path, const std::string& exclude_dir) {
       c.skipped.push_back(reason(e.path, std::string("unreadable: ") + err.what()));
       continue;
     }
+    // NOLINTNEXTLINE(bugprone-not-null-terminated-result): a search, not a copy
     if (std::memchr(bytes.data(), '\0', bytes.size()) != nullptr) {
       check(!single_file, "corpus file '" + path +
                               "' is binary (contains NUL bytes); give a "

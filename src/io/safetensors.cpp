@@ -67,13 +67,11 @@ float half_to_float(uint16_t h) {
 size_t dtype_size(DType t) {
   switch (t) {
     case DType::F32:
-      return 4;
     case DType::I32:
       return 4;
     case DType::I64:
       return 8;
     case DType::BF16:
-      return 2;
     case DType::F16:
       return 2;
     case DType::U8:

@@ -69,7 +69,7 @@ inline float softmax_inplace(float* w, int64_t n) {
 
 // y (n) = a v (first) or y += a v.
 inline void accumulate(float* y, float a, const float* v, int64_t n, bool first) {
-  if (first) {
+  if (first) {  // NOLINT(bugprone-branch-clone): clang-tidy 14 compares the pragmas only
 #pragma omp simd
     for (int64_t c = 0; c < n; c++) y[c] = a * v[c];
   } else {
