@@ -26,6 +26,9 @@
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
 #include "core/backend.hpp"
+#include "experiment/compare_results.hpp"
+#include "experiment/host_info.hpp"
+#include "experiment/run_record.hpp"
 #include "report/analysis.hpp"
 #include "report/stats.hpp"
 
@@ -140,125 +143,6 @@ struct Group {
   double est_step_s = 0;
 };
 
-// Seconds per optimizer step of cfg, timed on random tokens (after one warm-up step).
-double time_step(const TrainConfig& cfg) {
-  std::shared_ptr<Backend> be = make_backend(cfg.device);
-  be->set_matmul_precision(parse_precision(cfg.precision));
-  Model m(cfg.model, be);
-  m.init_weights(1);
-  const int64_t n = cfg.batch_size * cfg.seq_len;
-  std::vector<int32_t> tok(n);
-  for (int64_t i = 0; i < n; i++) tok[i] = static_cast<int32_t>((i * 7919) % cfg.model.vocab_size);
-  double best = 1e30;
-  for (int r = 0; r < 3; r++) {
-    const auto t0 = std::chrono::steady_clock::now();
-    m.forward(tok.data(), tok.data(), cfg.batch_size, cfg.seq_len);
-    m.backward();
-    be->synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r > 0) best = std::min(best, s);
-  }
-  return best * static_cast<double>(cfg.grad_accum);
-}
-
-std::string cpu_name() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
-
-std::string now_iso() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-// What a run's metrics.jsonl holds over all its invocations: the validation curve ([tokens,
-// val loss, training seconds or null]), the last diagnostics, and the last logged training loss
-// and throughput (null if none was logged).
-struct RunMetrics {
-  json curve = json::array();
-  json diagnostics = nullptr;
-  json last_train_loss = nullptr, last_tokens_per_s = nullptr;
-};
-
-RunMetrics read_metrics(const fs::path& metrics) {
-  RunMetrics m;
-  std::ifstream f(metrics);
-  std::string line;
-  int64_t n = 0;
-  while (std::getline(f, line)) {
-    n++;
-    if (line.empty()) continue;
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
-      throw Error("'" + metrics.string() + "' line " + std::to_string(n) + " is not valid JSON (" +
-                  e.what() + "); delete that run's directory to train it again");
-    }
-    if (!j.is_object()) continue;
-    if (j.contains("val_loss")) {
-      m.curve.push_back(
-          {j.value("tokens", json(nullptr)), j["val_loss"], j.value("elapsed_s", json(nullptr))});
-    } else if (j.contains("loss") && !j.contains("skipped")) {
-      m.last_train_loss = j["loss"];
-      m.last_tokens_per_s = j.value("tokens_per_s", json(nullptr));
-    }
-    if (j.value("kind", "") == "diagnostics") m.diagnostics = j;
-  }
-  return m;
-}
-
-// The settings that decide a run's result (model resolved against the vocabulary, as its
-// train_config.json holds them): what a kept or resumed run must have been made with. Where the
-// files go, logging and checkpointing are left out.
-json run_settings(const TrainConfig& c, int64_t vocab) {
-  TrainConfig r = c;
-  r.model.vocab_size = vocab;
-  r.model.max_seq_len = r.seq_len;
-  r.model.resolve();
-  json j = json::parse(r.to_json());
-  for (const char* k : {"out_dir", "data_dir", "log_every", "save_every", "keep_checkpoints"}) {
-    j.erase(k);
-  }
-  return j;
-}
-
-// The settings in which `have` differs from `want`, e.g. "steps, lr" ("" when none).
-std::string differing(const json& have, const json& want) {
-  std::string out;
-  auto add = [&](const std::string& k) { out += (out.empty() ? "" : ", ") + k; };
-  for (const auto& [k, v] : want.items()) {
-    if (!have.is_object() || !have.contains(k)) {
-      add(k);
-    } else if (have[k] != v) {
-      if (v.is_object() && have[k].is_object()) {
-        const std::string sub = differing(have[k], v);
-        add(k + " (" + sub + ")");
-      } else {
-        add(k);
-      }
-    }
-  }
-  return out;
-}
-
-// A kept or half-finished run made with other settings is never mixed in.
-void check_same_settings(const json& have, const json& want, const fs::path& dir,
-                         const char* what) {
-  const std::string diff = differing(have, want);
-  check(diff.empty(), "'" + (dir / what).string() +
-                          "' was made with other settings than this "
-                          "command's (" +
-                          diff + " differ); use a new --out, or delete '" + dir.string() +
-                          "' to train it again");
-}
-
 std::string num_or(const json& x, const char* f, const char* none = "n/a") {
   if (!x.is_number()) return none;
   char b[48];
@@ -309,45 +193,6 @@ void print_summary(const json& results) {
     std::printf("run %s seed %s: %s\n", f["group"].get<std::string>().c_str(),
                 f["seed"].dump().c_str(), f["status"].get<std::string>().c_str());
   }
-}
-
-// One configuration's row of the results table: means over its finished runs (null if none).
-json aggregate_group(const Group& g, const json& runs) {
-  std::vector<double> v, tps;
-  int64_t params = 0, failed = 0;
-  double fpt = 0;
-  bool has_w = false;
-  for (const auto& r : runs) {
-    if (r["group"] != g.name) continue;
-    params = r["params"];
-    fpt = r["flops_per_token"];
-    if (r.value("status", std::string("ok")) != "ok" || !r["final_val_loss"].is_number()) {
-      failed++;
-      continue;
-    }
-    v.push_back(r["final_val_loss"]);
-    if (r["tokens_per_s"].is_number()) tps.push_back(r["tokens_per_s"]);
-    has_w |= r["diagnostics"].is_object() && r["diagnostics"].contains("depth_weights");
-  }
-  json j = {{"name", g.name},
-            {"mode", g.args.cfg.model.residual.mode},
-            {"residual", json::parse(g.args.cfg.model.to_json())},
-            {"sweep", g.sweep},
-            {"params", params},
-            {"flops_per_token", fpt},
-            {"seeds", static_cast<int>(v.size())},
-            {"seeds_failed", failed},
-            {"has_depth_weights", has_w}};
-  if (v.empty()) {
-    j["val_loss_mean"] = j["val_loss_std"] = j["ppl_mean"] = nullptr;
-  } else {
-    const stats::Interval iv = stats::mean_interval(v);  // sd 0 for one seed
-    j["val_loss_mean"] = iv.mean;
-    j["val_loss_std"] = iv.sd;
-    j["ppl_mean"] = std::exp(iv.mean);
-  }
-  j["tokens_per_s_mean"] = tps.empty() ? json(nullptr) : json(stats::mean_interval(tps).mean);
-  return j;
 }
 
 }  // namespace
@@ -493,7 +338,7 @@ bool run_compare(CompareArgs& a) {
     c.model.resolve();
     c.model.validate();
     Model probe(c.model);
-    g.est_step_s = time_step(c);
+    g.est_step_s = experiment::time_step(c);
     // (whole evaluations: the integer division is meant)
     // NOLINTNEXTLINE(bugprone-integer-division)
     const double evals = c.eval_every > 0 ? static_cast<double>(c.steps / c.eval_every) : 1.0;
@@ -528,7 +373,8 @@ bool run_compare(CompareArgs& a) {
       if (fs::exists(run_json)) {
         json kept = json::parse(read_file(run_json.string()));
         if (kept.contains("settings")) {
-          check_same_settings(kept["settings"], run_settings(c, vocab), dir, "run.json");
+          experiment::check_same_settings(kept["settings"], experiment::run_settings(c, vocab), dir,
+                                          "run.json");
         }
         std::printf("[run %lld/%lld] %s seed %llu: already done (%s), kept\n",
                     static_cast<long long>(k + 1), static_cast<long long>(n_runs), g.name.c_str(),
@@ -547,7 +393,8 @@ bool run_compare(CompareArgs& a) {
           throw Error("'" + (dir / "train_config.json").string() + "' is not valid JSON (" +
                       e.what() + "); delete '" + dir.string() + "' to train it again");
         }
-        check_same_settings(have, run_settings(c, vocab), dir, "train_config.json");
+        experiment::check_same_settings(have, experiment::run_settings(c, vocab), dir,
+                                        "train_config.json");
       }
       if (!c.resume) {
         std::error_code ec;
@@ -601,45 +448,8 @@ bool run_compare(CompareArgs& a) {
         return false;
       }
       remaining -= est;
-      const RunMetrics rm = read_metrics(dir / "metrics.jsonl");
-      // Fingerprints of the initial shared weights and the batch order. A resumed (or diverged)
-      // run's are recomputed the way the trainer computes them (init from the seed).
-      uint64_t init_hash = r.init_hash;
-      int64_t params = r.num_params;
-      double flops_per_token = r.flops_per_token;
-      if (c.resume || !diverged.empty()) {
-        ModelConfig mc = c.model;
-        mc.vocab_size = vocab;
-        mc.max_seq_len = c.seq_len;
-        mc.resolve();
-        Model m(mc);
-        m.init_weights(c.seed);
-        init_hash = m.shared_weights_hash();
-        params = m.num_params();
-        flops_per_token = train_flops_per_token(mc, c.seq_len);
-      }
-      auto opt_num = [](const std::optional<double>& x, const json& fallback) {
-        return x ? json(*x) : fallback;
-      };
-      json rj = {
-          {"group", g.name},
-          {"seed", c.seed},
-          {"dir", fs::relative(dir, a.out).string()},
-          {"status", diverged.empty() ? "ok" : "diverged"},
-          {"final_val_loss", diverged.empty() ? opt_num(r.final_val_loss, nullptr) : json(nullptr)},
-          {"final_train_loss", opt_num(r.final_train_loss, rm.last_train_loss)},
-          {"tokens_per_s", opt_num(r.tokens_per_s, rm.last_tokens_per_s)},
-          {"seconds", diverged.empty() ? r.seconds : run_s},
-          {"skipped_steps", diverged.empty() ? json(r.skipped_steps) : json(nullptr)},
-          {"params", params},
-          {"flops_per_token", flops_per_token},
-          {"init_hash", std::to_string(init_hash)},
-          {"batch_hash", diverged.empty() ? json(std::to_string(r.batch_hash)) : json(nullptr)},
-          {"settings", run_settings(c, vocab)},
-          {"curve", rm.curve},
-          {"diagnostics", rm.diagnostics}};
+      json rj = experiment::run_record(g.name, c, vocab, a.out, {r, diverged, run_s});
       if (!diverged.empty()) {
-        rj["reason"] = diverged;
         std::printf("  %s seed %llu diverged: %s\n", g.name.c_str(),
                     static_cast<unsigned long long>(c.seed), diverged.c_str());
       }
@@ -651,77 +461,21 @@ bool run_compare(CompareArgs& a) {
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
-  // Aggregate per configuration, over the runs that finished.
-  const std::string baseline =
-      std::find(modes.begin(), modes.end(), "prenorm") != modes.end() && combos.size() == 1
-          ? "prenorm"
-          : groups.front().name;
-  json gj = json::array();
-  for (const Group& g : groups) gj.push_back(aggregate_group(g, runs));
-  const json* base_group = nullptr;
-  for (const auto& g : gj) {
-    if (g["name"] == baseline) base_group = &g;
-  }
-  for (auto& g : gj) {
-    const bool both =
-        g["val_loss_mean"].is_number() && base_group && (*base_group)["val_loss_mean"].is_number();
-    g["delta_vs_baseline"] =
-        both ? json(g["val_loss_mean"].get<double>() - (*base_group)["val_loss_mean"].get<double>())
-             : json(nullptr);
-  }
-  // The runs of one seed must share initial weights and batch order across configurations.
-  bool same_init = true, same_batch = true;
-  for (const auto& r1 : runs) {
-    for (const auto& r2 : runs) {
-      if (r1["seed"] != r2["seed"]) continue;
-      same_init &= r1["init_hash"] == r2["init_hash"];
-      if (!r1["batch_hash"].is_null() && !r2["batch_hash"].is_null()) {
-        same_batch &= r1["batch_hash"] == r2["batch_hash"];
-      }
-    }
-  }
-  TrainConfig mc = groups.front().args.cfg;
-  mc.model.vocab_size = vocab;
-  mc.model.max_seq_len = mc.seq_len;
-  mc.model.resolve();
-  json seeds = json::array();
-  for (int64_t s = 0; s < a.seeds; s++) seeds.push_back(b.seed + static_cast<uint64_t>(s));
-  json results = {{"format", "attnres-compare/2"},
-                  {"command", a.command_line},
-                  {"created", now_iso()},
-                  {"hardware",
-                   {{"cpu", cpu_name()},
-                    {"threads", omp_get_max_threads()},
-                    {"device", b.device},
-                    {"precision", b.precision}}},
-                  {"wall_time_s", wall},
-                  {"preset", a.preset},
-                  {"data",
-                   {{"path", b.data_path},
-                    {"tokenizer", data.tokenizer_ref},
-                    {"vocab_size", vocab},
-                    {"train_tokens", data.train.size()},
-                    {"val_tokens", data.val.size()}}},
-                  {"model", json::parse(mc.model.to_json())},
-                  {"train",
-                   {{"steps", b.steps},
-                    {"batch_size", b.batch_size},
-                    {"seq_len", b.seq_len},
-                    {"grad_accum", b.grad_accum},
-                    {"tokens_per_run", tokens_per_run},
-                    {"lr", b.adamw.lr},
-                    {"weight_decay", b.adamw.weight_decay},
-                    {"grad_clip", b.grad_clip},
-                    {"schedule", b.schedule.kind},
-                    {"warmup_steps", b.schedule.warmup_steps},
-                    {"eval_every", b.eval_every},
-                    {"eval_batches", b.eval_batches}}},
-                  {"seeds", seeds},
-                  {"baseline", baseline},
-                  {"groups", gj},
-                  {"runs", runs},
-                  {"checks", {{"shared_init", same_init}, {"shared_batches", same_batch}}}};
-  results["analysis"] = report::analyze(results);
+  experiment::ResultsInput in;
+  in.command_line = a.command_line;
+  in.preset = a.preset;
+  in.wall_time_s = wall;
+  in.base = b;
+  in.tokenizer_ref = data.tokenizer_ref;
+  in.vocab = vocab;
+  in.train_tokens = data.train.size();
+  in.val_tokens = data.val.size();
+  for (const Group& g : groups) in.configs.push_back({g.name, g.args.cfg, g.sweep});
+  in.seeds = a.seeds;
+  in.runs = runs;
+  json results = experiment::assemble_results(in);
+  const bool same_init = results["checks"]["shared_init"],
+             same_batch = results["checks"]["shared_batches"];
   const std::string results_path = (fs::path(a.out) / "results.json").string();
   std::string why;
   bool plotted = false;

@@ -1,0 +1,152 @@
+#include "experiment/compare_results.hpp"
+
+#include <omp.h>
+
+#include <cmath>
+
+#include "experiment/host_info.hpp"
+#include "report/analysis.hpp"
+#include "report/stats.hpp"
+
+using nlohmann::json;
+
+namespace attnres::experiment {
+
+namespace {
+
+// One configuration's row of the results table: means over its finished runs (null if none).
+json aggregate(const Configuration& g, const json& runs) {
+  std::vector<double> v, tps;
+  int64_t params = 0, failed = 0;
+  double fpt = 0;
+  bool has_w = false;
+  for (const auto& r : runs) {
+    if (r["group"] != g.name) continue;
+    params = r["params"];
+    fpt = r["flops_per_token"];
+    if (r.value("status", std::string("ok")) != "ok" || !r["final_val_loss"].is_number()) {
+      failed++;
+      continue;
+    }
+    v.push_back(r["final_val_loss"]);
+    if (r["tokens_per_s"].is_number()) tps.push_back(r["tokens_per_s"]);
+    has_w |= r["diagnostics"].is_object() && r["diagnostics"].contains("depth_weights");
+  }
+  json j = {{"name", g.name},
+            {"mode", g.cfg.model.residual.mode},
+            {"residual", json::parse(g.cfg.model.to_json())},
+            {"sweep", g.sweep},
+            {"params", params},
+            {"flops_per_token", fpt},
+            {"seeds", static_cast<int>(v.size())},
+            {"seeds_failed", failed},
+            {"has_depth_weights", has_w}};
+  if (v.empty()) {
+    j["val_loss_mean"] = j["val_loss_std"] = j["ppl_mean"] = nullptr;
+  } else {
+    const stats::Interval iv = stats::mean_interval(v);  // sd 0 for one seed
+    j["val_loss_mean"] = iv.mean;
+    j["val_loss_std"] = iv.sd;
+    j["ppl_mean"] = std::exp(iv.mean);
+  }
+  j["tokens_per_s_mean"] = tps.empty() ? json(nullptr) : json(stats::mean_interval(tps).mean);
+  return j;
+}
+
+// The difference of each configuration's mean to the baseline's (null where either has none).
+void add_deltas(json& groups, const std::string& baseline) {
+  const json* base = nullptr;
+  for (const auto& g : groups) {
+    if (g["name"] == baseline) base = &g;
+  }
+  for (auto& g : groups) {
+    const bool both =
+        g["val_loss_mean"].is_number() && base && (*base)["val_loss_mean"].is_number();
+    g["delta_vs_baseline"] =
+        both ? json(g["val_loss_mean"].get<double>() - (*base)["val_loss_mean"].get<double>())
+             : json(nullptr);
+  }
+}
+
+// Whether the runs of one seed share initial weights and batch order across configurations.
+json shared_checks(const json& runs) {
+  bool same_init = true, same_batch = true;
+  for (const auto& r1 : runs) {
+    for (const auto& r2 : runs) {
+      if (r1["seed"] != r2["seed"]) continue;
+      same_init &= r1["init_hash"] == r2["init_hash"];
+      if (!r1["batch_hash"].is_null() && !r2["batch_hash"].is_null()) {
+        same_batch &= r1["batch_hash"] == r2["batch_hash"];
+      }
+    }
+  }
+  return {{"shared_init", same_init}, {"shared_batches", same_batch}};
+}
+
+}  // namespace
+
+std::string baseline_of(const std::vector<Configuration>& configs) {
+  std::string pre;
+  int n = 0;
+  for (const Configuration& c : configs) {
+    if (c.cfg.model.residual.mode == "prenorm") {
+      pre = c.name;
+      n++;
+    }
+  }
+  return n == 1 ? pre : configs.front().name;
+}
+
+json assemble_results(const ResultsInput& in) {
+  const TrainConfig& b = in.base;
+  const std::string baseline = baseline_of(in.configs);
+  json gj = json::array();
+  for (const Configuration& g : in.configs) gj.push_back(aggregate(g, in.runs));
+  add_deltas(gj, baseline);
+  ModelConfig mc = in.configs.front().cfg.model;
+  mc.vocab_size = in.vocab;
+  mc.max_seq_len = in.configs.front().cfg.seq_len;
+  mc.resolve();
+  json seeds = json::array();
+  for (int64_t s = 0; s < in.seeds; s++) seeds.push_back(b.seed + static_cast<uint64_t>(s));
+  const int64_t tokens_per_run = b.steps * b.batch_size * b.seq_len * b.grad_accum;
+  json results = {{"format", "attnres-compare/2"},
+                  {"command", in.command_line},
+                  {"created", now_iso()},
+                  {"hardware",
+                   {{"cpu", cpu_name()},
+                    {"threads", omp_get_max_threads()},
+                    {"device", b.device},
+                    {"precision", b.precision}}},
+                  {"wall_time_s", in.wall_time_s},
+                  {"preset", in.preset},
+                  {"data",
+                   {{"path", b.data_path},
+                    {"tokenizer", in.tokenizer_ref},
+                    {"vocab_size", in.vocab},
+                    {"train_tokens", in.train_tokens},
+                    {"val_tokens", in.val_tokens}}},
+                  {"model", json::parse(mc.to_json())},
+                  {"train",
+                   {{"steps", b.steps},
+                    {"batch_size", b.batch_size},
+                    {"seq_len", b.seq_len},
+                    {"grad_accum", b.grad_accum},
+                    {"tokens_per_run", tokens_per_run},
+                    {"lr", b.adamw.lr},
+                    {"weight_decay", b.adamw.weight_decay},
+                    {"grad_clip", b.grad_clip},
+                    {"schedule", b.schedule.kind},
+                    {"warmup_steps", b.schedule.warmup_steps},
+                    {"eval_every", b.eval_every},
+                    {"eval_batches", b.eval_batches}}},
+                  {"seeds", seeds},
+                  {"baseline", baseline},
+                  {"groups", gj},
+                  {"runs", in.runs},
+                  {"checks", shared_checks(in.runs)}};
+  results["analysis"] = report::analyze(results);
+  return results;
+}
+
+}  // namespace attnres::experiment

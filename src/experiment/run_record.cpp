@@ -1,0 +1,131 @@
+#include "experiment/run_record.hpp"
+
+#include <fstream>
+#include <optional>
+
+#include "attnres/error.hpp"
+#include "attnres/model.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace attnres::experiment {
+
+RunMetrics read_metrics(const fs::path& metrics) {
+  RunMetrics m;
+  std::ifstream f(metrics);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(f, line)) {
+    n++;
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      throw Error("'" + metrics.string() + "' line " + std::to_string(n) + " is not valid JSON (" +
+                  e.what() + "); delete that run's directory to train it again");
+    }
+    if (!j.is_object()) continue;
+    if (j.contains("val_loss")) {
+      m.curve.push_back(
+          {j.value("tokens", json(nullptr)), j["val_loss"], j.value("elapsed_s", json(nullptr))});
+    } else if (j.contains("loss") && !j.contains("skipped")) {
+      m.last_train_loss = j["loss"];
+      m.last_tokens_per_s = j.value("tokens_per_s", json(nullptr));
+    }
+    if (j.value("kind", "") == "diagnostics") m.diagnostics = j;
+  }
+  return m;
+}
+
+json run_settings(const TrainConfig& c, int64_t vocab) {
+  TrainConfig r = c;
+  r.model.vocab_size = vocab;
+  r.model.max_seq_len = r.seq_len;
+  r.model.resolve();
+  json j = json::parse(r.to_json());
+  for (const char* k : {"out_dir", "data_dir", "log_every", "save_every", "keep_checkpoints"}) {
+    j.erase(k);
+  }
+  return j;
+}
+
+namespace {
+
+// The settings in which `have` differs from `want`, e.g. "steps, lr" ("" when none).
+std::string differing(const json& have, const json& want) {
+  std::string out;
+  auto add = [&](const std::string& k) { out += (out.empty() ? "" : ", ") + k; };
+  for (const auto& [k, v] : want.items()) {
+    if (!have.is_object() || !have.contains(k)) {
+      add(k);
+    } else if (have[k] != v) {
+      if (v.is_object() && have[k].is_object()) {
+        const std::string sub = differing(have[k], v);
+        add(k + " (" + sub + ")");
+      } else {
+        add(k);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void check_same_settings(const json& have, const json& want, const fs::path& dir,
+                         const char* what) {
+  const std::string diff = differing(have, want);
+  check(diff.empty(), "'" + (dir / what).string() +
+                          "' was made with other settings than this "
+                          "command's (" +
+                          diff + " differ); use a new --out, or delete '" + dir.string() +
+                          "' to train it again");
+}
+
+json run_record(const std::string& group, const TrainConfig& c, int64_t vocab, const fs::path& out,
+                const RunOutcome& o) {
+  const fs::path dir = c.out_dir;
+  const TrainResult& r = o.result;
+  const bool ok = o.diverged.empty();
+  const RunMetrics rm = read_metrics(dir / "metrics.jsonl");
+  // Fingerprints of the initial shared weights and the batch order.
+  uint64_t init_hash = r.init_hash;
+  int64_t params = r.num_params;
+  double flops_per_token = r.flops_per_token;
+  if (c.resume || !ok) {
+    ModelConfig mc = c.model;
+    mc.vocab_size = vocab;
+    mc.max_seq_len = c.seq_len;
+    mc.resolve();
+    Model m(mc);
+    m.init_weights(c.seed);
+    init_hash = m.shared_weights_hash();
+    params = m.num_params();
+    flops_per_token = train_flops_per_token(mc, c.seq_len);
+  }
+  auto opt_num = [](const std::optional<double>& x, const json& fallback) {
+    return x ? json(*x) : fallback;
+  };
+  json rj = {{"group", group},
+             {"seed", c.seed},
+             {"dir", fs::relative(dir, out).string()},
+             {"status", ok ? "ok" : "diverged"},
+             {"final_val_loss", ok ? opt_num(r.final_val_loss, nullptr) : json(nullptr)},
+             {"final_train_loss", opt_num(r.final_train_loss, rm.last_train_loss)},
+             {"tokens_per_s", opt_num(r.tokens_per_s, rm.last_tokens_per_s)},
+             {"seconds", ok ? r.seconds : o.seconds},
+             {"skipped_steps", ok ? json(r.skipped_steps) : json(nullptr)},
+             {"params", params},
+             {"flops_per_token", flops_per_token},
+             {"init_hash", std::to_string(init_hash)},
+             {"batch_hash", ok ? json(std::to_string(r.batch_hash)) : json(nullptr)},
+             {"settings", run_settings(c, vocab)},
+             {"curve", rm.curve},
+             {"diagnostics", rm.diagnostics}};
+  if (!ok) rj["reason"] = o.diverged;
+  return rj;
+}
+
+}  // namespace attnres::experiment

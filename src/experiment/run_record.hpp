@@ -1,0 +1,48 @@
+// One run of a comparison on disk (`attnres compare`, `scale`): what its metrics.jsonl holds, the
+// settings that decide its result, the check that a kept or resumed run was made with the
+// command's settings, and its run.json record, which holds only what was measured.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "attnres/train.hpp"
+
+namespace attnres::experiment {
+
+// What a run's metrics.jsonl holds over all its invocations: the validation curve ([tokens,
+// val loss, training seconds or null]), the last diagnostics, and the last logged training loss
+// and throughput (null if none was logged). Error naming the file and line on invalid JSON.
+struct RunMetrics {
+  nlohmann::json curve = nlohmann::json::array();
+  nlohmann::json diagnostics = nullptr;
+  nlohmann::json last_train_loss = nullptr, last_tokens_per_s = nullptr;
+};
+RunMetrics read_metrics(const std::filesystem::path& metrics);
+
+// The settings that decide a run's result (model resolved against the vocabulary, as its
+// train_config.json holds them): what a kept or resumed run must have been made with. Where the
+// files go, logging and checkpointing are left out.
+nlohmann::json run_settings(const TrainConfig& c, int64_t vocab);
+
+// A kept or half-finished run made with other settings is never mixed in: Error naming the file
+// `dir/what`, the settings that differ and the fix.
+void check_same_settings(const nlohmann::json& have, const nlohmann::json& want,
+                         const std::filesystem::path& dir, const char* what);
+
+// How one training of the comparison ended.
+struct RunOutcome {
+  TrainResult result;    // (empty when it diverged)
+  std::string diverged;  // the DivergedError's message; "" when it finished
+  double seconds = 0.0;  // wall time of this invocation
+};
+
+// The run.json record of configuration `group`'s run with config c (its out_dir the run's
+// directory, below `out`). A resumed or diverged run's fingerprint of the initial weights is
+// recomputed the way the trainer computes it (init from the seed).
+nlohmann::json run_record(const std::string& group, const TrainConfig& c, int64_t vocab,
+                          const std::filesystem::path& out, const RunOutcome& o);
+
+}  // namespace attnres::experiment
