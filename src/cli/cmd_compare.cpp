@@ -197,9 +197,11 @@ void print_summary(const json& results) {
 
 }  // namespace
 
-bool run_compare(CompareArgs& a) {
-  // Presets fill in only what the command line did not set. With --steps given, the preset's
-  // warm-up keeps its share of the run (300 steps with warm-up 50, run for 60: warm-up 10).
+using Combo = std::vector<std::pair<std::string, std::string>>;
+
+// Presets fill in only what the command line did not set. With --steps given, the preset's
+// warm-up keeps its share of the run (300 steps with warm-up 50, run for 60: warm-up 10).
+void apply_preset(CompareArgs& a) {
   if (a.preset != "none") {
     auto it = presets().find(a.preset);
     check(it != presets().end(),
@@ -213,7 +215,10 @@ bool run_compare(CompareArgs& a) {
       if (a.app->count(opt) == 0) apply_train_args(a.base, {opt + "=" + val});
     }
   }
-  a.base.finalize();
+}
+
+// --modes: a list of distinct residual modes.
+std::vector<std::string> parse_modes(const CompareArgs& a) {
   const std::vector<std::string> modes = split(a.modes, ',');
   check(!modes.empty(), "--modes lists no residual mode");
   for (size_t i = 0; i < modes.size(); i++) {
@@ -221,10 +226,12 @@ bool run_compare(CompareArgs& a) {
       check(modes[i] != modes[j], "--modes lists '" + modes[i] + "' twice");
     }
   }
-  check(a.seeds >= 1 && a.seeds <= 100, "--seeds must be in [1, 100]");
+  return modes;
+}
 
-  // Groups: every mode times every combination of swept values.
-  std::vector<std::vector<std::pair<std::string, std::string>>> combos = {{}};
+// Every combination of the swept values (one empty combination without --sweep).
+std::vector<Combo> sweep_combos(const CompareArgs& a) {
+  std::vector<Combo> combos = {{}};
   for (const std::string& sw : a.sweeps) {
     const auto eq = sw.find('=');
     check(eq != std::string::npos && eq > 0,
@@ -259,7 +266,7 @@ bool run_compare(CompareArgs& a) {
       if (&other == &sw) break;
       check(other.substr(0, other.find('=')) != key, "--sweep " + key + " is given twice");
     }
-    std::vector<std::vector<std::pair<std::string, std::string>>> next;
+    std::vector<Combo> next;
     for (const auto& c : combos) {
       for (const auto& v : vals) {
         auto c2 = c;
@@ -269,6 +276,12 @@ bool run_compare(CompareArgs& a) {
     }
     combos = next;
   }
+  return combos;
+}
+
+// The configurations: every mode times every combination of swept values.
+std::vector<Group> make_groups(const CompareArgs& a, const std::vector<std::string>& modes,
+                               const std::vector<Combo>& combos) {
   std::vector<Group> groups;
   for (const std::string& mode : modes) {
     for (const auto& combo : combos) {
@@ -295,10 +308,13 @@ bool run_compare(CompareArgs& a) {
       groups.push_back(std::move(g));
     }
   }
+  return groups;
+}
 
+// One tokenizer and token cache for every run, in out/data.
+PreparedData prepare_compare_data(const CompareArgs& a) {
   // The device and precision work here (before the data is prepared).
   make_backend(a.base.cfg.device)->set_matmul_precision(parse_precision(a.base.cfg.precision));
-  // One tokenizer and token cache for every run.
   fs::create_directories(a.out);
   const std::string data_dir = (fs::path(a.out) / "data").string();
   DataOptions dopt;
@@ -310,10 +326,13 @@ bool run_compare(CompareArgs& a) {
   std::printf("preparing data: %s (tokenizer %s)\n", dopt.corpus_path.c_str(),
               dopt.tokenizer.c_str());
   std::fflush(stdout);
-  PreparedData data = prepare_data(dopt);
-  const int64_t vocab = data.tokenizer->vocab_size();
+  return prepare_data(dopt);
+}
 
-  // The plan, with the compute per run and a timed estimate.
+// The plan on the terminal, with the compute per run and a timed estimate; returns the estimated
+// total seconds (and sets each group's estimated step time).
+double print_plan(const CompareArgs& a, std::vector<Group>& groups, const PreparedData& data) {
+  const int64_t vocab = data.tokenizer->vocab_size();
   const TrainConfig& b = a.base.cfg;
   const int64_t tokens_per_run = b.steps * b.batch_size * b.seq_len * b.grad_accum;
   const int64_t n_runs = static_cast<int64_t>(groups.size()) * a.seeds;
@@ -352,6 +371,21 @@ bool run_compare(CompareArgs& a) {
   std::printf("expected total: %s on %d threads\n\n", format_duration(est_total).c_str(),
               omp_get_max_threads());
   std::fflush(stdout);
+  return est_total;
+}
+
+bool run_compare(CompareArgs& a) {
+  apply_preset(a);
+  a.base.finalize();
+  const std::vector<std::string> modes = parse_modes(a);
+  check(a.seeds >= 1 && a.seeds <= 100, "--seeds must be in [1, 100]");
+  std::vector<Group> groups = make_groups(a, modes, sweep_combos(a));
+  const PreparedData data = prepare_compare_data(a);
+  const std::string data_dir = (fs::path(a.out) / "data").string();
+  const int64_t vocab = data.tokenizer->vocab_size();
+  const TrainConfig& b = a.base.cfg;
+  const int64_t n_runs = static_cast<int64_t>(groups.size()) * a.seeds;
+  const double est_total = print_plan(a, groups, data);
 
   // The runs, sequentially. A finished run (run.json present) is kept: rerunning the same command
   // after an interruption continues where it stopped.
@@ -371,11 +405,7 @@ bool run_compare(CompareArgs& a) {
       const fs::path run_json = dir / "run.json";
       const double est = est_total / static_cast<double>(n_runs);
       if (fs::exists(run_json)) {
-        json kept = json::parse(read_file(run_json.string()));
-        if (kept.contains("settings")) {
-          experiment::check_same_settings(kept["settings"], experiment::run_settings(c, vocab), dir,
-                                          "run.json");
-        }
+        json kept = experiment::kept_run(c, vocab);
         std::printf("[run %lld/%lld] %s seed %llu: already done (%s), kept\n",
                     static_cast<long long>(k + 1), static_cast<long long>(n_runs), g.name.c_str(),
                     static_cast<unsigned long long>(c.seed),
@@ -384,22 +414,7 @@ bool run_compare(CompareArgs& a) {
         remaining -= est;
         continue;
       }
-      c.resume = fs::exists(dir / "latest") && fs::exists(dir / "train_config.json");
-      if (c.resume) {  // an interrupted run continues only under the same settings
-        json have;
-        try {
-          have = json::parse(read_file((dir / "train_config.json").string()));
-        } catch (const json::exception& e) {
-          throw Error("'" + (dir / "train_config.json").string() + "' is not valid JSON (" +
-                      e.what() + "); delete '" + dir.string() + "' to train it again");
-        }
-        experiment::check_same_settings(have, experiment::run_settings(c, vocab), dir,
-                                        "train_config.json");
-      }
-      if (!c.resume) {
-        std::error_code ec;
-        fs::remove_all(dir, ec);
-      }
+      c.resume = experiment::prepare_run_dir(c, vocab);
       char head[200];
       std::snprintf(head, sizeof head, "[run %lld/%lld] %s seed %llu%s",
                     static_cast<long long>(k + 1), static_cast<long long>(n_runs), g.name.c_str(),
@@ -429,29 +444,18 @@ bool run_compare(CompareArgs& a) {
           return step >= 3 ? std::numeric_limits<double>::quiet_NaN() : loss;
         };
       }
-      // A diverged run is a result (e.g. too high a learning rate in a sweep): recorded as such,
-      // with no loss, and the comparison goes on.
-      TrainResult r;
-      std::string diverged;
-      const auto t_run = std::chrono::steady_clock::now();
-      try {
-        r = train(c, ev);
-      } catch (const DivergedError& e) {
-        diverged = e.what();
-      }
-      const double run_s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
+      const experiment::RunOutcome o = experiment::train_run(c, ev);
       bar.finish();
-      if (r.interrupted) {
+      if (o.result.interrupted) {
         remove_stop_handler();
         std::printf("interrupted; rerun the same command to continue from here\n");
         return false;
       }
       remaining -= est;
-      json rj = experiment::run_record(g.name, c, vocab, a.out, {r, diverged, run_s});
-      if (!diverged.empty()) {
+      json rj = experiment::run_record(g.name, c, vocab, a.out, o);
+      if (!o.diverged.empty()) {
         std::printf("  %s seed %llu diverged: %s\n", g.name.c_str(),
-                    static_cast<unsigned long long>(c.seed), diverged.c_str());
+                    static_cast<unsigned long long>(c.seed), o.diverged.c_str());
       }
       write_file_atomic(run_json.string(), rj.dump() + "\n");
       runs.push_back(rj);

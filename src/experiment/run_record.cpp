@@ -1,9 +1,11 @@
 #include "experiment/run_record.hpp"
 
+#include <chrono>
 #include <fstream>
 #include <optional>
 
 #include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
 #include "attnres/model.hpp"
 
 namespace fs = std::filesystem;
@@ -82,6 +84,53 @@ void check_same_settings(const json& have, const json& want, const fs::path& dir
                           "command's (" +
                           diff + " differ); use a new --out, or delete '" + dir.string() +
                           "' to train it again");
+}
+
+json kept_run(const TrainConfig& c, int64_t vocab) {
+  const fs::path dir = c.out_dir;
+  const fs::path path = dir / "run.json";
+  json kept;
+  try {
+    kept = json::parse(read_file(path.string()));
+  } catch (const json::exception& e) {
+    throw Error("'" + path.string() + "' is not valid JSON (" + e.what() + "); delete '" +
+                dir.string() + "' to train it again");
+  }
+  if (kept.contains("settings")) {
+    check_same_settings(kept["settings"], run_settings(c, vocab), dir, "run.json");
+  }
+  return kept;
+}
+
+bool prepare_run_dir(const TrainConfig& c, int64_t vocab) {
+  const fs::path dir = c.out_dir;
+  const bool resume = fs::exists(dir / "latest") && fs::exists(dir / "train_config.json");
+  if (!resume) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    return false;
+  }
+  json have;  // an interrupted run continues only under the same settings
+  try {
+    have = json::parse(read_file((dir / "train_config.json").string()));
+  } catch (const json::exception& e) {
+    throw Error("'" + (dir / "train_config.json").string() + "' is not valid JSON (" + e.what() +
+                "); delete '" + dir.string() + "' to train it again");
+  }
+  check_same_settings(have, run_settings(c, vocab), dir, "train_config.json");
+  return true;
+}
+
+RunOutcome train_run(const TrainConfig& c, const TrainEvents& ev) {
+  RunOutcome o;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    o.result = train(c, ev);
+  } catch (const DivergedError& e) {
+    o.diverged = e.what();
+  }
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return o;
 }
 
 json run_record(const std::string& group, const TrainConfig& c, int64_t vocab, const fs::path& out,

@@ -32,6 +32,15 @@ nlohmann::json run_settings(const TrainConfig& c, int64_t vocab);
 void check_same_settings(const nlohmann::json& have, const nlohmann::json& want,
                          const std::filesystem::path& dir, const char* what);
 
+// A finished run kept from an earlier invocation: its run.json (in c.out_dir), checked to have been
+// made with c's settings.
+nlohmann::json kept_run(const TrainConfig& c, int64_t vocab);
+
+// Makes c.out_dir ready for the run: an interrupted run there (a checkpoint and its
+// train_config.json) is resumed, after checking it was made with c's settings; anything else
+// there is removed. Returns whether the run resumes.
+bool prepare_run_dir(const TrainConfig& c, int64_t vocab);
+
 // How one training of the comparison ended.
 struct RunOutcome {
   TrainResult result;    // (empty when it diverged)
@@ -42,6 +51,10 @@ struct RunOutcome {
 // The run.json record of configuration `group`'s run with config c (its out_dir the run's
 // directory, below `out`). A resumed or diverged run's fingerprint of the initial weights is
 // recomputed the way the trainer computes it (init from the seed).
+// Trains c. A diverged run is a result (e.g. too high a learning rate in a sweep): returned as
+// such, with no loss, so that the comparison goes on. Other errors propagate.
+RunOutcome train_run(const TrainConfig& c, const TrainEvents& ev);
+
 nlohmann::json run_record(const std::string& group, const TrainConfig& c, int64_t vocab,
                           const std::filesystem::path& out, const RunOutcome& o);
 
