@@ -157,6 +157,15 @@ TEST(Cli, BenchRunsEveryModeAndWritesJson) {
   } else {
     std::printf("note: /usr/bin/python3 has no torch; PyTorch side of bench not exercised\n");
   }
+  // Without PreNorm there is nothing to divide by: the ratio columns say "-", never 0.000.
+  CliRun nb = run(args + " --modes full,block");
+  ASSERT_EQ(nb.code, 0) << nb.out;
+  EXPECT_FALSE(contains(nb.out, "0.000 ")) << nb.out;
+  EXPECT_TRUE(contains(nb.out, "        -")) << nb.out;
+  CliRun nt = run(args + " --modes full --torch /usr/bin/python3");
+  EXPECT_EQ(nt.code, 1) << nt.out;
+  EXPECT_TRUE(contains(nt.out, "include prenorm in --modes")) << nt.out;
+  EXPECT_FALSE(contains(nt.out, "sgemm ceiling")) << nt.out;  // refused before any work
 }
 
 TEST(Cli, ConfigFileWithOverrides) {

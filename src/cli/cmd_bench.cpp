@@ -297,18 +297,41 @@ std::string last_json_line(const std::string& cmd, std::string* all = nullptr) {
   return last;
 }
 
-void run_bench(const BenchArgs& a) {
-  if (!a.child_mode.empty()) {
-    std::printf("%s\n", bench_one(a, a.child_mode).dump().c_str());
-    return;
+// A comma-separated list, empty items dropped.
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : list + ",") {
+    if (ch == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
   }
-  open_backend(a.dev);  // bad --device / --precision: an error before any work
-  check(!a.cuda_graphs || a.dev.device != "cpu",
-        "--cuda-graphs captures the steps on --device cuda (or cuda-host, its emulation)");
-  check(a.torch_pythons.empty() || a.dev.device == "cpu",
-        "--torch compares with PyTorch on the CPU: drop --torch, or use --device cpu");
-  const ModelConfig probe = bench_config(a, "prenorm");
-  const bool on_cpu = a.dev.device == "cpu";
+  return out;
+}
+
+// x / base, or "-" where there is no base to divide by (no PreNorm among the modes).
+std::string ratio_text(double x, const json* base, const char* key, int width) {
+  char b[32];
+  if (base) {
+    std::snprintf(b, sizeof b, "%*.3f", width, x / (*base)[key].get<double>());
+  } else {
+    std::snprintf(b, sizeof b, "%*s", width, "-");
+  }
+  return b;
+}
+
+const json* prenorm_row(const json& rows) {
+  for (const auto& r : rows) {
+    if (r["mode"] == "prenorm") return &r;
+  }
+  return nullptr;
+}
+
+// The setup line and the GEMM ceiling the model's GFLOP/s are measured against.
+double print_setup_and_ceiling(const BenchArgs& a) {
   std::printf(
       "attnres bench: d %lld, %lld layers, %lld heads, T %lld, B %lld, vocab %lld, "
       "%d threads; %lld timed steps after %lld warm-up (medians)\n",
@@ -317,7 +340,7 @@ void run_bench(const BenchArgs& a) {
       static_cast<long long>(a.batch), static_cast<long long>(a.vocab), omp_get_max_threads(),
       static_cast<long long>(a.steps), static_cast<long long>(a.warmup));
   double ceiling = 0;
-  if (on_cpu) {
+  if (a.dev.device == "cpu") {
     std::fflush(stdout);
     ceiling = sgemm_gflops(2048);
     std::printf("sgemm ceiling (2048^3, oneDNN): %.1f GFLOP/s\n\n", ceiling);
@@ -331,32 +354,14 @@ void run_bench(const BenchArgs& a) {
                 static_cast<long long>(n), a.dev.precision.c_str(), ceiling);
   }
   std::fflush(stdout);
-  json results = {{"config", json::parse(probe.to_json())},
-                  {"batch_size", a.batch},
-                  {"seq_len", a.seq_len},
-                  {"threads", omp_get_max_threads()},
-                  {"device", a.dev.device},
-                  {"precision", a.dev.precision},
-                  {"sgemm_gflops", ceiling},
-                  {"modes", json::array()}};
-  std::vector<std::string> modes;
-  {
-    std::string cur;
-    for (char ch : a.modes + ",") {
-      if (ch == ',') {
-        if (!cur.empty()) modes.push_back(cur);
-        cur.clear();
-      } else {
-        cur += ch;
-      }
-    }
-  }
-  const std::string weights =
-      (fs::temp_directory_path() / ("attnres_bench_" + std::to_string(::getpid()) + ".safetensors"))
-          .string();
+  return ceiling;
+}
+
+// Each mode trained in a child process, modes interleaved round by round (A B C A B C ...), so
+// slow phases of the machine hit every mode alike; each mode's median-time round.
+json run_rounds(const BenchArgs& a, const std::vector<std::string>& modes,
+                const std::string& weights) {
   const std::string self = fs::read_symlink("/proc/self/exe").string();
-  // Modes are interleaved round by round (A B C A B C ...), so slow phases of the machine hit
-  // every mode alike; each mode reports its median-time round.
   std::vector<std::vector<json>> rounds(modes.size());
   for (int64_t rep = 0; rep < a.repeats; rep++) {
     for (size_t mi = 0; mi < modes.size(); mi++) {
@@ -376,108 +381,136 @@ void run_bench(const BenchArgs& a) {
       std::fflush(stdout);
     }
   }
+  json out = json::array();
   for (auto& rs : rounds) {
     std::sort(rs.begin(), rs.end(), [](const json& x, const json& y) {
       return x["step_s"].get<double>() < y["step_s"].get<double>();
     });
     json r = rs[rs.size() / 2];
     r["rounds"] = static_cast<int64_t>(rs.size());
-    results["modes"].push_back(r);
+    out.push_back(r);
   }
-  const json* base = nullptr;
-  for (const auto& r : results["modes"]) {
-    if (r["mode"] == "prenorm") base = &r;
-  }
+  return out;
+}
+
+// The training table (ratios to PreNorm's where it ran) and where the time goes (one profiled
+// step; forward / backward ms per op family).
+void print_training(const json& rows, double ceiling, bool on_cpu) {
+  const json* base = prenorm_row(rows);
   std::printf("\n%-9s %9s %9s %10s %8s %9s %10s %9s %11s %11s\n", "mode", "step ms", "tok/s",
               "GFLOP/s", "%sgemm", "vs base", "peak MiB", "vs base", "prefill t/s", "decode ms/t");
-  for (const auto& r : results["modes"]) {
+  for (const auto& r : rows) {
     const double tps = r["tokens_per_s"], mem = r["peak_rss_mib"];
-    std::printf("%-9s %9.1f %9.0f %10.1f %7.1f%% %9.3f %10.0f %9.3f %11.0f %11.2f\n",
+    std::printf("%-9s %9.1f %9.0f %10.1f %7.1f%% %s %10.0f %s %11.0f %11.2f\n",
                 r["mode"].get<std::string>().c_str(), 1e3 * r["step_s"].get<double>(), tps,
                 r["model_gflops"].get<double>(), 100.0 * r["model_gflops"].get<double>() / ceiling,
-                base ? tps / (*base)["tokens_per_s"].get<double>() : 0.0, mem,
-                base ? mem / (*base)["peak_rss_mib"].get<double>() : 0.0,
+                ratio_text(tps, base, "tokens_per_s", 9).c_str(), mem,
+                ratio_text(mem, base, "peak_rss_mib", 9).c_str(),
                 r["prefill_tokens_per_s"].get<double>(), r["decode_ms_per_token"].get<double>());
   }
   if (!on_cpu) std::printf("(peak MiB: the host process's resident memory, not the device's)\n");
-  // Where the time goes (one profiled step; forward / backward ms per op family).
   std::printf("\nper-op time of one step, ms (forward / backward):\n%-20s", "op");
-  for (const auto& r : results["modes"]) std::printf(" %17s", r["mode"].get<std::string>().c_str());
+  for (const auto& r : rows) std::printf(" %17s", r["mode"].get<std::string>().c_str());
   std::printf("\n");
   for (int op = 0; op < prof::kOpCount; op++) {
     std::printf("%-20s", prof::op_name(op));
-    for (const auto& r : results["modes"]) {
+    for (const auto& r : rows) {
       const auto& v = r["ops"][prof::op_name(op)];
       std::printf(" %8.1f /%7.1f", 1e3 * v[0].get<double>(), 1e3 * v[1].get<double>());
     }
     std::printf("\n");
   }
-  // Inference side by side in this process (the per-child figures above vary from process to
-  // process by several percent; this is the comparison to trust).
-  {
-    const json inf = inference_interleaved(a, modes);
-    results["inference_interleaved"] = inf;
-    std::printf(
-        "\ninference, all modes in one process, interleaved (medians; prefill %lld tokens, "
-        "then %lld single tokens):\n%-9s %12s %9s %12s %9s\n",
-        static_cast<long long>(std::max<int64_t>(1, a.seq_len / 2)),
-        static_cast<long long>(a.decode_tokens), "mode", "prefill t/s", "vs base", "decode ms/t",
-        "vs base");
-    const json* b = nullptr;
-    for (const auto& r : inf) {
-      if (r["mode"] == "prenorm") b = &r;
-    }
-    for (const auto& r : inf) {
-      const double pt = r["prefill_tokens_per_s"], dm = r["decode_ms_per_token"];
-      std::printf("%-9s %12.0f %9.3f %12.3f %9.3f\n", r["mode"].get<std::string>().c_str(), pt,
-                  b ? pt / (*b)["prefill_tokens_per_s"].get<double>() : 0.0, dm,
-                  b ? dm / (*b)["decode_ms_per_token"].get<double>() : 0.0);
-    }
-    std::fflush(stdout);
+}
+
+// Inference side by side in this process (the per-child figures vary from process to process by
+// several percent; this is the comparison to trust).
+json print_inference(const BenchArgs& a, const std::vector<std::string>& modes) {
+  const json inf = inference_interleaved(a, modes);
+  std::printf(
+      "\ninference, all modes in one process, interleaved (medians; prefill %lld tokens, "
+      "then %lld single tokens):\n%-9s %12s %9s %12s %9s\n",
+      static_cast<long long>(std::max<int64_t>(1, a.seq_len / 2)),
+      static_cast<long long>(a.decode_tokens), "mode", "prefill t/s", "vs base", "decode ms/t",
+      "vs base");
+  const json* b = prenorm_row(inf);
+  for (const auto& r : inf) {
+    const double pt = r["prefill_tokens_per_s"], dm = r["decode_ms_per_token"];
+    std::printf("%-9s %12.0f %s %12.3f %s\n", r["mode"].get<std::string>().c_str(), pt,
+                ratio_text(pt, b, "prefill_tokens_per_s", 9).c_str(), dm,
+                ratio_text(dm, b, "decode_ms_per_token", 9).c_str());
   }
-  // PyTorch on the identical model and batch (tools/bench_torch.py), same loss required.
+  std::fflush(stdout);
+  return inf;
+}
+
+// PyTorch on the identical model and batch (tools/bench_torch.py), same loss required.
+json compare_torch(const BenchArgs& a, const json& base, const std::string& weights) {
+  json out = json::array();
+  for (const std::string& py : split_list(a.torch_pythons)) {
+    char extra[128];
+    std::snprintf(extra, sizeof extra, " --steps %lld --warmup %lld --threads %d",
+                  static_cast<long long>(a.steps), static_cast<long long>(a.warmup),
+                  omp_get_max_threads());
+    const std::string script = (fs::path(ATTNRES_SOURCE_DIR) / "tools" / "bench_torch.py").string();
+    std::string all;
+    const std::string line =
+        last_json_line(py + " " + script + " " + weights + extra + " 2>&1", &all);
+    if (line.empty()) {
+      std::printf("\nPyTorch (%s) failed:\n%s\n", py.c_str(), all.c_str());
+      continue;
+    }
+    json parsed = json::parse(line);  // kept alive for the loop below
+    for (auto& t : parsed["setups"]) {
+      const double ours = base["tokens_per_s"], loss_c = base["loss0"];
+      t["python"] = py;
+      t["same_loss"] = std::abs(t["loss0"].get<double>() - loss_c) < 1e-3 * std::abs(loss_c);
+      t["attnres_speedup"] = ours / t["tokens_per_s"].get<double>();
+      out.push_back(t);
+    }
+  }
+  std::printf("\nPyTorch on the same weights and batch (prenorm):\n%-36s %10s %10s %12s %9s\n",
+              "setup", "tok/s", "loss", "attnres x", "same loss");
+  std::printf("%-36s %10.0f %10.5f %12s %9s\n", "attnres", base["tokens_per_s"].get<double>(),
+              base["loss0"].get<double>(), "1.00", "-");
+  for (const auto& t : out) {
+    std::printf("%-36s %10.0f %10.5f %12.2f %9s\n", t["name"].get<std::string>().c_str(),
+                t["tokens_per_s"].get<double>(), t["loss0"].get<double>(),
+                t["attnres_speedup"].get<double>(), t["same_loss"].get<bool>() ? "yes" : "NO");
+  }
+  return out;
+}
+
+void run_bench(const BenchArgs& a) {
+  if (!a.child_mode.empty()) {
+    std::printf("%s\n", bench_one(a, a.child_mode).dump().c_str());
+    return;
+  }
+  open_backend(a.dev);  // bad --device / --precision: an error before any work
+  check(!a.cuda_graphs || a.dev.device != "cpu",
+        "--cuda-graphs captures the steps on --device cuda (or cuda-host, its emulation)");
+  check(a.torch_pythons.empty() || a.dev.device == "cpu",
+        "--torch compares with PyTorch on the CPU: drop --torch, or use --device cpu");
+  const std::vector<std::string> modes = split_list(a.modes);
+  check(a.torch_pythons.empty() || std::find(modes.begin(), modes.end(), "prenorm") != modes.end(),
+        "--torch compares PreNorm with PyTorch: include prenorm in --modes");
+  const ModelConfig probe = bench_config(a, "prenorm");
+  const double ceiling = print_setup_and_ceiling(a);
+  json results = {{"config", json::parse(probe.to_json())},
+                  {"batch_size", a.batch},
+                  {"seq_len", a.seq_len},
+                  {"threads", omp_get_max_threads()},
+                  {"device", a.dev.device},
+                  {"precision", a.dev.precision},
+                  {"sgemm_gflops", ceiling}};
+  const std::string weights =
+      (fs::temp_directory_path() / ("attnres_bench_" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
+  results["modes"] = run_rounds(a, modes, weights);
+  print_training(results["modes"], ceiling, a.dev.device == "cpu");
+  results["inference_interleaved"] = print_inference(a, modes);
+  const json* base = prenorm_row(results["modes"]);
   if (!a.torch_pythons.empty() && base) {
-    results["torch"] = json::array();
-    std::string cur;
-    for (char ch : a.torch_pythons + ",") {
-      if (ch != ',') {
-        cur += ch;
-        continue;
-      }
-      if (cur.empty()) continue;
-      const std::string py = cur;
-      cur.clear();
-      char extra[128];
-      std::snprintf(extra, sizeof extra, " --steps %lld --warmup %lld --threads %d",
-                    static_cast<long long>(a.steps), static_cast<long long>(a.warmup),
-                    omp_get_max_threads());
-      const std::string script =
-          (fs::path(ATTNRES_SOURCE_DIR) / "tools" / "bench_torch.py").string();
-      std::string all;
-      const std::string line =
-          last_json_line(py + " " + script + " " + weights + extra + " 2>&1", &all);
-      if (line.empty()) {
-        std::printf("\nPyTorch (%s) failed:\n%s\n", py.c_str(), all.c_str());
-        continue;
-      }
-      json parsed = json::parse(line);  // kept alive for the loop below
-      for (auto& t : parsed["setups"]) {
-        const double ours = (*base)["tokens_per_s"], loss_c = (*base)["loss0"];
-        t["python"] = py;
-        t["same_loss"] = std::abs(t["loss0"].get<double>() - loss_c) < 1e-3 * std::abs(loss_c);
-        t["attnres_speedup"] = ours / t["tokens_per_s"].get<double>();
-        results["torch"].push_back(t);
-      }
-    }
-    std::printf("\nPyTorch on the same weights and batch (prenorm):\n%-36s %10s %10s %12s %9s\n",
-                "setup", "tok/s", "loss", "attnres x", "same loss");
-    std::printf("%-36s %10.0f %10.5f %12s %9s\n", "attnres", (*base)["tokens_per_s"].get<double>(),
-                (*base)["loss0"].get<double>(), "1.00", "-");
-    for (const auto& t : results["torch"]) {
-      std::printf("%-36s %10.0f %10.5f %12.2f %9s\n", t["name"].get<std::string>().c_str(),
-                  t["tokens_per_s"].get<double>(), t["loss0"].get<double>(),
-                  t["attnres_speedup"].get<double>(), t["same_loss"].get<bool>() ? "yes" : "NO");
-    }
+    results["torch"] = compare_torch(a, *base, weights);
     std::error_code ec;
     fs::remove(weights, ec);
   }
