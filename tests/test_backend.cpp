@@ -15,7 +15,7 @@
 #include "attnres/backend.hpp"
 #include "attnres/dist.hpp"
 #include "attnres/error.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "cuda/table_cache.hpp"
 #include "ops/ops.hpp"
 #include "test_util.hpp"

@@ -25,7 +25,7 @@
 #include "attnres/model.hpp"
 #include "attnres/optim.hpp"
 #include "attnres/train.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "core/rng.hpp"
 #include "test_util.hpp"
 #include "train/device_step.hpp"

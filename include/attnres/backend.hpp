@@ -7,7 +7,7 @@
 //              the same calls, the same order) on any machine, so the tests check it everywhere
 //
 // Model code never dereferences a tensor pointer itself: it allocates through DevBuf and passes
-// pointers to the backend's ops (src/core/backend.hpp), so the same model code runs on each.
+// pointers to the backend's ops (src/backend/backend.hpp), so the same model code runs on each.
 #pragma once
 
 #include <cstddef>
@@ -18,7 +18,7 @@
 
 namespace attnres {
 
-class Backend;  // src/core/backend.hpp
+class Backend;  // src/backend/backend.hpp
 
 // How the matrix products compute. fp32: fp32 inputs and products. bf16: both inputs rounded
 // to bf16 (tensor cores on a GPU), products accumulated and stored in fp32, and on a device the

@@ -21,16 +21,15 @@
 #include "attnres/model.hpp"
 #include "attnres/report.hpp"
 #include "attnres/train.hpp"
+#include "backend/backend.hpp"
 #include "cli/commands.hpp"
 #include "cli/compare_job.hpp"
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
-#include "core/backend.hpp"
 #include "experiment/compare_results.hpp"
 #include "experiment/host_info.hpp"
 #include "experiment/run_record.hpp"
 #include "report/analysis.hpp"
-#include "report/stats.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -194,8 +193,6 @@ void print_summary(const json& results) {
                 f["seed"].dump().c_str(), f["status"].get<std::string>().c_str());
   }
 }
-
-}  // namespace
 
 using Combo = std::vector<std::pair<std::string, std::string>>;
 
@@ -373,6 +370,8 @@ double print_plan(const CompareArgs& a, std::vector<Group>& groups, const Prepar
   std::fflush(stdout);
   return est_total;
 }
+
+}  // namespace
 
 bool run_compare(CompareArgs& a) {
   apply_preset(a);

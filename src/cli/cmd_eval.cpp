@@ -8,10 +8,10 @@
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/train.hpp"
+#include "backend/backend.hpp"
 #include "cli/commands.hpp"
 #include "cli/device_options.hpp"
 #include "cli/progress.hpp"
-#include "core/backend.hpp"
 
 namespace fs = std::filesystem;
 

@@ -6,9 +6,9 @@
 #include "attnres/error.hpp"
 #include "attnres/generate.hpp"
 #include "attnres/tokenizer.hpp"
+#include "backend/backend.hpp"
 #include "cli/commands.hpp"
 #include "cli/device_options.hpp"
-#include "core/backend.hpp"
 
 namespace attnres::cli {
 

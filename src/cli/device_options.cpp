@@ -1,7 +1,7 @@
 #include "cli/device_options.hpp"
 
 #include "attnres/error.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 
 namespace attnres::cli {
 

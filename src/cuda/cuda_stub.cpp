@@ -1,7 +1,7 @@
 // attnres/cuda.hpp in a build without the CUDA backend (ATTNRES_CUDA=OFF, the default).
 #include "attnres/cuda.hpp"
 #include "attnres/error.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 
 namespace attnres::cuda {
 

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "attnres/error.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "cuda/row_kernels.hpp"
 #include "cuda/table_cache.hpp"
 

@@ -5,7 +5,7 @@
 
 #include "attnres/dist.hpp"
 #include "attnres/error.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "dist/nccl.hpp"
 
 namespace attnres::dist {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "attnres/model.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 
 namespace attnres::experiment {
 

@@ -48,13 +48,13 @@ struct RunOutcome {
   double seconds = 0.0;  // wall time of this invocation
 };
 
-// The run.json record of configuration `group`'s run with config c (its out_dir the run's
-// directory, below `out`). A resumed or diverged run's fingerprint of the initial weights is
-// recomputed the way the trainer computes it (init from the seed).
 // Trains c. A diverged run is a result (e.g. too high a learning rate in a sweep): returned as
 // such, with no loss, so that the comparison goes on. Other errors propagate.
 RunOutcome train_run(const TrainConfig& c, const TrainEvents& ev);
 
+// The run.json record of configuration `group`'s run with config c (its out_dir the run's
+// directory, below `out`). A resumed or diverged run's fingerprint of the initial weights is
+// recomputed the way the trainer computes it (init from the seed).
 nlohmann::json run_record(const std::string& group, const TrainConfig& c, int64_t vocab,
                           const std::filesystem::path& out, const RunOutcome& o);
 

@@ -7,7 +7,7 @@
 #include "attnres/error.hpp"
 #include "attnres/generate.hpp"
 #include "attnres/residual.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "model/layer_views.hpp"
 #include "ops/ops.hpp"
 

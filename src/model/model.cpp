@@ -1,5 +1,5 @@
 // The model's forward and backward passes: top to bottom like the math, ops from the backend
-// (src/core/backend.hpp: src/ops on the CPU, src/cuda on a GPU), the residual path delegated to
+// (src/backend/backend.hpp: src/ops on the CPU, src/cuda on a GPU), the residual path delegated to
 // the DepthRouter (no `x + f(x)` here). Tensors live in the backend's memory; only token ids
 // (validated here) and diagnostics pass through the host.
 #include "attnres/model.hpp"
@@ -12,7 +12,7 @@
 
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "core/profile.hpp"
 #include "core/rng.hpp"
 #include "model/layer_views.hpp"

@@ -1,7 +1,7 @@
 // Picks the DepthRouter for a configuration's residual mode.
 #include "attnres/residual.hpp"
 #include "attnres/error.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "model/routers.hpp"
 
 namespace attnres {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "attnres/error.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "model/routers.hpp"
 #include "ops/ops.hpp"
 

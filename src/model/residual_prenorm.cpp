@@ -2,7 +2,7 @@
 // residual is a plain sum.
 #include "attnres/error.hpp"
 #include "attnres/residual.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "model/routers.hpp"
 
 namespace attnres {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "model/routers.hpp"
 #include "ops/ops.hpp"
 

@@ -6,7 +6,7 @@
 #include "attnres/error.hpp"
 #include "attnres/model.hpp"
 #include "attnres/optim.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "core/step_scalars.hpp"
 
 namespace attnres {

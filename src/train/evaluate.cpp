@@ -10,8 +10,8 @@
 
 namespace attnres {
 
-double evaluate(Model& model, const TokenSpan& val, int64_t B, int64_t T, int64_t max_batches,
-                dist::Communicator& comm, bool whole_batches) {
+double validation_loss(Model& model, const TokenSpan& val, int64_t B, int64_t T,
+                       int64_t max_batches, dist::Communicator& comm, bool whole_batches) {
   const int64_t windows = val.num_windows(T);
   check(windows >= 1, "validation split has " + std::to_string(val.size()) +
                           " tokens, fewer than seq_len + 1; use a larger corpus, a larger "

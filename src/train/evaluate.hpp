@@ -14,7 +14,7 @@ namespace dist {
 class Communicator;
 }
 
-double evaluate(Model& model, const TokenSpan& val, int64_t B, int64_t T, int64_t max_batches,
-                dist::Communicator& comm, bool whole_batches);
+double validation_loss(Model& model, const TokenSpan& val, int64_t B, int64_t T,
+                       int64_t max_batches, dist::Communicator& comm, bool whole_batches);
 
 }  // namespace attnres

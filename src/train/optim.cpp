@@ -6,7 +6,7 @@
 #include <string>
 
 #include "attnres/error.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "core/step_scalars.hpp"
 #include "ops/ops.hpp"
 

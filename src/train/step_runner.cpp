@@ -9,7 +9,7 @@
 #include "attnres/optim.hpp"
 #include "attnres/pipeline.hpp"
 #include "attnres/train.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "train/device_step.hpp"
 
 namespace attnres {

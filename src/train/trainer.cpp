@@ -25,7 +25,7 @@
 #include "attnres/model.hpp"
 #include "attnres/pipeline.hpp"
 #include "attnres/train.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 #include "train/evaluate.hpp"
 #include "train/run_dir.hpp"
 #include "train/step_runner.hpp"
@@ -480,8 +480,8 @@ class Trainer {
     if (pipeline_) pipeline_->release_memory();  // evaluation runs the whole model on each rank
     EvalInfo ei;
     ei.step = step + 1;
-    ei.val_loss = evaluate(*model_, data_.val, cfg_.batch_size, cfg_.seq_len, cfg_.eval_batches,
-                           comm_, piped_);
+    ei.val_loss = validation_loss(*model_, data_.val, cfg_.batch_size, cfg_.seq_len,
+                                  cfg_.eval_batches, comm_, piped_);
     ei.train_loss = recent_loss_ / static_cast<double>(std::max<int64_t>(1, recent_n_));
     recent_loss_ = 0.0;
     recent_n_ = 0;
@@ -572,8 +572,8 @@ class Trainer {
     // (not logged: metrics.jsonl already has that step's evaluation).
     if (!res_.interrupted && step == start_ && step == cfg_.steps) {
       if (pipeline_) pipeline_->release_memory();
-      res_.final_val_loss = evaluate(*model_, data_.val, cfg_.batch_size, cfg_.seq_len,
-                                     cfg_.eval_batches, comm_, piped_);
+      res_.final_val_loss = validation_loss(*model_, data_.val, cfg_.batch_size, cfg_.seq_len,
+                                            cfg_.eval_batches, comm_, piped_);
     }
     res_.seconds = seconds_since(t0_);
     if (timed_steps_ > 0) {

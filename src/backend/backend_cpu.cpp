@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "attnres/buffer.hpp"
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 
 namespace attnres {
 

@@ -214,7 +214,7 @@ class Backend {
   MatmulPrecision precision_ = MatmulPrecision::fp32;
 };
 
-// The backends (src/core/backend_cpu.cpp, src/cuda/backend_host.cpp, src/cuda/backend_cuda.cu or
+// The backends (src/backend/backend_cpu.cpp, src/cuda/backend_host.cpp, src/cuda/backend_cuda.cu or
 // cuda_stub.cpp).
 std::shared_ptr<Backend> make_cpu_backend();
 std::shared_ptr<Backend> make_cuda_host_backend();

@@ -1,5 +1,5 @@
 // Backend selection and DevBuf (attnres/backend.hpp).
-#include "core/backend.hpp"
+#include "backend/backend.hpp"
 
 #include <algorithm>
 #include <cstring>
