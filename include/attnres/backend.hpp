@@ -71,6 +71,13 @@ class DevBuf {
   // Host copies, for setup, checks and reports (not for hot paths).
   void upload(const T* host, size_t n);  // resizes to n
   std::vector<T> download() const;
+  // The contents readable on the host while `scratch` lives: the memory itself where the
+  // backend's memory is the host's (once queued work is done), else a copy into scratch.
+  const T* host_view(std::vector<T>& scratch) const;
+  // Where to write all size() elements on the host: the memory itself, or scratch (resized);
+  // commit_host(scratch) then uploads them where the memory is not the host's.
+  T* host_stage(std::vector<T>& scratch);
+  void commit_host(const std::vector<T>& scratch);
 
  private:
   void swap(DevBuf& o) noexcept {

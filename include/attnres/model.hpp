@@ -57,6 +57,14 @@ class Model {
   std::vector<float> params_to_host() const;
   std::vector<float> grads_to_host() const;
   void params_from_host(const float* host);
+  // The parameters on the host without a copy where the backend's memory is the host's
+  // (DevBuf::host_view / host_stage): read them while `scratch` lives; or write them all, then
+  // commit_params(scratch).
+  const float* params_on_host(std::vector<float>& scratch) const {
+    return params_.host_view(scratch);
+  }
+  float* params_stage(std::vector<float>& scratch) { return params_.host_stage(scratch); }
+  void commit_params(const std::vector<float>& scratch) { params_.commit_host(scratch); }
 
   // Deterministic initialisation from seed: linear weights N(0, 0.02), output projections (wo, w2)
   // scaled by 1/sqrt(2 n_layer), embeddings N(0, 0.02), norm gains 1; the residual mode's own

@@ -150,6 +150,34 @@ std::vector<T> DevBuf<T>::download() const {
   return h;
 }
 
+template <class T>
+const T* DevBuf<T>::host_view(std::vector<T>& scratch) const {
+  Backend& be = or_cpu(be_);
+  if (be.host_memory()) {
+    be.synchronize();
+    return p_;
+  }
+  scratch = download();
+  return scratch.data();
+}
+
+template <class T>
+T* DevBuf<T>::host_stage(std::vector<T>& scratch) {
+  Backend& be = or_cpu(be_);
+  if (be.host_memory()) {
+    be.synchronize();
+    return p_;
+  }
+  scratch.assign(n_, T{});
+  return scratch.data();
+}
+
+template <class T>
+void DevBuf<T>::commit_host(const std::vector<T>& scratch) {
+  Backend& be = or_cpu(be_);
+  if (!be.host_memory() && n_ > 0) be.upload(p_, scratch.data(), n_ * sizeof(T));
+}
+
 template class DevBuf<float>;
 template class DevBuf<int32_t>;
 template class DevBuf<uint16_t>;

@@ -20,16 +20,16 @@ void save_model(const std::string& path, const Model& model, const Metadata& met
   w.set_metadata("format", kModelFormat);
   w.set_metadata("config", model.config().to_json());
   // A model on a device is written from a host copy.
-  const std::vector<float> host = model.on_cpu() ? std::vector<float>() : model.params_to_host();
-  const float* p = model.on_cpu() ? model.params() : host.data();
+  std::vector<float> host;
+  const float* p = model.params_on_host(host);
   for (const ParamEntry& e : model.layout().entries()) w.add_f32(e.name, e.shape, p + e.offset);
   w.write(path);
 }
 
 void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra) {
   // A model on a device is read into a host copy, uploaded once every tensor checked out.
-  std::vector<float> host(model.on_cpu() ? 0 : model.layout().total());
-  float* p = model.on_cpu() ? model.params() : host.data();
+  std::vector<float> host;
+  float* p = model.params_stage(host);
   std::set<std::string> expected;
   for (const ParamEntry& e : model.layout().entries()) {
     expected.insert(e.name);
@@ -49,7 +49,7 @@ void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra) {
       }
     }
   }
-  if (!model.on_cpu()) model.params_from_host(host.data());
+  model.commit_params(host);
 }
 
 namespace {

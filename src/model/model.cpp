@@ -198,9 +198,9 @@ const float* Model::param(const std::string& name) const {
 
 void Model::init_weights(uint64_t seed) {
   const double std_w = 0.02, std_out = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
-  // Initialised in place on the CPU; on a device on the host, then uploaded.
-  std::vector<float> host(on_cpu() ? 0 : layout_.total(), 0.0f);
-  float* P = on_cpu() ? params_.data() : host.data();
+  // Initialised in place in host memory; on a device on the host, then uploaded.
+  std::vector<float> host;
+  float* P = params_.host_stage(host);
   std::fill(P, P + layout_.total(), 0.0f);
   for (size_t k = 0; k < layout_.entries().size(); k++) {
     const ParamEntry& e = layout_.entries()[k];
@@ -218,7 +218,7 @@ void Model::init_weights(uint64_t seed) {
     for (int64_t i = 0; i < e.numel; i++) w[i] = static_cast<float>(sd * rng.normal());
   }
   main_->router->init_params(P);
-  if (!on_cpu()) params_from_host(host.data());
+  params_.commit_host(host);
 }
 
 void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
@@ -590,8 +590,8 @@ void Model::run_backward(StagePass& p) {
 }
 
 uint64_t Model::shared_weights_hash() const {
-  const std::vector<float> host = on_cpu() ? std::vector<float>() : params_to_host();
-  const float* P = on_cpu() ? params_.data() : host.data();
+  std::vector<float> host;
+  const float* P = params_.host_view(host);
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over names and bytes
   for (size_t k = 0; k < n_core_entries_; k++) {
     const ParamEntry& e = layout_.entries()[k];
@@ -606,8 +606,8 @@ uint64_t Model::shared_weights_hash() const {
 }
 
 std::vector<double> Model::sublayer_grad_norms() const {
-  const std::vector<float> host = on_cpu() ? std::vector<float>() : grads_to_host();
-  const float* G = on_cpu() ? grads_.data() : host.data();
+  std::vector<float> host;
+  const float* G = grads_.host_view(host);
   std::vector<double> ss(cfg_.n_sublayers(), 0.0);
   for (size_t k = 0; k < n_core_entries_; k++) {
     const ParamEntry& e = layout_.entries()[k];
