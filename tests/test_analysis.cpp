@@ -242,6 +242,15 @@ TEST(Scaling, PowerLawFitRecoversExactLawsAndTheComputeFactor) {
   const double want = std::pow(1.891 / L, 1.0 / 0.057) / 100.0;
   EXPECT_NEAR(sc::compute_advantage(fb, L, 100.0), want, 1e-6 * want);
   EXPECT_GT(want, 1.0);
+  // Curve against curve: a mode 2 % below the baseline at every compute, same exponent, needs
+  // (1 / 0.98)^(1 / alpha) times less compute, whatever C (e.g. 1.426x at alpha 0.057).
+  std::vector<double> lm;
+  for (double l : lb) lm.push_back(0.98 * l);
+  const sc::PowerFit fm = sc::fit_power_law(C, lm);
+  const double shift = std::pow(1.0 / 0.98, 1.0 / 0.057);
+  EXPECT_NEAR(sc::fitted_advantage(fb, fm, 100.0), shift, 1e-6 * shift);
+  EXPECT_NEAR(sc::fitted_advantage(fb, fm, 3.0), shift, 1e-6 * shift);
+  EXPECT_NEAR(shift, 1.426, 1e-3);
   // Degenerate inputs give NaN, not a made-up law.
   EXPECT_TRUE(std::isnan(sc::fit_power_law({1.0}, {2.0}).alpha));
   EXPECT_TRUE(std::isnan(sc::fit_power_law({2.0, 2.0}, {1.0, 1.1}).alpha));

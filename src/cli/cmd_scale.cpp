@@ -103,9 +103,17 @@ json summarize(const std::vector<Size>& sizes, const std::vector<json>& results)
                                    : "the baseline's loss does not fall with compute here"}};
       continue;
     }
-    const double f = scaling::compute_advantage(fits[base], last["val_loss"], last["flops"]);
-    adv[mode] = {{"factor", std::isfinite(f) ? json(f) : json(nullptr)},
-                 {"at_flops", last["flops"]}};
+    const double C = last["flops"], L = last["val_loss"];
+    const double f = scaling::fitted_advantage(fits[base], fits[mode], C);
+    const double fm = scaling::compute_advantage(fits[base], L, C);
+    auto num = [](double x) { return std::isfinite(x) ? json(x) : json(nullptr); };
+    adv[mode] = {{"factor", num(f)}, {"factor_measured", num(fm)}, {"at_flops", C}};
+    // How well the baseline's fit describes its own point there, against the measured gap.
+    for (const auto& p : modes[base]["points"]) {
+      if (p["size"] != sizes.back().name()) continue;
+      adv[mode]["baseline_fit_miss"] = num(p["val_loss"].get<double>() - fits[base].at(C));
+      adv[mode]["measured_gap"] = num(L - p["val_loss"].get<double>());
+    }
   }
   return {
       {"format", "attnres-scaling/1"}, {"baseline", base}, {"modes", modes}, {"advantage", adv}};
@@ -154,15 +162,34 @@ std::string markdown(const json& s, const std::vector<Size>& sizes, const std::v
     md << "\nWith two sizes a fit is the line through two points (r^2 = 1 says nothing); give "
           "three or more sizes to test the law.\n";
   }
-  md << "\n## Compute advantage over `" << s.at("baseline").get<std::string>()
-     << "` at the largest size\n\nThe compute the baseline's fit needs to reach each mode's loss "
-        "at "
-        "the largest size, over the compute that mode used (the paper: 1.25x for Block AttnRes). "
-        "With one seed per size and few sizes, read it as an estimate.\n\n";
+  const std::string base = s.at("baseline");
+  md << "\n## Compute advantage over `" << base
+     << "` at the largest size\n\nFrom the fits, curve against curve (the paper's reading: 1.25x "
+        "for Block AttnRes): the compute the baseline's fit needs to reach the loss the mode's fit "
+        "gives at the largest size's compute, over that compute. In brackets, the same from the "
+        "mode's measured loss against the baseline's fit. With one seed per size and few sizes, "
+        "read both as estimates.\n\n";
   for (const auto& [mode, a] : s.at("advantage").items()) {
     if (a.at("factor").is_number()) {
-      std::snprintf(b, sizeof b, "* `%s`: %.3fx\n", mode.c_str(), a.at("factor").get<double>());
+      char measured[32] = "-";
+      if (a.at("factor_measured").is_number()) {
+        std::snprintf(measured, sizeof measured, "%.3fx", a.at("factor_measured").get<double>());
+      }
+      std::snprintf(b, sizeof b, "* `%s`: %.3fx (measured loss: %s)\n", mode.c_str(),
+                    a.at("factor").get<double>(), measured);
       md << b;
+      const json miss = a.value("baseline_fit_miss", json(nullptr));
+      const json gap = a.value("measured_gap", json(nullptr));
+      if (miss.is_number() && gap.is_number() &&
+          std::fabs(miss.get<double>()) > std::fabs(gap.get<double>())) {
+        char note[400];
+        std::snprintf(note, sizeof note,
+                      "  * `%s`'s fit misses its own point at this size by %+.4f, more than the "
+                      "measured gap (%+.4f): the law does not describe these points well enough "
+                      "for either factor to mean much; add sizes or seeds.\n",
+                      base.c_str(), miss.get<double>(), gap.get<double>());
+        md << note;
+      }
     } else {
       md << "* `" << mode << "`: not measured (" << a.value("why", std::string("no fit")) << ")\n";
     }

@@ -50,4 +50,8 @@ double compute_advantage(const PowerFit& baseline, double loss, double compute) 
   return baseline.compute_for(loss) / compute;
 }
 
+double fitted_advantage(const PowerFit& baseline, const PowerFit& mode, double compute) {
+  return compute_advantage(baseline, mode.at(compute), compute);
+}
+
 }  // namespace attnres::scaling

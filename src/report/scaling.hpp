@@ -23,4 +23,9 @@ PowerFit fit_power_law(const std::vector<double>& compute, const std::vector<dou
 // that reached `loss` with `compute` is ahead).
 double compute_advantage(const PowerFit& baseline, double loss, double compute);
 
+// The same read from two fits (the paper's reading, curve against curve): the baseline's compute
+// for the loss the mode's fit gives at `compute`, over `compute`. Unlike a measured loss against
+// the baseline's fit, it does not carry the baseline fit's miss of its own point there.
+double fitted_advantage(const PowerFit& baseline, const PowerFit& mode, double compute);
+
 }  // namespace attnres::scaling
