@@ -144,6 +144,82 @@ def engine_config_json(cfg: rm.Config, mj: dict) -> str:
 
 # ----------------------------------------------------------------------------------------- train
 
+class CachedFullAttnRes:
+    """Full AttnRes (SPEC 2) as rm.FullAttnRes, computed faster for long runs: each source's
+    normalised key v * rsqrt(mean(v^2) + eps) is computed once, when it is pushed, and every
+    mixer folds its key gain into its query: q . (g * khat) = (q * g) . khat.  The same function
+    in exact arithmetic; `check_same_function` compares it with rm.forward before training.
+    Only the static-query softmax mix with RMS keys and no window (the engine's defaults)."""
+
+    def __init__(self, P, cfg: rm.Config):
+        self.P, self.cfg = P, cfg
+        self.H = cfg.attnres_heads
+        self.v, self.k = [], []
+
+    @staticmethod
+    def applies(cfg: rm.Config) -> bool:
+        return (cfg.residual == "full" and cfg.attnres_query == "static" and
+                cfg.attnres_gate == "softmax" and cfg.attnres_key_norm == "rms" and
+                cfg.attnres_window <= 0)
+
+    def _heads(self, x):
+        return x.reshape(*x.shape[:-1], self.H, x.shape[-1] // self.H)
+
+    def begin(self, emb):
+        self.v, self.k = [], []
+        self.push(-1, emb)
+
+    def push(self, l, out):
+        vh = self._heads(out)  # (B,T,H,dh)
+        self.v.append(vh)
+        self.k.append(vh * torch.rsqrt(vh.pow(2).mean(dim=-1, keepdim=True) + self.cfg.key_eps))
+
+    def _mix(self, pre):
+        qg = self._heads(self.P[pre + "query"] * self.P[pre + "key_norm.weight"])  # (H,dh)
+        K, V = torch.stack(self.k), torch.stack(self.v)  # (n,B,T,H,dh)
+        s = self.cfg.attnres_temperature * torch.einsum("nbthc,hc->nbth", K, qg)
+        a = torch.softmax(s, dim=0)
+        x = torch.einsum("nbth,nbthc->bthc", a, V)
+        return x.reshape(*x.shape[:2], -1)
+
+    def input(self, l):
+        return self._mix(rm.sublayer_prefix(l))
+
+    def final(self):
+        return self._mix("out_res.")
+
+
+def check_same_function(P, cfg: rm.Config, x, y):
+    """The fast residual must compute rm.forward's loss and gradients: both in float64 on a copy
+    of P whose queries and key gains are perturbed (at the initial zero queries the scores, and
+    every term through them, vanish), on the first two rows of the batch."""
+    gen = torch.Generator().manual_seed(1)
+    Q = OrderedDict()
+    for n, t in P.items():
+        q = t.detach().to(torch.float64).clone()
+        if n.endswith(".query"):
+            q += 0.5 * torch.randn(q.shape, generator=gen, dtype=torch.float64)
+        elif n.endswith("key_norm.weight"):
+            q += 0.3 * torch.randn(q.shape, generator=gen, dtype=torch.float64)
+        Q[n] = q.requires_grad_(True)
+    x, y = x[:2], y[:2]
+
+    def loss_and_grads(residual):
+        loss = rm.loss_fn(rm.forward(Q, cfg, x, residual), y)
+        grads = torch.autograd.grad(loss, list(Q.values()), allow_unused=True)
+        return loss.item(), [torch.zeros_like(t) if g is None else g
+                             for g, t in zip(grads, Q.values())]
+    ref_loss, ref_g = loss_and_grads(None)
+    fast_loss, fast_g = loss_and_grads(CachedFullAttnRes(Q, cfg))
+    worst = max(((a - b).abs().max() / (b.abs().max() + 1e-300)).item()
+                for a, b in zip(fast_g, ref_g))
+    if abs(fast_loss - ref_loss) > 1e-12 * abs(ref_loss) or worst > 1e-10:
+        sys.exit(f"long_check train: the cached Full mix differs from reference_model (loss "
+                 f"{fast_loss!r} vs {ref_loss!r}, worst relative gradient difference {worst:.2e})")
+    print(f"long_check: cached Full mix = reference_model in float64 (loss {fast_loss:.12f}, "
+          f"gradients within {worst:.1e} relative)", flush=True)
+
+
 def lr_at(s: int, tc: dict) -> float:
     tr = {"lr": tc["lr"], "warmup_steps": tc["warmup_steps"], "total_steps": tc["steps"],
           "min_lr_ratio": tc["min_lr_ratio"]}
@@ -162,9 +238,11 @@ def evaluate(P, cfg, val, tc) -> float:
     return total / batches
 
 
-def train_run(tc: dict, cfg: rm.Config, toks: np.ndarray, init: dict, log=None, tag=""):
+def train_run(tc: dict, cfg: rm.Config, toks: np.ndarray, init: dict, log=None, tag="",
+              fast=False):
     """Trains cfg from `init` (name -> array) with the settings tc (an attnres train_config);
-    returns one record per evaluation."""
+    returns one record per evaluation.  fast: Full AttnRes through CachedFullAttnRes (checked
+    against reference_model on the first batch)."""
     n_train = int(math.floor(toks.size * (1.0 - tc["val_fraction"])))
     train, val = toks[:n_train], toks[n_train:]
     P = OrderedDict((n, torch.tensor(np.asarray(init[n]), dtype=torch.float32).requires_grad_(True))
@@ -178,13 +256,17 @@ def train_run(tc: dict, cfg: rm.Config, toks: np.ndarray, init: dict, log=None, 
     B, T, K = tc["batch_size"], tc["seq_len"], tc["grad_accum"]
     steps, every, seed = tc["steps"], tc["eval_every"], tc["seed"]
     records = []
+    residual = None
+    if fast and CachedFullAttnRes.applies(cfg):
+        check_same_function(P, cfg, *train_batch(train, seed, 0, 0, B, T))
+        residual = lambda: CachedFullAttnRes(P, cfg)  # noqa: E731
     t0 = time.time()
     for s in range(steps):
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for k in range(K):
             x, y = train_batch(train, seed, s, k, B, T)
-            loss = rm.loss_fn(rm.forward(P, cfg, x), y) / K
+            loss = rm.loss_fn(rm.forward(P, cfg, x, residual() if residual else None), y) / K
             loss.backward()
             loss_sum += loss.item()
         if tc["grad_clip"] > 0:
@@ -217,7 +299,7 @@ def cmd_train(a):
     toks = read_tokens(os.path.join(a.run, "tokens.bin"))
     _, init = read_safetensors(a.init)
     with open(a.out, "w") as log:
-        train_run(tc, cfg, toks, init, log)
+        train_run(tc, cfg, toks, init, log, fast=not a.plain)
 
 
 # --------------------------------------------------------------------------------------- fixture
@@ -348,6 +430,9 @@ def main():
     q.add_argument("--init", required=True)
     q.add_argument("--out", required=True)
     q.add_argument("--threads", type=int, default=0)
+    q.add_argument("--plain", action="store_true",
+                   help="Full AttnRes through reference_model's own mix (slower) instead of the "
+                        "cached one")
     q = sub.add_parser("table")
     q.add_argument("dir")
     q.add_argument("--modes", default="prenorm,full,block")

@@ -62,26 +62,6 @@ void Backend::adamw_update_scaled(float*, const float*, float*, float*, int64_t,
                                   const float*) {
   no_device_step(*this, "adamw_update_scaled");
 }
-void Backend::depth_dx_dot(float*, const float*, const float*, const ops::DepthMix&, int64_t) {
-  no_device_step(*this, "depth_dx_dot");
-}
-void Backend::depth_source_backward(float*, const ops::DepthSource&, const ops::DepthReader*,
-                                    int64_t, float*, const ops::DepthMix&, int64_t) {
-  no_device_step(*this, "depth_source_backward");
-}
-void Backend::scalar_mix_forward_dev(float*, const float* const*, const float*, int64_t, int64_t) {
-  no_device_step(*this, "scalar_mix_forward_dev");
-}
-void Backend::scalar_mix_backward_dev(float* const*, float*, const float*, const float* const*,
-                                      const float*, int64_t, int64_t) {
-  no_device_step(*this, "scalar_mix_backward_dev");
-}
-void Backend::softmax_small(float*, const float*, int64_t) {
-  no_device_step(*this, "softmax_small");
-}
-void Backend::softmax_small_backward(float*, const float*, const float*, int64_t) {
-  no_device_step(*this, "softmax_small_backward");
-}
 void Backend::to_bf16(uint16_t*, const float*, int64_t) { no_device_step(*this, "to_bf16"); }
 void Backend::prepare_embedding_backward(const int32_t*, const int32_t*, int64_t) {}
 void Backend::begin_capture() { no_device_step(*this, "begin_capture"); }

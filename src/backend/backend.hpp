@@ -38,8 +38,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
-  // The CPU backend: its memory is host memory and it has host-only fast paths (the model's
-  // by-source Full AttnRes backward, the two-phase Block kernels, dynamic queries, diagnostics).
+  // The CPU backend: its memory is host memory, and a training step runs on it without the
+  // device-only step ops below (src/train picks the host step for it).
   virtual bool is_cpu() const { return false; }
   // Its pointers are host memory (cpu, cuda-host), which host code such as MPI may read and write.
   virtual bool host_memory() const = 0;
@@ -106,24 +106,17 @@ class Backend {
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                   const float* out, const float* att, const ops::AttnShape& s) = 0;
   // Scalar mixes (static and DenseFormer residuals): out (n) = sum_{i<S} w[i] src[i] (n each),
-  // the S weights in host memory; the backward adds w[i] dout into dsrc[i] (null: skipped) and
-  // sum_k dout[k] src[i][k] into dw[i] (host, double).
+  // the S weights in this backend's memory (no host round trip, so a step can be captured); the
+  // backward adds w[i] dout into dsrc[i] (null: skipped) and writes da (S, this backend's memory,
+  // OVERWRITTEN) = sum_k dout[k] src[i][k] (summed in double in a fixed order).
   virtual void scalar_mix_forward(float* out, const float* const* src, const float* w, int64_t S,
                                   int64_t n) = 0;
-  virtual void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
+  virtual void scalar_mix_backward(float* const* dsrc, float* da, const float* dout,
                                    const float* const* src, const float* w, int64_t S,
                                    int64_t n) = 0;
-  // The same with the S weights in this backend's memory (device backends only: no host round
-  // trip, so a step can be captured); the backward writes da (S, this backend's memory,
-  // OVERWRITTEN) = sum_k dout[k] src[i][k] (summed in double in a fixed order).
-  virtual void scalar_mix_forward_dev(float* out, const float* const* src, const float* w,
-                                      int64_t S, int64_t n);
-  virtual void scalar_mix_backward_dev(float* const* dsrc, float* da, const float* dout,
-                                       const float* const* src, const float* w, int64_t S,
-                                       int64_t n);
-  // w (S) = softmax(z (S)); dz (S) += its backward a_i (da_i - sum_j a_j da_j) (device only).
-  virtual void softmax_small(float* w, const float* z, int64_t S);
-  virtual void softmax_small_backward(float* dz, const float* a, const float* da, int64_t S);
+  // w (S) = softmax(z (S)); dz (S) += its backward a_i (da_i - sum_j a_j da_j) (in double).
+  virtual void softmax_small(float* w, const float* z, int64_t S) = 0;
+  virtual void softmax_small_backward(float* dz, const float* a, const float* da, int64_t S) = 0;
   // KV-cache decoding: out (n,H*hd) for the n new queries q (n,H*hd) at positions pos0.. against
   // the cached keys and values kc, vc (rows of Hkv*hd; query t sees positions [0, pos0 + t]).
   virtual void attention_decode(float* out, const float* q, const float* kc, const float* vc,
@@ -165,15 +158,14 @@ class Backend {
                                 const ops::DepthSource& p, const float* qg, const ops::DepthMix& m,
                                 int64_t N) = 0;
   // By-source backward of Full AttnRes with static queries (as ops::depth_dx_dot and
-  // ops::depth_source_backward; device backends only, the CPU model calls the ops itself):
-  // D (N,H) = dx . x per head slice; dv (N,d) = the source's gradient through its K readers (a
-  // HOST array, pointers in this backend's memory; dq_offset unused) (OVERWRITTEN), and
-  // dq + k d (d) += reader k's query gradient from this source.
+  // ops::depth_source_backward): D (N,H) = dx . x per head slice; dv (N,d) = the source's
+  // gradient through its K readers (a HOST array, pointers in this backend's memory; dq_offset
+  // unused) (OVERWRITTEN), and dq + k d (d) += reader k's query gradient from this source.
   virtual void depth_dx_dot(float* D, const float* dx, const float* x, const ops::DepthMix& m,
-                            int64_t N);
+                            int64_t N) = 0;
   virtual void depth_source_backward(float* dv, const ops::DepthSource& src,
                                      const ops::DepthReader* rd, int64_t K, float* dq,
-                                     const ops::DepthMix& m, int64_t N);
+                                     const ops::DepthMix& m, int64_t N) = 0;
   // out (n) = in rounded to bf16 (uint16_t bits; device backends only: bf16 storage).
   virtual void to_bf16(uint16_t* out, const float* in, int64_t n);
   // One tensor's AdamW update of n elements.

@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <vector>
 
 #include "attnres/buffer.hpp"
 #include "backend/backend.hpp"
@@ -131,9 +132,15 @@ class CpuBackend final : public Backend {
                           int64_t n) override {
     ops::scalar_mix_forward(out, src, w, S, n);
   }
-  void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
+  void scalar_mix_backward(float* const* dsrc, float* da, const float* dout,
                            const float* const* src, const float* w, int64_t S, int64_t n) override {
-    ops::scalar_mix_backward(dsrc, dw, dout, src, w, S, n);
+    std::vector<double> dw(static_cast<size_t>(S), 0.0);
+    ops::scalar_mix_backward(dsrc, dw.data(), dout, src, w, S, n);
+    for (int64_t i = 0; i < S; i++) da[i] = static_cast<float>(dw[i]);
+  }
+  void softmax_small(float* w, const float* z, int64_t S) override { ops::softmax_small(w, z, S); }
+  void softmax_small_backward(float* dz, const float* a, const float* da, int64_t S) override {
+    ops::softmax_small_backward(dz, a, da, S);
   }
   void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t n,
                         int64_t pos0, int64_t H, int64_t Hkv, int64_t hd) override {
@@ -178,11 +185,34 @@ class CpuBackend final : public Backend {
                         int64_t N) override {
     ops::depth_mix_phase2(x, lse, o1, lse1, p, qg, m, N);
   }
+  void depth_dx_dot(float* D, const float* dx, const float* x, const ops::DepthMix& m,
+                    int64_t N) override {
+    ops::depth_dx_dot(D, dx, x, m, N);
+  }
+  // Each thread's query-gradient partials (the rows a thread handles depend only on N and the
+  // thread count), then combined in thread order: deterministic.
+  void depth_source_backward(float* dv, const ops::DepthSource& src, const ops::DepthReader* rd,
+                             int64_t K, float* dq, const ops::DepthMix& m, int64_t N) override {
+    const int nthr = omp_get_max_threads();
+    const int64_t d = m.d;
+    readers_.assign(rd, rd + K);
+    for (int64_t k = 0; k < K; k++) readers_[k].dq_offset = k * d;
+    dq_part_.assign(static_cast<size_t>(nthr * K * d), 0.0f);
+    ops::depth_source_backward(dv, src, readers_.data(), K, dq_part_.data(), K * d, nthr, m, N);
+    for (int t = 0; t < nthr; t++) {
+      const float* p = dq_part_.data() + static_cast<int64_t>(t) * K * d;
+      for (int64_t j = 0; j < K * d; j++) dq[j] += p[j];
+    }
+  }
   void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, float decay,
                     const ops::AdamStep& k) override {
 #pragma omp parallel
     ops::adamw_update_in_parallel(p, g, m, v, n, decay, k);
   }
+
+ private:
+  std::vector<ops::DepthReader> readers_;  // depth_source_backward's scratch
+  std::vector<float> dq_part_;
 };
 
 }  // namespace

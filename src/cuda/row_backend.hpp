@@ -278,25 +278,16 @@ class RowBackend final : public Backend {
     }
     attention_backward_as<float>(dqkv, scratch, dout, qkv, att, s);
   }
-  // In chunks of rows::kMaxMix sources (pointers, and host weights, by value: no table to copy).
+  // In chunks of rows::kMaxMix sources (pointers by value: no table to copy).
   void scalar_mix_forward(float* out, const float* const* src, const float* w, int64_t S,
                           int64_t n) override {
-    mix_forward(out, src, w, nullptr, S, n);
-  }
-  void scalar_mix_forward_dev(float* out, const float* const* src, const float* w, int64_t S,
-                              int64_t n) override {
-    mix_forward(out, src, nullptr, w, S, n);
+    mix_forward(out, src, w, S, n);
   }
   // The weights' gradients: P partial sums per source (threads stride over the elements, so
-  // reads coalesce), added in order: on the host (dw, host weights), or on the device (da).
-  void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout,
+  // reads coalesce), added on the device (da).
+  void scalar_mix_backward(float* const* dsrc, float* da, const float* dout,
                            const float* const* src, const float* w, int64_t S, int64_t n) override {
-    mix_backward(dsrc, dw, nullptr, dout, src, w, nullptr, S, n);
-  }
-  void scalar_mix_backward_dev(float* const* dsrc, float* da, const float* dout,
-                               const float* const* src, const float* w, int64_t S,
-                               int64_t n) override {
-    mix_backward(dsrc, nullptr, da, dout, src, nullptr, w, S, n);
+    mix_backward(dsrc, da, dout, src, w, S, n);
   }
   void softmax_small(float* w, const float* z, int64_t S) override {
     if (S > 0) x_.launch(rows::SoftmaxSmall{w, z, S}, 1);
@@ -629,8 +620,7 @@ class RowBackend final : public Backend {
     return b.data();
   }
   // The scalar mixes with the weights on the host (wh) or in this backend's memory (wd).
-  void mix_forward(float* out, const float* const* src, const float* wh, const float* wd, int64_t S,
-                   int64_t n) {
+  void mix_forward(float* out, const float* const* src, const float* wd, int64_t S, int64_t n) {
     constexpr int64_t kMax = rows::kMaxMix;
     if (S == 0) return zero(out, sizeof(float) * n);
     for (int64_t i0 = 0; i0 < S; i0 += kMax) {
@@ -638,19 +628,15 @@ class RowBackend final : public Backend {
       f.out = out;
       f.S = std::min(kMax, S - i0);
       f.accumulate = i0 > 0;
-      f.wp = wd ? wd + i0 : nullptr;
-      for (int64_t i = 0; i < f.S; i++) {
-        f.src[i] = src[i0 + i];
-        if (wh) f.w[i] = wh[i0 + i];
-      }
+      f.wp = wd + i0;
+      for (int64_t i = 0; i < f.S; i++) f.src[i] = src[i0 + i];
       x_.launch(f, n);
     }
   }
-  // Host weights: dw (host, double) += the sums; device weights: da (device) = the sums, added
-  // on the device (chunks of the partial sums in parallel, then each source's chunks in order).
-  void mix_backward(float* const* dsrc, double* dw, float* da, const float* dout,
-                    const float* const* src, const float* wh, const float* wd, int64_t S,
-                    int64_t n) {
+  // da (device) = the sums, added on the device (chunks of the partial sums in parallel, then
+  // each source's chunks in order).
+  void mix_backward(float* const* dsrc, float* da, const float* dout, const float* const* src,
+                    const float* wd, int64_t S, int64_t n) {
     constexpr int64_t kMax = rows::kMaxMix, kChunks = 64;
     const int64_t P = std::max<int64_t>(1, std::min<int64_t>(n, 4096));
     for (int64_t i0 = 0; i0 < S; i0 += kMax) {
@@ -659,27 +645,20 @@ class RowBackend final : public Backend {
       rows::ScalarMixDot dot{};
       g.dout = dot.dout = dout;
       g.S = s;
-      g.wp = wd ? wd + i0 : nullptr;
+      g.wp = wd + i0;
       dot.n = n;
       dot.P = P;
       for (int64_t i = 0; i < s; i++) {
         g.dsrc[i] = dsrc[i0 + i];
-        if (wh) g.w[i] = wh[i0 + i];
         dot.src[i] = src[i0 + i];
       }
-      if (n == 0 && !da) continue;
-      auto* part = static_cast<double*>(
-          scratch(da ? mix_part_ : partials_, sizeof(double) * s * (P + (da ? kChunks : 0))));
+      auto* part = static_cast<double*>(scratch(mix_part_, sizeof(double) * s * (P + kChunks)));
       dot.part = part;
       if (n > 0) {
         x_.launch(dot, s * P);
         x_.launch(g, n);
       } else {
         x_.zero(part, sizeof(double) * s * P);
-      }
-      if (!da) {
-        add_partials(dw + i0, part, s, P);
-        continue;
       }
       x_.launch(rows::ChunkSums{part + s * P, part, P, kChunks}, s * kChunks);
       x_.launch(rows::PartialsToFloat{da + i0, part + s * P, kChunks}, s);

@@ -234,7 +234,7 @@ void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
   const int64_t QKV = (H + 2 * cfg_.n_kv_head) * hd;
   const int64_t att = be_->attention_state_floats({B, T, H, cfg_.n_kv_head, hd});
   if (a.memo.size() != static_cast<size_t>(4 * nl + 1)) a.memo.resize(4 * nl + 1);
-  const bool shared = !be_->is_cpu() && be_->matmul_precision() == MatmulPrecision::bf16;
+  const bool shared = be_->matmul_precision() == MatmulPrecision::bf16;
   if (N <= a.cap_rows && att <= a.cap_att && shared == a.shared_inputs) return;
   a.shared_inputs = shared;
   const int64_t in_layers = shared ? std::min<int64_t>(nl, 1) : nl;

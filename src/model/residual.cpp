@@ -15,11 +15,6 @@ std::string mixer_prefix(int64_t m, int64_t L) {
   return s;
 }
 
-void add_to_grads(Backend& be, float* grads, const std::vector<float>& g, DevBuf<float>& tmp) {
-  tmp.on(&be).upload(g.data(), g.size());
-  be.add(grads, grads, tmp.data(), static_cast<int64_t>(g.size()));
-}
-
 std::string mixer_label(int64_t m, int64_t L) {
   if (m == L) return "out";
   std::string s = "L";

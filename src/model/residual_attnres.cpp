@@ -9,11 +9,9 @@
 // Backward: dL/d(out of sublayer (n,k)) = dL/dB_n + sum_{i>k} dL/dP^(i), kept in B_n's gradient
 // buffer, which the partial sums' gradients are added to as the pass moves back.
 //
-// All buffers and ops are the backend's (attnres/backend.hpp). Full AttnRes with static queries
-// runs its backward by source (below); on the CPU with the host kernels of src/ops, on a device
-// with the backend's depth_source_backward.
-#include <omp.h>
-
+// All buffers and ops are the backend's (attnres/backend.hpp), the same calls on every backend.
+// Full AttnRes with static queries runs its backward by source (below, the backend's
+// depth_source_backward).
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -187,13 +185,8 @@ class AttnResRouter final : public DepthRouter {
     if (by_source_) {
       alloc_by_source();
       be_.copy(dxs_[L_].data(), dh, sizeof(float) * nd);
-      dx_dot(D_[L_].data(), dxs_[L_].data(), final_.data());
-      if (be_.is_cpu()) {
-        nthr_ = omp_get_max_threads();
-        dq_part_.assign(static_cast<size_t>(nthr_) * (L_ + 1) * d_, 0.0f);
-      } else {
-        dq_all_.on(&be_).assign_zero(static_cast<size_t>((L_ + 1) * d_));
-      }
+      be_.depth_dx_dot(D_[L_].data(), dxs_[L_].data(), final_.data(), mix_, n_);
+      dq_all_.on(&be_).assign_zero(static_cast<size_t>((L_ + 1) * d_));
       return;
     }
     if (!stage_) {  // a stage's store gradients already hold what later stages added
@@ -228,7 +221,7 @@ class AttnResRouter final : public DepthRouter {
 
   void commit_grad_input(int64_t l) override {
     if (by_source_) {
-      dx_dot(D_[l].data(), dxs_[l].data(), xin_[l].data());
+      be_.depth_dx_dot(D_[l].data(), dxs_[l].data(), xin_[l].data(), mix_, n_);
       return;
     }
     // The partial source P^(k)'s gradient lands in B_n's gradient, turning it into dL/d out_{l-1}.
@@ -238,20 +231,8 @@ class AttnResRouter final : public DepthRouter {
   const float* grad_embedding() override {
     if (!by_source_) return emb().g.data();
     source_backward(emb().g.data(), emb(), 0);  // read by every mixer
-    if (!be_.is_cpu()) {  // the readers' query gradients, summed on the device
-      for (int64_t m = 0; m <= L_; m++) accumulate_query_grad(m, dq_all_.data() + m * d_);
-      return emb().g.data();
-    }
-    // Query gradients: each thread's partial sums, combined in thread order.
-    std::vector<float> dqg(d_);
-    for (int64_t m = 0; m <= L_; m++) {
-      std::fill(dqg.begin(), dqg.end(), 0.0f);
-      for (int t = 0; t < nthr_; t++) {
-        const float* p = dq_part_.data() + (static_cast<int64_t>(t) * (L_ + 1) + m) * d_;
-        for (int64_t c = 0; c < d_; c++) dqg[c] += p[c];
-      }
-      accumulate_query_grad(m, dqg.data());
-    }
+    // The readers' query gradients, summed over the sources by the backend.
+    for (int64_t m = 0; m <= L_; m++) accumulate_query_grad(m, dq_all_.data() + m * d_);
     return emb().g.data();
   }
 
@@ -261,7 +242,7 @@ class AttnResRouter final : public DepthRouter {
     // A host-side diagnostic: on a device, host copies of the sources (each once) and queries.
     std::map<const float*, std::vector<float>> copies;
     auto host = [&](const float* p, int64_t n, bool once) -> const float* {
-      if (be_.is_cpu() || p == nullptr) return p;
+      if (p == nullptr) return p;
       auto it = copies.find(p);
       if (it == copies.end() || !once) {
         it = copies.insert_or_assign(p, std::vector<float>(static_cast<size_t>(n))).first;
@@ -383,7 +364,7 @@ class AttnResRouter final : public DepthRouter {
   // it is formed, and every depth mix reads that copy (half the traffic of the O(L^2) reads;
   // scores, mixes and gradients still accumulate in fp32; the key norm's inverse RMS comes from
   // the fp32 values).
-  void set_storage() { bf16_ = !be_.is_cpu() && be_.matmul_precision() == MatmulPrecision::bf16; }
+  void set_storage() { bf16_ = be_.matmul_precision() == MatmulPrecision::bf16; }
   void round_to_bf16(Source& s) {
     if (!bf16_) return;
     s.vb.on(&be_).resize(static_cast<size_t>(n_ * d_));
@@ -498,20 +479,8 @@ class AttnResRouter final : public DepthRouter {
       rd.push_back({dxs_[m].data(), lse_[m].data(), D_[m].data(), qg_.data() + m * d_, m * d_});
     }
     const ops::DepthSource s{src.v.data(), src.r.data(), nullptr, bf16_of(src)};
-    if (!be_.is_cpu()) {
-      be_.depth_source_backward(dv, s, rd.data(), static_cast<int64_t>(rd.size()),
-                                dq_all_.data() + first * d_, mix_, n_);
-      return;
-    }
-    ops::depth_source_backward(dv, s, rd.data(), static_cast<int64_t>(rd.size()), dq_part_.data(),
-                               (L_ + 1) * d_, nthr_, mix_, n_);
-  }
-  void dx_dot(float* D, const float* dx, const float* x) {
-    if (be_.is_cpu()) {
-      ops::depth_dx_dot(D, dx, x, mix_, n_);
-    } else {
-      be_.depth_dx_dot(D, dx, x, mix_, n_);
-    }
+    be_.depth_source_backward(dv, s, rd.data(), static_cast<int64_t>(rd.size()),
+                              dq_all_.data() + first * d_, mix_, n_);
   }
 
   // Backpropagates dx through mixer m into its sources' gradients and its parameters.
@@ -558,7 +527,6 @@ class AttnResRouter final : public DepthRouter {
   bool two_phase_ = false;
   bool by_source_ = false;
   bool bf16_ = false;  // the depth mixes read bf16 copies of the sources (set_storage)
-  int nthr_ = 1;
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<Offsets> off_;
@@ -573,8 +541,7 @@ class AttnResRouter final : public DepthRouter {
   Buf final_, out_, dx_, qdyn_, qraw_, dq_, qprod_;
   std::vector<Buf> dxs_, D_;  // by source: every mixer's dx (N,d) and dx . x (N,H)
   Buf dv_cur_;
-  Buf dq_all_;                  // by source, on a device: every mixer's query gradient ((L+1), d)
-  std::vector<float> dq_part_;  // by source: one source's gradient; query partials
+  Buf dq_all_;  // by source: every mixer's query gradient ((L+1), d)
 };
 
 }  // namespace

@@ -47,17 +47,14 @@ class DenseFormerRouter final : public DepthRouter {
     for (auto* b : {&out_, &dz_, &dh_, &dx_}) b->on(&be_).resize(nd);
     be_.copy(X_[0].data(), emb, sizeof(float) * nd);
     be_.copy(z_[0].data(), emb, sizeof(float) * nd);
-    // The weights are the parameters: read on the host (CPU), used in place on a device.
-    if (be_.is_cpu()) {
-      read_weights();  // the parameters stay put until the next forward
-    } else {  // a device copy, as the CPU's host copy: the forward's weights serve the backward
-      wd_.resize(nl_);
-      for (int64_t i = 0; i < nl_; i++) {
-        wd_[i].on(&be_).resize(static_cast<size_t>(i + 2));
-        be_.copy(wd_[i].data(), params_ + off_[i], sizeof(float) * (i + 2));
-      }
-      da_.on(&be_).resize(static_cast<size_t>(nl_ + 1));
+    // The weights are the parameters; a copy in the backend's memory, so that the forward's
+    // weights serve the backward.
+    wd_.resize(nl_);
+    for (int64_t i = 0; i < nl_; i++) {
+      wd_[i].on(&be_).resize(static_cast<size_t>(i + 2));
+      be_.copy(wd_[i].data(), params_ + off_[i], sizeof(float) * (i + 2));
     }
+    da_.on(&be_).resize(static_cast<size_t>(nl_ + 1));
   }
   const float* input(int64_t l) override {
     return l % 2 == 0 ? z_[l / 2].data() : h_[l / 2].data();
@@ -73,11 +70,7 @@ class DenseFormerRouter final : public DepthRouter {
     be_.add(X_[i + 1].data(), h_[i].data(), o, nd);  // X_{i+1} = h_i + MLP output
     std::vector<const float*> src;
     for (int64_t j = 0; j <= i + 1; j++) src.push_back(X_[j].data());
-    if (be_.is_cpu()) {
-      be_.scalar_mix_forward(z_[i + 1].data(), src.data(), w_[i].data(), i + 2, nd);
-    } else {
-      be_.scalar_mix_forward_dev(z_[i + 1].data(), src.data(), wd_[i].data(), i + 2, nd);
-    }
+    be_.scalar_mix_forward(z_[i + 1].data(), src.data(), wd_[i].data(), i + 2, nd);
   }
   const float* final_hidden() override { return z_[nl_].data(); }
 
@@ -95,16 +88,9 @@ class DenseFormerRouter final : public DepthRouter {
         src.push_back(X_[j].data());
         dsrc.push_back(dX_[j].data());
       }
-      if (be_.is_cpu()) {
-        std::vector<double> da(i + 2, 0.0);
-        be_.scalar_mix_backward(dsrc.data(), da.data(), dz_.data(), src.data(), w_[i].data(), i + 2,
-                                nd);
-        add_to_grads(be_, grads_ + off_[i], std::vector<float>(da.begin(), da.end()), tmp_);
-      } else {
-        be_.scalar_mix_backward_dev(dsrc.data(), da_.data(), dz_.data(), src.data(), wd_[i].data(),
-                                    i + 2, nd);
-        be_.add(grads_ + off_[i], grads_ + off_[i], da_.data(), i + 2);
-      }
+      be_.scalar_mix_backward(dsrc.data(), da_.data(), dz_.data(), src.data(), wd_[i].data(), i + 2,
+                              nd);
+      be_.add(grads_ + off_[i], grads_ + off_[i], da_.data(), i + 2);
       be_.copy(dh_.data(), dX_[i + 1].data(), sizeof(float) * nd);  // X_{i+1} = h_i + out
       return dX_[i + 1].data();
     }
@@ -163,11 +149,11 @@ class DenseFormerRouter final : public DepthRouter {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<int64_t> off_;
-  std::vector<std::vector<float>> w_;  // host copies of the weights
+  std::vector<std::vector<float>> w_;  // host copies of the weights (depth_weights)
   std::vector<DevBuf<float>> X_, z_, dX_, h_;
-  DevBuf<float> out_, dz_, dh_, dx_, tmp_;
-  std::vector<DevBuf<float>> wd_;  // on a device: the forward's weights
-  DevBuf<float> da_;               // on a device: d loss / d weights of one average
+  DevBuf<float> out_, dz_, dh_, dx_;
+  std::vector<DevBuf<float>> wd_;  // the forward's weights
+  DevBuf<float> da_;               // d loss / d weights of one average
 };
 
 }  // namespace

@@ -41,15 +41,13 @@ class StaticRouter final : public DepthRouter {
     }
     dx_.on(&be_).resize(nd);
     be_.copy(v_[0].data(), emb, sizeof(float) * nd);
-    if (be_.is_cpu()) {
-      read_logits();  // the parameters stay put until the next forward
-    } else {          // the weights on the device: no round trip through the host
-      w_.resize(L_ + 1);
-      da_.on(&be_).resize(static_cast<size_t>(L_ + 1));
-      for (int64_t m = 0; m <= L_; m++) {
-        w_[m].on(&be_).resize(static_cast<size_t>(m + 1));
-        be_.softmax_small(w_[m].data(), params_ + off_[m], m + 1);
-      }
+    // The weights in the backend's memory (no round trip through the host); the parameters stay
+    // put until the next forward, so the backward reuses them.
+    w_.resize(L_ + 1);
+    da_.on(&be_).resize(static_cast<size_t>(L_ + 1));
+    for (int64_t m = 0; m <= L_; m++) {
+      w_[m].on(&be_).resize(static_cast<size_t>(m + 1));
+      be_.softmax_small(w_[m].data(), params_ + off_[m], m + 1);
     }
     mix(0);
   }
@@ -113,13 +111,7 @@ class StaticRouter final : public DepthRouter {
   void mix(int64_t m) {
     std::vector<const float*> src;
     for (int64_t i = 0; i <= m; i++) src.push_back(v_[i].data());
-    if (!be_.is_cpu()) {
-      be_.scalar_mix_forward_dev(x_[m].data(), src.data(), w_[m].data(), m + 1, n_ * d_);
-      return;
-    }
-    const auto a = weights(m);
-    std::vector<float> w(a.begin(), a.end());
-    be_.scalar_mix_forward(x_[m].data(), src.data(), w.data(), m + 1, n_ * d_);
+    be_.scalar_mix_forward(x_[m].data(), src.data(), w_[m].data(), m + 1, n_ * d_);
   }
 
   // dv_i += a_i dx; dz_i = a_i (da_i - sum_j a_j da_j) with da_i = sum(dx * v_i) (softmax).
@@ -130,21 +122,9 @@ class StaticRouter final : public DepthRouter {
       src.push_back(v_[i].data());
       dsrc.push_back(g_[i].data());
     }
-    if (!be_.is_cpu()) {  // the forward's weights (the parameters have not changed since)
-      be_.scalar_mix_backward_dev(dsrc.data(), da_.data(), dx, src.data(), w_[m].data(), m + 1,
-                                  n_ * d_);
-      be_.softmax_small_backward(grads_ + off_[m], w_[m].data(), da_.data(), m + 1);
-      return;
-    }
-    const auto a = weights(m);
-    std::vector<float> w(a.begin(), a.end());
-    std::vector<double> da(m + 1, 0.0);
-    be_.scalar_mix_backward(dsrc.data(), da.data(), dx, src.data(), w.data(), m + 1, n_ * d_);
-    double dot = 0;
-    for (int64_t i = 0; i <= m; i++) dot += a[i] * da[i];
-    std::vector<float> dz(m + 1);
-    for (int64_t i = 0; i <= m; i++) dz[i] = static_cast<float>(a[i] * (da[i] - dot));
-    add_to_grads(be_, grads_ + off_[m], dz, dz_);
+    // the forward's weights (the parameters have not changed since)
+    be_.scalar_mix_backward(dsrc.data(), da_.data(), dx, src.data(), w_[m].data(), m + 1, n_ * d_);
+    be_.softmax_small_backward(grads_ + off_[m], w_[m].data(), da_.data(), m + 1);
   }
 
   Backend& be_;
@@ -153,11 +133,11 @@ class StaticRouter final : public DepthRouter {
   float* params_ = nullptr;
   float* grads_ = nullptr;
   std::vector<int64_t> off_;
-  std::vector<std::vector<float>> z_;     // host copies of the logits (CPU)
-  std::vector<DevBuf<float>> w_;          // on a device: each mixer's softmax weights
-  DevBuf<float> da_;                      // on a device: d loss / d weights of one mixer
+  std::vector<std::vector<float>> z_;     // host copies of the logits (depth_weights)
+  std::vector<DevBuf<float>> w_;          // each mixer's softmax weights
+  DevBuf<float> da_;                      // d loss / d weights of one mixer
   std::vector<DevBuf<float>> v_, g_, x_;  // sources, their gradients, mixer outputs
-  DevBuf<float> dx_, dz_;
+  DevBuf<float> dx_;
 };
 
 }  // namespace

@@ -17,9 +17,6 @@ std::unique_ptr<DepthRouter> make_attnres_router(const ModelConfig& cfg,
 std::unique_ptr<DepthRouter> make_static_router(const ModelConfig& cfg, Backend* be);
 std::unique_ptr<DepthRouter> make_denseformer_router(const ModelConfig& cfg, Backend* be);
 
-// grads (the backend's memory) += g (host values), through the scratch buffer tmp.
-void add_to_grads(Backend& be, float* grads, const std::vector<float>& g, DevBuf<float>& tmp);
-
 // Checkpoint prefix of mixer m (m < L: the mix feeding sublayer m; m == L: the output mix):
 // "layers.{m/2}.attn_res.", "layers.{m/2}.mlp_res." or "out_res.".
 std::string mixer_prefix(int64_t m, int64_t L);

@@ -152,6 +152,10 @@ void scalar_mix_forward(float* out, const float* const* src, const float* w, int
 // double with per-thread partials combined in thread order (deterministic).
 void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout, const float* const* src,
                          const float* w, int64_t S, int64_t n);
+// The static residual's weights: w (S) = softmax(z (S)), in double; its backward
+// dz (S) += a_i (da_i - sum_j a_j da_j), in double.
+void softmax_small(float* w, const float* z, int64_t S);
+void softmax_small_backward(float* dz, const float* a, const float* da, int64_t S);
 
 // ---- gradient norm (adamw.cpp) ----  sum of x[i]^2 over n floats: chunks of 4096 in float with
 // several vector accumulators, chunks combined in double in a fixed order (deterministic for a

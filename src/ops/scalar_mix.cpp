@@ -1,6 +1,8 @@
 // A weighted sum of sources with one scalar weight per source, and its backward.
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -39,6 +41,21 @@ void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout, cons
   for (int t = 0; t < nthr; t++) {
     for (int64_t i = 0; i < S; i++) dw[i] += part[static_cast<int64_t>(t) * S + i];
   }
+}
+
+void softmax_small(float* w, const float* z, int64_t S) {
+  if (S <= 0) return;
+  double mx = z[0];
+  for (int64_t i = 1; i < S; i++) mx = std::max(mx, static_cast<double>(z[i]));
+  double sum = 0.0;
+  for (int64_t i = 0; i < S; i++) sum += std::exp(static_cast<double>(z[i]) - mx);
+  for (int64_t i = 0; i < S; i++) w[i] = static_cast<float>(std::exp(z[i] - mx) / sum);
+}
+
+void softmax_small_backward(float* dz, const float* a, const float* da, int64_t S) {
+  double dot = 0.0;
+  for (int64_t i = 0; i < S; i++) dot += static_cast<double>(a[i]) * da[i];
+  for (int64_t i = 0; i < S; i++) dz[i] += static_cast<float>(a[i] * (da[i] - dot));
 }
 
 }  // namespace attnres::ops
