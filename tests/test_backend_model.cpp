@@ -26,6 +26,7 @@
 #include "attnres/optim.hpp"
 #include "attnres/train.hpp"
 #include "backend/backend.hpp"
+#include "core/profile.hpp"
 #include "core/rng.hpp"
 #include "test_util.hpp"
 #include "train/device_step.hpp"
@@ -132,6 +133,79 @@ std::vector<float> logits_of(const Model& m, int64_t n) {
   m.backend().download(h.data(), m.logits(), sizeof(float) * h.size());
   return h;
 }
+
+}  // namespace
+
+// The profiling backend (make_profiled_backend) over the CPU: bit for bit the same loss,
+// logits and gradients as the CPU backend; with the profiler on, every op family the step uses
+// gets time in its phase (the router's work as "residual"); off, nothing is counted; the ops
+// inside a Region count towards it.
+TEST(ProfiledBackend, TimesEveryOpFamilyAndChangesNoResult) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const ModelConfig cfg = config_of(c);
+    Model plain(cfg), timed(cfg, make_profiled_backend(make_backend("cpu")));
+    const std::vector<float> w = test_weights(plain);
+    plain.params_from_host(w.data());
+    timed.params_from_host(w.data());
+    const int64_t B = 2, T = 11, N = B * T;
+    const TokenBatch batch(N, cfg.vocab_size, 3);
+    auto step = [&](Model& m) {
+      m.zero_grad();
+      const double loss = m.forward(batch.tok.data(), batch.tgt.data(), B, T);
+      m.backward();
+      return loss;
+    };
+    const double lp = step(plain);
+    prof::reset();
+    prof::enable(true);
+    const double lt = step(timed);
+    prof::enable(false);
+    EXPECT_EQ(lt, lp);
+    EXPECT_EQ(logits_of(timed, N * cfg.vocab_size), logits_of(plain, N * cfg.vocab_size));
+    EXPECT_EQ(timed.grads_to_host(), plain.grads_to_host());
+    for (int op : {prof::kEmbedding, prof::kRmsNorm, prof::kMatmul, prof::kRope, prof::kAttention,
+                   prof::kSwiglu, prof::kResidual}) {
+      EXPECT_GT(prof::seconds(op, prof::kForward), 0.0) << prof::op_name(op);
+      EXPECT_GT(prof::seconds(op, prof::kBackward), 0.0) << prof::op_name(op);
+    }
+    EXPECT_GT(prof::seconds(prof::kCrossEntropy, prof::kForward), 0.0);
+    EXPECT_GT(prof::seconds(prof::kElementwise, prof::kBackward), 0.0);  // zeroed gradients
+    EXPECT_EQ(prof::seconds(prof::kOptimizer, prof::kForward), 0.0);
+    prof::reset();
+    step(timed);  // the profiler off
+    for (int op = 0; op < prof::kOpCount; op++) {
+      EXPECT_EQ(prof::seconds(op, prof::kForward) + prof::seconds(op, prof::kBackward), 0.0)
+          << prof::op_name(op);
+    }
+  }
+  auto be = make_profiled_backend(make_backend("cpu"));
+  DevBuf<float> x;
+  x.on(be.get()).resize(1 << 16);
+  prof::reset();
+  prof::enable(true);
+  {
+    const prof::Region region(prof::kOptimizer);
+    be->scale(x.data(), 0.5f, 1 << 16);
+    be->sum_squares(x.data(), 1 << 16);
+  }
+  be->scale(x.data(), 0.5f, 1 << 16);
+  prof::enable(false);
+  EXPECT_GT(prof::seconds(prof::kOptimizer, prof::kForward), 0.0);
+  EXPECT_GT(prof::seconds(prof::kElementwise, prof::kForward), 0.0);
+  const double outside = prof::seconds(prof::kElementwise, prof::kForward);
+  prof::reset();
+  prof::enable(true);
+  {
+    const prof::Region region(prof::kOptimizer);
+    be->scale(x.data(), 0.5f, 1 << 16);
+  }
+  prof::enable(false);
+  EXPECT_EQ(prof::seconds(prof::kElementwise, prof::kForward), 0.0);  // counted by the region
+  EXPECT_GT(outside, 0.0);
+}
+
+namespace {
 
 // The backend of the test's name (skipped, with the reason, when unavailable here) and the
 // model configuration of its case.

@@ -212,5 +212,8 @@ std::shared_ptr<Backend> make_cpu_backend();
 std::shared_ptr<Backend> make_cuda_host_backend();
 // GPU `device` (0-based); throws Error with the reason when unavailable.
 std::shared_ptr<Backend> make_cuda_backend(int device = 0);
+// `inner` with each op timed by the op profiler (core/profile.hpp;
+// src/backend/backend_profiled.cpp).
+std::shared_ptr<Backend> make_profiled_backend(std::shared_ptr<Backend> inner);
 
 }  // namespace attnres

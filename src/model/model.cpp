@@ -322,16 +322,14 @@ double Model::run_staged(StagePass& p, float* step_scalars) {
   const int64_t QKV = as.ld(), HD = as.H * as.hd;
   const float eps = static_cast<float>(cfg_.norm_eps);
 
+  const prof::PhaseScope phase(prof::kForward);  // (a profiling backend times each op)
   const float* wte = param("tok_embeddings.weight");
   if (a.first) {
-    {
-      prof::Scope ps(prof::kEmbedding, prof::kForward);
-      be.embedding_forward(a.emb.data(), a.tokens.data(), wte, N, d);
-    }
-    prof::Scope ps(prof::kResidual, prof::kForward);
+    be.embedding_forward(a.emb.data(), a.tokens.data(), wte, N, d);
+    const prof::Region pr(prof::kResidual);
     router.begin(a.emb.data(), N);
   } else {
-    prof::Scope ps(prof::kResidual, prof::kForward);
+    const prof::Region pr(prof::kResidual);
     router.begin_stage(N);
   }
   if (record_stats) {
@@ -353,77 +351,39 @@ double Model::run_staged(StagePass& p, float* step_scalars) {
     float* qkv = a.qkv.data() + j * N * QKV;
     float* att = a.att.data() + j * a.cap_att;
     float* atty = a.atty.data() + j * N * HD;
-    {
-      prof::Scope ps(prof::kRmsNorm, prof::kForward);
-      be.rmsnorm_forward(xn, a.rstd_att.data() + j * N, router.input(2 * i), w.attn_norm, N, d,
-                         eps);
-    }
-    {
-      prof::Scope ps(prof::kMatmul, prof::kForward);
-      be.matmul_forward(qkv, xn, w.wqkv, N, d, QKV, false, a.mm(j, 0));
-    }
-    {
-      prof::Scope ps(prof::kRope, prof::kForward);
-      be.rope_forward(qkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
-    }
-    {
-      prof::Scope ps(prof::kRope, prof::kForward);
-      be.rope_forward(qkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV, 0);
-    }
-    {
-      prof::Scope ps(prof::kAttention, prof::kForward);
-      be.attention_forward(atty, att, qkv, as);
-    }
-    {
-      prof::Scope ps(prof::kMatmul, prof::kForward);
-      be.matmul_forward(router.output_slot(2 * i), atty, w.wo, N, HD, d, false, a.mm(j, 1));
-    }
+    be.rmsnorm_forward(xn, a.rstd_att.data() + j * N, router.input(2 * i), w.attn_norm, N, d, eps);
+    be.matmul_forward(qkv, xn, w.wqkv, N, d, QKV, false, a.mm(j, 0));
+    be.rope_forward(qkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
+    be.rope_forward(qkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV, 0);
+    be.attention_forward(atty, att, qkv, as);
+    be.matmul_forward(router.output_slot(2 * i), atty, w.wo, N, HD, d, false, a.mm(j, 1));
     record(2 * i);
     {
-      prof::Scope ps(prof::kResidual, prof::kForward);
+      const prof::Region pr(prof::kResidual);
       router.commit_output(2 * i);
     }
     // --- MLP sublayer (l = 2i+1) ---
     float* xm = a.xn_mlp.data() + a.in_j(j) * N * d;
     float* h13 = a.h13.data() + j * N * 2 * F;
     float* gate = a.gate.data() + a.in_j(j) * N * F;
-    {
-      prof::Scope ps(prof::kRmsNorm, prof::kForward);
-      be.rmsnorm_forward(xm, a.rstd_mlp.data() + j * N, router.input(2 * i + 1), w.ffn_norm, N, d,
-                         eps);
-    }
-    {
-      prof::Scope ps(prof::kMatmul, prof::kForward);
-      be.matmul_forward(h13, xm, w.w13, N, d, 2 * F, false, a.mm(j, 2));
-    }
-    {
-      prof::Scope ps(prof::kSwiglu, prof::kForward);
-      be.swiglu_forward(gate, h13, N, F);
-    }
-    {
-      prof::Scope ps(prof::kMatmul, prof::kForward);
-      be.matmul_forward(router.output_slot(2 * i + 1), gate, w.w2, N, F, d, false, a.mm(j, 3));
-    }
+    be.rmsnorm_forward(xm, a.rstd_mlp.data() + j * N, router.input(2 * i + 1), w.ffn_norm, N, d,
+                       eps);
+    be.matmul_forward(h13, xm, w.w13, N, d, 2 * F, false, a.mm(j, 2));
+    be.swiglu_forward(gate, h13, N, F);
+    be.matmul_forward(router.output_slot(2 * i + 1), gate, w.w2, N, F, d, false, a.mm(j, 3));
     record(2 * i + 1);
     {
-      prof::Scope ps(prof::kResidual, prof::kForward);
+      const prof::Region pr(prof::kResidual);
       router.commit_output(2 * i + 1);
     }
   }
 
   if (!a.head) return 0.0;
-  {
-    prof::Scope ps(prof::kRmsNorm, prof::kForward);
-    be.rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router.final_hidden(), param("norm.weight"), N,
-                       d, eps);
-  }
+  be.rmsnorm_forward(a.xf.data(), a.rstd_f.data(), router.final_hidden(), param("norm.weight"), N,
+                     d, eps);
   const float* wout = cfg_.tied ? wte : param("output.weight");
-  {
-    prof::Scope ps(prof::kMatmul, prof::kForward);
-    be.matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V, false, a.head_mm());
-  }
+  be.matmul_forward(a.logits.data(), a.xf.data(), wout, N, d, V, false, a.head_mm());
   if (!a.have_targets) return 0.0;
-  prof::Scope ps(prof::kCrossEntropy, prof::kForward);
   if (step_scalars) {
     be.cross_entropy_loss_add(step_scalars, a.lse.data(), a.logits.data(), a.targets.data(), N, V);
     return 0.0;
@@ -456,6 +416,7 @@ void Model::run_backward(StagePass& p) {
     return v.data();
   };
 
+  const prof::PhaseScope phase(prof::kBackward);  // (a profiling backend times each op)
   const float* wte = param("tok_embeddings.weight");
   if (a.head) {
     // LM head and final norm. dlogits overwrite the logits (dead after the loss).
@@ -463,32 +424,19 @@ void Model::run_backward(StagePass& p) {
     const float* wout = cfg_.tied ? wte : param("output.weight");
     float* dxf = zeroed(a.d_a, N * d);
     const float dloss = 1.0f / static_cast<float>(N);
-    if (be.is_cpu()) {
-      {
-        prof::Scope ps(prof::kCrossEntropy, prof::kBackward);
-        be.cross_entropy_backward(dlogits, a.logits.data(), a.lse.data(), a.targets.data(), N, V,
-                                  dloss);
-      }
-      prof::Scope ps(prof::kMatmul, prof::kBackward);
-      be.matmul_backward(dxf, grad_of(wout), dlogits, a.xf.data(), wout, N, d, V, a.head_mm());
-    } else {  // one op (a device may round the gradient as it forms it; profiled as matmul)
-      prof::Scope ps(prof::kMatmul, prof::kBackward);
-      be.head_backward(dxf, grad_of(wout), dlogits, a.lse.data(), a.targets.data(), N, V, dloss,
-                       a.xf.data(), wout, d, a.head_mm());
-    }
+    // (one op: a device may round the gradient as it forms it)
+    be.head_backward(dxf, grad_of(wout), dlogits, a.lse.data(), a.targets.data(), N, V, dloss,
+                     a.xf.data(), wout, d, a.head_mm());
     float* dh = zeroed(a.d_b, N * d);
     const float* gnorm = param("norm.weight");
+    be.rmsnorm_backward(dh, grad_of(gnorm), dxf, router.final_hidden(), gnorm, a.rstd_f.data(), N,
+                        d);
     {
-      prof::Scope ps(prof::kRmsNorm, prof::kBackward);
-      be.rmsnorm_backward(dh, grad_of(gnorm), dxf, router.final_hidden(), gnorm, a.rstd_f.data(), N,
-                          d);
-    }
-    {
-      prof::Scope ps(prof::kResidual, prof::kBackward);
+      const prof::Region pr(prof::kResidual);
       router.begin_backward(dh);
     }
   } else {
-    prof::Scope ps(prof::kResidual, prof::kBackward);
+    const prof::Region pr(prof::kResidual);
     router.begin_backward_stage();
   }
 
@@ -500,34 +448,22 @@ void Model::run_backward(StagePass& p) {
       const int64_t l = 2 * i + 1;
       const float* dy;
       {
-        prof::Scope ps(prof::kResidual, prof::kBackward);
+        const prof::Region pr(prof::kResidual);
         dy = router.grad_output(l);
       }
       float* dgate = zeroed(a.d_a, N * F);
-      {
-        prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(dgate, grad_of(w.w2), dy, gemm_input(a, a.gate, j, 3, N * F), w.w2, N, F,
-                           d, a.mm(j, 3));
-      }
+      be.matmul_backward(dgate, grad_of(w.w2), dy, gemm_input(a, a.gate, j, 3, N * F), w.w2, N, F,
+                         d, a.mm(j, 3));
       float* dh13 = zeroed(a.d_b, N * 2 * F);
-      {
-        prof::Scope ps(prof::kSwiglu, prof::kBackward);
-        be.swiglu_backward(dh13, dgate, a.h13.data() + j * N * 2 * F, N, F);
-      }
+      be.swiglu_backward(dh13, dgate, a.h13.data() + j * N * 2 * F, N, F);
       float* dxn = zeroed(a.d_c, N * d);
-      {
-        prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(dxn, grad_of(w.w13), dh13, gemm_input(a, a.xn_mlp, j, 2, N * d), w.w13,
-                           N, d, 2 * F, a.mm(j, 2));
-      }
+      be.matmul_backward(dxn, grad_of(w.w13), dh13, gemm_input(a, a.xn_mlp, j, 2, N * d), w.w13, N,
+                         d, 2 * F, a.mm(j, 2));
       float* dx = router.grad_input_slot(l);
+      be.rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router.input(l), w.ffn_norm,
+                          a.rstd_mlp.data() + j * N, N, d);
       {
-        prof::Scope ps(prof::kRmsNorm, prof::kBackward);
-        be.rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router.input(l), w.ffn_norm,
-                            a.rstd_mlp.data() + j * N, N, d);
-      }
-      {
-        prof::Scope ps(prof::kResidual, prof::kBackward);
+        const prof::Region pr(prof::kResidual);
         router.commit_grad_input(l);
       }
     }
@@ -536,44 +472,25 @@ void Model::run_backward(StagePass& p) {
       const int64_t l = 2 * i;
       const float* dy;
       {
-        prof::Scope ps(prof::kResidual, prof::kBackward);
+        const prof::Region pr(prof::kResidual);
         dy = router.grad_output(l);
       }
       float* datty = zeroed(a.d_a, N * HD);
-      {
-        prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + j * N * HD, w.wo, N, HD, d,
-                           a.mm(j, 1));
-      }
+      be.matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + j * N * HD, w.wo, N, HD, d,
+                         a.mm(j, 1));
       float* dqkv = zeroed(a.d_b, N * QKV);
-      {
-        prof::Scope ps(prof::kAttention, prof::kBackward);
-        be.attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + j * N * QKV,
-                              a.atty.data() + j * N * HD, a.att.data() + j * a.cap_att, as);
-      }
-      {
-        prof::Scope ps(prof::kRope, prof::kBackward);
-        be.rope_backward(dqkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
-      }
-      {
-        prof::Scope ps(prof::kRope, prof::kBackward);
-        be.rope_backward(dqkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV,
-                         0);
-      }
+      be.attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + j * N * QKV,
+                            a.atty.data() + j * N * HD, a.att.data() + j * a.cap_att, as);
+      be.rope_backward(dqkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
+      be.rope_backward(dqkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV, 0);
       float* dxn = zeroed(a.d_c, N * d);
-      {
-        prof::Scope ps(prof::kMatmul, prof::kBackward);
-        be.matmul_backward(dxn, grad_of(w.wqkv), dqkv, gemm_input(a, a.xn_att, j, 0, N * d), w.wqkv,
-                           N, d, QKV, a.mm(j, 0));
-      }
+      be.matmul_backward(dxn, grad_of(w.wqkv), dqkv, gemm_input(a, a.xn_att, j, 0, N * d), w.wqkv,
+                         N, d, QKV, a.mm(j, 0));
       float* dx = router.grad_input_slot(l);
+      be.rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router.input(l), w.attn_norm,
+                          a.rstd_att.data() + j * N, N, d);
       {
-        prof::Scope ps(prof::kRmsNorm, prof::kBackward);
-        be.rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router.input(l), w.attn_norm,
-                            a.rstd_att.data() + j * N, N, d);
-      }
-      {
-        prof::Scope ps(prof::kResidual, prof::kBackward);
+        const prof::Region pr(prof::kResidual);
         router.commit_grad_input(l);
       }
     }
@@ -581,10 +498,9 @@ void Model::run_backward(StagePass& p) {
   if (a.first) {
     const float* demb;
     {
-      prof::Scope ps(prof::kResidual, prof::kBackward);
+      const prof::Region pr(prof::kResidual);
       demb = router.grad_embedding();
     }
-    prof::Scope ps(prof::kEmbedding, prof::kBackward);
     be.embedding_backward(grad_of(wte), demb, a.tokens.data(), N, d, a.host_tokens.data());
   }
 }
