@@ -27,7 +27,7 @@ inline ModelConfig tiny_model_config() {
   c.vocab_size = 16;
   c.ffn_hidden = 8;
   c.max_seq_len = 8;
-  c.residual.mode = "block";
+  c.residual.mode = ResidualMode::block;
   c.residual.block_size = 2;
   return c;
 }

@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   // fuzz_config: the JSON forms and a TOML file.
   const fs::path cf = root / "fuzz_config";
   TrainConfig tc;
-  tc.model.residual.mode = "full";
+  tc.model.residual.mode = ResidualMode::full;
   put(cf, "model_config.json", tc.model.to_json());
   put(cf, "train_config.json", tc.to_json());
   put(cf, "train.toml",

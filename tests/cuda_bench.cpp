@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
   for (const char* precision : {"fp32", "bf16"}) {
     double base_ms = 0;
     for (const char* mode : {"prenorm", "block", "full"}) {
-      cfg.residual.mode = mode;
+      cfg.residual.mode = parse_residual_mode(mode);
       cfg.residual.block_size = 4;
       Model model(cfg, bep);
       be.set_matmul_precision(parse_precision(precision));
@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
       stgt[i] = static_cast<int32_t>(rng.next_u64() % sc.vocab_size);
     }
     for (const char* mode : {"prenorm", "block", "full"}) {
-      sc.residual.mode = mode;
+      sc.residual.mode = parse_residual_mode(mode);
       sc.residual.block_size = 2;
       Model model(sc, bep);
       be.set_matmul_precision(MatmulPrecision::fp32);

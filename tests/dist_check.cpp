@@ -117,7 +117,7 @@ void pipeline(Communicator& c, int64_t V, const std::string& scheme) {
   cfg.ffn_hidden = 32;
   cfg.vocab_size = 31;
   cfg.max_seq_len = 8;
-  cfg.residual.mode = "block";
+  cfg.residual.mode = attnres::ResidualMode::block;
   cfg.residual.block_size = 2;
   const int64_t M = 4, B = 2, T = 8, N = B * T;
   std::vector<std::vector<int32_t>> in(M, std::vector<int32_t>(N)), tg = in;

@@ -81,13 +81,13 @@ ModelConfig config_of(const Case& c) {
   m.vocab_size = 41;
   m.max_seq_len = 12;
   m.tied = c.tied;
-  m.residual.mode = c.mode;
+  m.residual.mode = parse_residual_mode(c.mode);
   m.residual.block_size = c.block_size;
-  m.residual.gate = c.gate;
-  m.residual.key_norm = c.key_norm;
+  m.residual.gate = parse_depth_gate(c.gate);
+  m.residual.key_norm = parse_key_norm(c.key_norm);
   m.residual.heads = c.heads;
   m.residual.window = c.window;
-  m.residual.query = c.query;
+  m.residual.query = parse_depth_query(c.query);
   m.residual.temperature = c.temperature;
   if (c.norm_eps > 0) m.norm_eps = c.norm_eps;
   return m;
@@ -318,7 +318,7 @@ TEST_P(BackendModel, DiagnosticsMatchTheCpu) {
   const Diagnostics dc = measure_diagnostics(cpu, batch.tok.data(), B, T);
   const Diagnostics dd = measure_diagnostics(dev, batch.tok.data(), B, T);
   ASSERT_EQ(dd.has_weights, dc.has_weights);
-  EXPECT_EQ(dc.has_weights, std::string(cfg.residual.mode) != "prenorm");
+  EXPECT_EQ(dc.has_weights, cfg.residual.mode != ResidualMode::prenorm);
   EXPECT_EQ(dd.weight_rows, dc.weight_rows);
   EXPECT_EQ(dd.weight_cols, dc.weight_cols);
   ASSERT_EQ(dd.weights.size(), dc.weights.size());
@@ -572,7 +572,7 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     c.model.d_model = 32;
     c.model.n_head = 4;
     c.model.n_kv_head = 2;
-    c.model.residual.mode = mode;
+    c.model.residual.mode = parse_residual_mode(mode);
     c.model.residual.block_size = 2;
     c.batch_size = 4;
     c.seq_len = 16;
@@ -645,7 +645,7 @@ TEST_P(BackendRuns, ADeviceRunResumesOnTheCpu) {
     c.model.n_layer = 2;
     c.model.d_model = 32;
     c.model.n_head = 4;
-    c.model.residual.mode = "full";
+    c.model.residual.mode = ResidualMode::full;
     c.batch_size = 4;
     c.seq_len = 16;
     c.steps = 6;

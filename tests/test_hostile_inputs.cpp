@@ -173,7 +173,7 @@ TEST(HostileInputs, ConfigFieldsOfTheWrongTypeOrRange) {
   expect_error([] { TrainConfig::from_json("[1, 2]"); }, {"JSON object"});
   // Valid files still load.
   ModelConfig c;
-  c.residual.mode = "block";
+  c.residual.mode = ResidualMode::block;
   EXPECT_EQ(ModelConfig::from_json(c.to_json()).to_json(), c.to_json());
   TrainConfig t;
   EXPECT_EQ(TrainConfig::from_json(t.to_json()).to_json(), t.to_json());

@@ -145,7 +145,7 @@ TEST(Model, InitialWeightsFromAPreNormCheckpointStartAnAttnResRun) {
   const std::string path = temp_path("pre.safetensors");
   save_model(path, pre, {});
   ModelConfig fc = pc;
-  fc.residual.mode = "full";
+  fc.residual.mode = ResidualMode::full;
   Model full(fc);
   full.init_weights(5);
   const int64_t kept = load_initial_weights(full, path);
@@ -245,18 +245,28 @@ TEST(Model, BadConfigValuesAreRejected) {
   EXPECT_THROW(Model{c}, Error);
   c = tiny(true, 3);  // 4 % 3 != 0
   EXPECT_THROW(Model{c}, Error);
-  c = tiny(true, 4);
-  c.residual.mode = "nonsense";
-  try {
-    Model m(c);
-    ADD_FAILURE();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("nonsense"), std::string::npos);
+  // Names are parsed once, at the edge (CLI, checkpoints): an unknown one is an error naming it
+  // and the choices.
+  for (const char* json :
+       {R"({"residual": "nonsense"})", R"({"attnres_gate": "nonsense"})",
+        R"({"attnres_key_norm": "nonsense"})", R"({"attnres_query": "nonsense"})"}) {
+    try {
+      ModelConfig::from_json(json);
+      ADD_FAILURE() << json;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'nonsense' is unknown; use"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(parse_residual_mode("static"), ResidualMode::static_mix);
+  EXPECT_STREQ(to_string(DepthQuery::static_query), "static");
+  for (const char* m : {"prenorm", "full", "block", "static", "denseformer"}) {
+    EXPECT_STREQ(to_string(parse_residual_mode(m)), m);
   }
   EXPECT_THROW(ModelConfig::from_json("{\"n_layer\": \"two\"}"), Error);
   EXPECT_THROW(ModelConfig::from_json("not json"), Error);
   c = tiny(true, 4);
-  c.residual.mode = "full";
+  c.residual.mode = ResidualMode::full;
   c.residual.key_eps = -1e-3;
   EXPECT_THROW(Model{c}, Error);
   c.residual.key_eps = 0;
@@ -277,7 +287,7 @@ TEST(Model, BadConfigValuesAreRejected) {
 
 TEST(Model, KeyNormEpsilonIsStoredOnlyWhenSet) {
   ModelConfig c = tiny(true, 4);
-  c.residual.mode = "full";
+  c.residual.mode = ResidualMode::full;
   EXPECT_EQ(c.to_json().find("attnres_key_eps"), std::string::npos);  // old files stay as they are
   EXPECT_EQ(ModelConfig::from_json(c.to_json()).key_norm_eps(), c.norm_eps);
   c.residual.key_eps = 1e-8;

@@ -30,7 +30,7 @@ ModelConfig tiny(const std::string& mode, int64_t n_layer, int64_t block_size = 
   c.ffn_hidden = 32;
   c.vocab_size = 29;
   c.max_seq_len = 8;
-  c.residual.mode = mode;
+  c.residual.mode = parse_residual_mode(mode);
   c.residual.block_size = block_size;
   c.resolve();
   return c;
@@ -138,9 +138,9 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 
 void expect_matches_reference(const ModelConfig& c, int64_t P, int64_t V, int64_t M,
                               pipe::Scheme scheme) {
-  SCOPED_TRACE(c.residual.mode + " S=" + std::to_string(c.residual.block_size) +
-               " P=" + std::to_string(P) + " V=" + std::to_string(V) + " M=" + std::to_string(M) +
-               " " + pipe::scheme_name(scheme));
+  SCOPED_TRACE(std::string(to_string(c.residual.mode)) +
+               " S=" + std::to_string(c.residual.block_size) + " P=" + std::to_string(P) + " V=" +
+               std::to_string(V) + " M=" + std::to_string(M) + " " + pipe::scheme_name(scheme));
   const Batches b(M, c.vocab_size, 99);
   const Result want = reference(c, b);
   const Result got = pipelined(c, b, P, V, scheme);
@@ -181,7 +181,7 @@ TEST(Pipeline, UnalignedLastBlockAndWindowedDynamicQueries) {
   expect_matches_reference(tiny("block", 4, 3), 2, 1, 2, pipe::Scheme::cached);  // units of 6
   for (const char* mode : {"full", "block"}) {
     ModelConfig c = tiny(mode, 6);
-    c.residual.query = "dynamic";
+    c.residual.query = DepthQuery::dynamic;
     c.residual.window = 1;
     expect_matches_reference(c, 3, 2, 3, pipe::Scheme::cached);
   }
@@ -189,7 +189,7 @@ TEST(Pipeline, UnalignedLastBlockAndWindowedDynamicQueries) {
 
 TEST(Pipeline, AblationsRunAsStages) {
   ModelConfig c = tiny("block", 4);
-  c.residual.query = "dynamic";
+  c.residual.query = DepthQuery::dynamic;
   expect_matches_reference(c, 2, 2, 2, pipe::Scheme::cached);
   c = tiny("block", 4);
   c.residual.two_phase = false;
@@ -198,7 +198,7 @@ TEST(Pipeline, AblationsRunAsStages) {
   expect_matches_reference(c, 2, 2, 2, pipe::Scheme::cached);
   c = tiny("full", 4);
   c.residual.window = 2;
-  c.residual.gate = "sigmoid";
+  c.residual.gate = DepthGate::sigmoid;
   expect_matches_reference(c, 2, 1, 2, pipe::Scheme::naive);
 }
 

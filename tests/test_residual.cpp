@@ -31,7 +31,7 @@ ModelConfig base(const std::string& mode, int64_t n_layer = 3) {
   c.vocab_size = 11;
   c.max_seq_len = 8;
   c.tied = false;
-  c.residual.mode = mode;
+  c.residual.mode = parse_residual_mode(mode);
   return c;
 }
 
@@ -80,27 +80,27 @@ std::vector<ModeCase> all_modes() {
   c.residual.two_phase = false;
   add("block_s4_onephase", c);
   c = base("full");
-  c.residual.gate = "sigmoid";
+  c.residual.gate = DepthGate::sigmoid;
   add("sigmoid", c);
   c = base("full");
-  c.residual.key_norm = "none";
+  c.residual.key_norm = KeyNorm::none;
   add("no_key_norm", c);
   c = base("block");
   c.residual.block_size = 2;
   c.residual.heads = 4;
   add("heads4", c);
   c = base("full");
-  c.residual.query = "dynamic";
+  c.residual.query = DepthQuery::dynamic;
   add("dynamic", c);
   c = base("full");
   c.residual.window = 2;
   add("window2", c);
   c = base("block");
   c.residual.block_size = 2;
-  c.residual.gate = "sigmoid";
-  c.residual.key_norm = "none";
+  c.residual.gate = DepthGate::sigmoid;
+  c.residual.key_norm = KeyNorm::none;
   c.residual.heads = 2;
-  c.residual.query = "dynamic";
+  c.residual.query = DepthQuery::dynamic;
   c.residual.window = 1;
   add("block_all_options", c);
   c = base("full");
@@ -108,7 +108,7 @@ std::vector<ModeCase> all_modes() {
   add("temperature", c);
   c = base("block");
   c.residual.block_size = 2;
-  c.residual.query = "dynamic";
+  c.residual.query = DepthQuery::dynamic;
   c.residual.temperature = 0.5;
   c.residual.key_eps = 1e-2;
   add("block_dynamic_temperature_key_eps", c);
@@ -300,20 +300,20 @@ TEST(ResidualIdentities, OptionsChangeTheFunctionAsIntended) {
   // A short window, sigmoid gating, split heads and dropping the key norm each change it.
   auto w1 = with([](ModelConfig& c) { c.residual.window = 1; });
   EXPECT_GT(rel_diff(w1.data(), ref.data(), ref.size()), 1e-3);
-  auto sg = with([](ModelConfig& c) { c.residual.gate = "sigmoid"; });
+  auto sg = with([](ModelConfig& c) { c.residual.gate = DepthGate::sigmoid; });
   EXPECT_GT(rel_diff(sg.data(), ref.data(), ref.size()), 1e-3);
   auto hd = with([](ModelConfig& c) { c.residual.heads = 4; });
   EXPECT_GT(rel_diff(hd.data(), ref.data(), ref.size()), 1e-3);
-  auto nk = with([](ModelConfig& c) { c.residual.key_norm = "none"; });
+  auto nk = with([](ModelConfig& c) { c.residual.key_norm = KeyNorm::none; });
   EXPECT_GT(rel_diff(nk.data(), ref.data(), ref.size()), 1e-3);
   // A dynamic query whose projection is zero is the static query.
-  auto dy = with([](ModelConfig& c) { c.residual.query = "dynamic"; });
+  auto dy = with([](ModelConfig& c) { c.residual.query = DepthQuery::dynamic; });
   EXPECT_LT(rel_diff(dy.data(), ref.data(), ref.size()), 1e-6);
 }
 
 TEST(ResidualIdentities, RouterParametersStartAsTheSpecSaysAndAreNotDecayed) {
   ModelConfig c = base("block");
-  c.residual.query = "dynamic";
+  c.residual.query = DepthQuery::dynamic;
   Model m(c);
   m.init_weights(1);
   int router_tensors = 0;

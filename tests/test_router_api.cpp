@@ -16,7 +16,7 @@ TEST(RouterApi, ReadmeExampleRunsAndLearnsDepthWeights) {
   ModelConfig cfg;  // only n_layer, d_model, norm_eps and residual are used
   cfg.n_layer = 2;  // L = 4 sublayers
   cfg.d_model = 8;
-  cfg.residual.mode = "block";
+  cfg.residual.mode = ResidualMode::block;
   cfg.residual.block_size = 2;
   auto router = make_router(cfg);
 

@@ -101,7 +101,7 @@ TEST_P(TrainModes, LowersValidationLoss) {
   const fs::path dir = td.path;
   std::ofstream(dir / "corpus.txt") << make_corpus(1500, 4);
   TrainConfig c = small_config(dir, dir / "corpus.txt");
-  c.model.residual.mode = GetParam();
+  c.model.residual.mode = parse_residual_mode(GetParam());
   c.model.residual.block_size = 2;
   c.steps = 80;
   c.eval_every = 0;
@@ -161,7 +161,7 @@ TEST(Train, BitIdenticalRunsWithMoreThreadsThanCores) {
   std::vector<std::vector<double>> losses;
   for (const char* run : {"a", "b"}) {
     TrainConfig c = small_config(dir, dir / "corpus.txt");
-    c.model.residual.mode = "static";  // exercises the scalar-mix reductions too
+    c.model.residual.mode = ResidualMode::static_mix;  // exercises the scalar-mix reductions too
     c.steps = 12;
     c.eval_every = 0;
     c.out_dir = (dir / run).string();
@@ -211,7 +211,7 @@ TEST(Train, RouterTensorsTakeTheirOwnLearningRate) {
   mc.n_head = 4;
   mc.vocab_size = 64;
   mc.max_seq_len = 16;
-  mc.residual.mode = "full";
+  mc.residual.mode = ResidualMode::full;
   mc.resolve();
   Model a(mc), b(mc), c(mc), same(mc);
   for (Model* m : {&a, &b, &c, &same}) m->init_weights(3);

@@ -13,21 +13,38 @@ namespace attnres {
 //   static       input-independent softmax-mixing weights per (sublayer, source) (SPEC 6)
 //   denseformer  DenseFormer's depth-weighted average of block outputs, identity at init
 // The attnres_* ablations (SPEC 6) apply to full and block.
+enum class ResidualMode { prenorm, full, block, static_mix, denseformer };
+enum class DepthGate { softmax, sigmoid };
+enum class KeyNorm { rms, none };
+enum class DepthQuery { static_query, dynamic };
+
+// Each option's name as the CLI and checkpoints spell it ("static" for static_mix and
+// static_query), and the parse back; an unknown name is an Error naming it and the choices.
+const char* to_string(ResidualMode m);
+const char* to_string(DepthGate g);
+const char* to_string(KeyNorm k);
+const char* to_string(DepthQuery q);
+ResidualMode parse_residual_mode(const std::string& s);
+DepthGate parse_depth_gate(const std::string& s);
+KeyNorm parse_key_norm(const std::string& s);
+DepthQuery parse_depth_query(const std::string& s);
+
 struct ResidualConfig {
-  std::string mode = "prenorm";
-  int64_t block_size = 4;        // block: sublayers per block (full behaves as 1)
-  std::string gate = "softmax";  // softmax | sigmoid
-  std::string key_norm = "rms";  // rms | none
-  int64_t heads = 1;             // split d into this many slices, one softmax each
-  std::string query = "static";  // static | dynamic (w + W u, u = most recent source)
+  ResidualMode mode = ResidualMode::prenorm;
+  int64_t block_size = 4;               // block: sublayers per block (full behaves as 1)
+  DepthGate gate = DepthGate::softmax;  // softmax | sigmoid
+  KeyNorm key_norm = KeyNorm::rms;      // rms | none
+  int64_t heads = 1;                    // split d into this many slices, one softmax each
+  DepthQuery query =
+      DepthQuery::static_query;  // static | dynamic (w + W u, u = most recent source)
   int64_t window = 0;            // > 0: embedding plus the last `window` sources
   double key_eps = 0;            // epsilon of the key RMSNorm; 0 = the model's norm_eps
   double temperature = 1;        // score multiplier: s = temperature * q . k (ablation)
   bool two_phase = true;         // how block mode computes (not part of the model function)
 
-  bool is_attnres() const { return mode == "full" || mode == "block"; }
+  bool is_attnres() const { return mode == ResidualMode::full || mode == ResidualMode::block; }
   // Sublayers per block as computed: 1 for full.
-  int64_t effective_block_size() const { return mode == "full" ? 1 : block_size; }
+  int64_t effective_block_size() const { return mode == ResidualMode::full ? 1 : block_size; }
 };
 
 // Upper bounds ModelConfig::validate() enforces (far above any model this engine trains).

@@ -70,7 +70,7 @@ ModelConfig bench_config(const BenchArgs& a, const std::string& mode) {
   c.vocab_size = a.vocab;
   c.max_seq_len = a.seq_len + a.decode_tokens;
   c.tied = false;
-  c.residual.mode = mode;
+  c.residual.mode = parse_residual_mode(mode);
   c.residual.block_size = a.block_size;
   c.resolve();
   c.validate();

@@ -20,7 +20,7 @@ void run_info(const std::string& path) {
   }
   std::printf("config:\n");
   std::printf("  residual    %s\n  n_layer     %lld (%lld sublayers)\n  d_model     %lld\n",
-              c.residual.mode.c_str(), static_cast<long long>(c.n_layer),
+              to_string(c.residual.mode), static_cast<long long>(c.n_layer),
               static_cast<long long>(c.n_sublayers()), static_cast<long long>(c.d_model));
   std::printf("  n_head      %lld (kv %lld, head_dim %lld)\n  ffn_hidden  %lld\n",
               static_cast<long long>(c.n_head), static_cast<long long>(c.n_kv_head),

@@ -57,8 +57,8 @@ void run_inspect(const InspectArgs& a) {
   const int64_t T = static_cast<int64_t>(ids.size());
   const Diagnostics d = measure_diagnostics(*model, ids.data(), 1, T);
   const ModelConfig& c = model->config();
-  std::printf("%s: residual %s", a.model.c_str(), c.residual.mode.c_str());
-  if (c.residual.mode == "block")
+  std::printf("%s: residual %s", a.model.c_str(), to_string(c.residual.mode));
+  if (c.residual.mode == ResidualMode::block)
     std::printf(" (block size %lld)", static_cast<long long>(c.residual.block_size));
   std::printf(", %lld sublayers; %lld tokens of %s\n\n", static_cast<long long>(c.n_sublayers()),
               static_cast<long long>(T), source.c_str());
@@ -67,7 +67,7 @@ void run_inspect(const InspectArgs& a) {
                 depth_weights_table(d).c_str());
   } else {
     std::printf("mode %s has no learned depth weights (every earlier output weighs 1)\n\n",
-                c.residual.mode.c_str());
+                to_string(c.residual.mode));
   }
   std::printf("%-9s %12s %12s\n", "sublayer", "input RMS", "output RMS");
   for (size_t l = 0; l < d.sublayers.size(); l++) {

@@ -127,23 +127,28 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
        "unless --attnres-key-eps)")
       ->capture_default_str();
   ResidualConfig& r = c.model.residual;
-  s->add_option("--residual", r.mode, "Residual: prenorm | full | block | static | denseformer")
-      ->check(CLI::IsMember({"prenorm", "full", "block", "static", "denseformer"}))
-      ->capture_default_str();
+  // The enum options: their names checked by CLI11, then parsed into the config.
+  auto named = [s](const char* flag, auto& field, auto parse, const char* help,
+                   std::vector<std::string> names) {
+    s->add_option_function<std::string>(
+         flag, [&field, parse](const std::string& v) { field = parse(v); }, help)
+        ->check(CLI::IsMember(std::move(names)))
+        ->type_name("TEXT")
+        ->default_str(to_string(field));
+  };
+  named("--residual", r.mode, parse_residual_mode,
+        "Residual: prenorm | full | block | static | denseformer",
+        {"prenorm", "full", "block", "static", "denseformer"});
   s->add_option("--block-size", r.block_size, "block: sublayers per block (S)")
       ->capture_default_str();
-  s->add_option("--attnres-gate", r.gate, "full/block: softmax | sigmoid")
-      ->check(CLI::IsMember({"softmax", "sigmoid"}))
-      ->capture_default_str();
-  s->add_option("--attnres-key-norm", r.key_norm, "full/block: rms | none (RMSNorm on keys)")
-      ->check(CLI::IsMember({"rms", "none"}))
-      ->capture_default_str();
+  named("--attnres-gate", r.gate, parse_depth_gate, "full/block: softmax | sigmoid",
+        {"softmax", "sigmoid"});
+  named("--attnres-key-norm", r.key_norm, parse_key_norm,
+        "full/block: rms | none (RMSNorm on keys)", {"rms", "none"});
   s->add_option("--attnres-heads", r.heads, "full/block: depth-attention heads (split d)")
       ->capture_default_str();
-  s->add_option("--attnres-query", r.query,
-                "full/block: static | dynamic (query = w + W * most recent source)")
-      ->check(CLI::IsMember({"static", "dynamic"}))
-      ->capture_default_str();
+  named("--attnres-query", r.query, parse_depth_query,
+        "full/block: static | dynamic (query = w + W * most recent source)", {"static", "dynamic"});
   s->add_option("--attnres-window", r.window,
                 "full/block: embedding plus the last K sources only (0 = all)")
       ->capture_default_str();

@@ -12,12 +12,12 @@
 
 namespace attnres {
 
-// If `j` has `key`, stores it in dst; throws Error naming `what`, the key and the value if its
-// type or range does not fit T.
+// If `j` has `key`, stores it in dst and returns true (false: absent, dst unchanged); throws
+// Error naming `what`, the key and the value if its type or range does not fit T.
 template <class T>
-void read_json_field(const nlohmann::json& j, const char* key, T& dst, const std::string& what) {
+bool read_json_field(const nlohmann::json& j, const char* key, T& dst, const std::string& what) {
   auto it = j.find(key);
-  if (it == j.end()) return;
+  if (it == j.end()) return false;
   const nlohmann::json& v = *it;
   auto bad = [&](const char* expected) {
     throw Error(what + ": field '" + key + "' must be " + expected + ", got " +
@@ -51,6 +51,7 @@ void read_json_field(const nlohmann::json& j, const char* key, T& dst, const std
     if (!v.is_string()) bad("a string");
     dst = v.get<std::string>();
   }
+  return true;
 }
 
 }  // namespace attnres

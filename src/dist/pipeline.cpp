@@ -48,7 +48,7 @@ Plan make_plan(const Model& model, int64_t P, int64_t V, int64_t M) {
   check(u > 0,
         "pipeline parallelism needs the depth sources of Attention Residuals between "
         "stages; residual mode '" +
-            c.residual.mode +
+            std::string(to_string(c.residual.mode)) +
             "' is not supported: use --residual block or full (or train it data-parallel)");
   const int64_t L = c.n_sublayers(), units = (L + u - 1) / u, PV = P * V;
   check(PV <= units,

@@ -33,7 +33,7 @@ json aggregate(const Configuration& g, const json& runs) {
     has_w |= r["diagnostics"].is_object() && r["diagnostics"].contains("depth_weights");
   }
   json j = {{"name", g.name},
-            {"mode", g.cfg.model.residual.mode},
+            {"mode", to_string(g.cfg.model.residual.mode)},
             {"residual", json::parse(g.cfg.model.to_json())},
             {"sweep", g.sweep},
             {"params", params},
@@ -89,7 +89,7 @@ std::string baseline_of(const std::vector<Configuration>& configs) {
   std::string pre;
   int n = 0;
   for (const Configuration& c : configs) {
-    if (c.cfg.model.residual.mode == "prenorm") {
+    if (c.cfg.model.residual.mode == ResidualMode::prenorm) {
       pre = c.name;
       n++;
     }

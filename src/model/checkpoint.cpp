@@ -72,7 +72,7 @@ std::vector<std::string> function_changes(const ModelConfig& from, const ModelCo
   if (a.is_attnres() && b.is_attnres()) {
     add("attnres key eps", num(from.key_norm_eps()), num(to.key_norm_eps()));
     add("attnres temperature", num(a.temperature), num(b.temperature));
-    add("attnres gate", a.gate, b.gate);
+    add("attnres gate", to_string(a.gate), to_string(b.gate));
     add("attnres heads", std::to_string(a.heads), std::to_string(b.heads));
     add("attnres window", std::to_string(a.window), std::to_string(b.window));
     add("block size", std::to_string(a.effective_block_size()),

@@ -57,46 +57,75 @@ void ModelConfig::validate() const {
        "attnres key eps (--attnres-key-eps) must be 0 (= norm_eps) or in [1e-30, 1)");
   need(std::isfinite(r.temperature) && r.temperature >= 1e-6 && r.temperature <= 1000,
        "attnres temperature (--attnres-temperature) must be in [1e-6, 1000]");
-  need(
-      r.mode == "prenorm" || r.mode == "full" || r.mode == "block" || r.mode == "static" ||
-          r.mode == "denseformer",
-      "residual mode '" + r.mode + "' is unknown; use prenorm, full, block, static or denseformer");
   if (r.is_attnres()) {
     need(r.block_size >= 1 && r.block_size <= kMaxSeqLen,
          "block_size must be in [1, " + std::to_string(kMaxSeqLen) + "], got " +
              std::to_string(r.block_size));
-    need(r.gate == "softmax" || r.gate == "sigmoid",
-         "attnres gate '" + r.gate + "' is unknown; use softmax or sigmoid");
-    need(r.key_norm == "rms" || r.key_norm == "none",
-         "attnres key norm '" + r.key_norm + "' is unknown; use rms or none");
     need(r.heads >= 1 && d_model % r.heads == 0, "attnres heads (" + std::to_string(r.heads) +
                                                      ") must divide d_model (" +
                                                      std::to_string(d_model) + ")");
-    need(r.query == "static" || r.query == "dynamic",
-         "attnres query '" + r.query + "' is unknown; use static or dynamic");
     need(r.window >= 0 && r.window <= kMaxSeqLen,
          "attnres window must be in [0, " + std::to_string(kMaxSeqLen) + "] (0 = off)");
   }
 }
 
 std::string ModelConfig::to_json() const {
-  nlohmann::json j = {{"n_layer", n_layer},         {"n_head", n_head},
-                      {"n_kv_head", n_kv_head},     {"d_model", d_model},
-                      {"ffn_hidden", ffn_hidden},   {"vocab_size", vocab_size},
-                      {"max_seq_len", max_seq_len}, {"norm_eps", norm_eps},
-                      {"rope_theta", rope_theta},   {"tied", tied},
-                      {"residual", residual.mode}};
+  nlohmann::json j = {{"n_layer", n_layer},
+                      {"n_head", n_head},
+                      {"n_kv_head", n_kv_head},
+                      {"d_model", d_model},
+                      {"ffn_hidden", ffn_hidden},
+                      {"vocab_size", vocab_size},
+                      {"max_seq_len", max_seq_len},
+                      {"norm_eps", norm_eps},
+                      {"rope_theta", rope_theta},
+                      {"tied", tied},
+                      {"residual", to_string(residual.mode)}};
   if (residual.is_attnres()) {
     j["block_size"] = residual.effective_block_size();
-    j["attnres_gate"] = residual.gate;
-    j["attnres_key_norm"] = residual.key_norm;
+    j["attnres_gate"] = to_string(residual.gate);
+    j["attnres_key_norm"] = to_string(residual.key_norm);
     j["attnres_heads"] = residual.heads;
-    j["attnres_query"] = residual.query;
+    j["attnres_query"] = to_string(residual.query);
     j["attnres_window"] = residual.window;
     if (residual.key_eps > 0) j["attnres_key_eps"] = residual.key_eps;  // absent: norm_eps
     if (residual.temperature != 1) j["attnres_temperature"] = residual.temperature;  // absent: 1
   }
   return j.dump();
+}
+
+namespace {
+// The names of an enum's values, in the enum's order, and the parse of one.
+template <class E, size_t K>
+E parse_name(const std::string& s, const char* const (&names)[K], const char* what) {
+  std::string list;
+  for (size_t i = 0; i < K; i++) {
+    if (s == names[i]) return static_cast<E>(i);
+    list += std::string(i == 0 ? "" : i + 1 == K ? " or " : ", ") + names[i];
+  }
+  throw Error(std::string(what) + " '" + s + "' is unknown; use " + list);
+}
+constexpr const char* kModes[] = {"prenorm", "full", "block", "static", "denseformer"};
+constexpr const char* kGates[] = {"softmax", "sigmoid"};
+constexpr const char* kKeyNorms[] = {"rms", "none"};
+constexpr const char* kQueries[] = {"static", "dynamic"};
+}  // namespace
+
+const char* to_string(ResidualMode m) { return kModes[static_cast<int>(m)]; }
+const char* to_string(DepthGate g) { return kGates[static_cast<int>(g)]; }
+const char* to_string(KeyNorm k) { return kKeyNorms[static_cast<int>(k)]; }
+const char* to_string(DepthQuery q) { return kQueries[static_cast<int>(q)]; }
+ResidualMode parse_residual_mode(const std::string& s) {
+  return parse_name<ResidualMode>(s, kModes, "residual mode");
+}
+DepthGate parse_depth_gate(const std::string& s) {
+  return parse_name<DepthGate>(s, kGates, "attnres gate");
+}
+KeyNorm parse_key_norm(const std::string& s) {
+  return parse_name<KeyNorm>(s, kKeyNorms, "attnres key norm");
+}
+DepthQuery parse_depth_query(const std::string& s) {
+  return parse_name<DepthQuery>(s, kQueries, "attnres query");
 }
 
 ModelConfig ModelConfig::from_json(const std::string& text) {
@@ -120,13 +149,15 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   read_json_field(j, "norm_eps", c.norm_eps, what);
   read_json_field(j, "rope_theta", c.rope_theta, what);
   read_json_field(j, "tied", c.tied, what);
-  read_json_field(j, "residual", c.residual.mode, what);
+  std::string name;
+  if (read_json_field(j, "residual", name, what)) c.residual.mode = parse_residual_mode(name);
   read_json_field(j, "block_size", c.residual.block_size, what);
   read_json_field(j, "attnres_heads", c.residual.heads, what);
   read_json_field(j, "attnres_window", c.residual.window, what);
-  read_json_field(j, "attnres_gate", c.residual.gate, what);
-  read_json_field(j, "attnres_key_norm", c.residual.key_norm, what);
-  read_json_field(j, "attnres_query", c.residual.query, what);
+  if (read_json_field(j, "attnres_gate", name, what)) c.residual.gate = parse_depth_gate(name);
+  if (read_json_field(j, "attnres_key_norm", name, what))
+    c.residual.key_norm = parse_key_norm(name);
+  if (read_json_field(j, "attnres_query", name, what)) c.residual.query = parse_depth_query(name);
   read_json_field(j, "attnres_key_eps", c.residual.key_eps, what);
   read_json_field(j, "attnres_temperature", c.residual.temperature, what);
   return c;

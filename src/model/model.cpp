@@ -116,7 +116,7 @@ int64_t Model::boundary_sources(int64_t l) const { return main_->router->boundar
 
 std::unique_ptr<Model::StagePass> Model::make_stage_pass(int64_t first, int64_t last) {
   const int64_t L = cfg_.n_sublayers(), u = stage_unit();
-  check(u > 0, "residual mode '" + cfg_.residual.mode +
+  check(u > 0, "residual mode '" + std::string(to_string(cfg_.residual.mode)) +
                    "' cannot be split into pipeline stages; use --residual block or full");
   check(first >= 0 && first < last && last <= L && first % u == 0 && (last % u == 0 || last == L),
         "pipeline stage [" + std::to_string(first) + ", " + std::to_string(last) + ") of " +

@@ -24,13 +24,18 @@ std::string mixer_label(int64_t m, int64_t L) {
 }
 
 std::unique_ptr<DepthRouter> make_router(const ModelConfig& cfg, Backend* be) {
-  const std::string& mode = cfg.residual.mode;
-  if (mode == "prenorm") return make_prenorm_router(cfg, be);
-  if (mode == "full" || mode == "block") return make_attnres_router(cfg, be);
-  if (mode == "static") return make_static_router(cfg, be);
-  if (mode == "denseformer") return make_denseformer_router(cfg, be);
-  throw Error("unknown residual mode '" + mode +
-              "'; available: prenorm, full, block, static, denseformer");
+  switch (cfg.residual.mode) {
+    case ResidualMode::prenorm:
+      return make_prenorm_router(cfg, be);
+    case ResidualMode::full:
+    case ResidualMode::block:
+      return make_attnres_router(cfg, be);
+    case ResidualMode::static_mix:
+      return make_static_router(cfg, be);
+    case ResidualMode::denseformer:
+      return make_denseformer_router(cfg, be);
+  }
+  throw Error("internal: residual mode " + std::to_string(static_cast<int>(cfg.residual.mode)));
 }
 
 }  // namespace attnres

@@ -34,13 +34,13 @@ class AttnResRouter final : public DepthRouter {
         d_(c.d_model),
         S_(c.residual.effective_block_size()),
         window_(c.residual.window),
-        dynamic_(c.residual.query == "dynamic"),
+        dynamic_(c.residual.query == DepthQuery::dynamic),
         eps_(static_cast<float>(c.key_norm_eps())),
         tau_(static_cast<float>(c.residual.temperature)) {
     mix_.d = d_;
     mix_.H = c.residual.heads;
-    mix_.softmax = c.residual.gate == "softmax";
-    mix_.key_norm = c.residual.key_norm == "rms";
+    mix_.softmax = c.residual.gate == DepthGate::softmax;
+    mix_.key_norm = c.residual.key_norm == KeyNorm::rms;
     mix_.eps = eps_;
     NB_ = (L_ + S_ - 1) / S_;
     // Two-phase needs queries known before the block starts and one softmax over a fixed set of

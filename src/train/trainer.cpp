@@ -386,9 +386,10 @@ class Trainer {
                                         " sequences per rank per micro-batch") +
                           (zero1_ ? ", AdamW state sharded (ZeRO-1)" : "");
     msg("model: " + std::to_string(model_->num_params()) + " parameters, residual " +
-        cfg_.model.residual.mode + ", " + std::to_string(cfg_.model.n_layer) + " layers, d " +
-        std::to_string(cfg_.model.d_model) + "; " + std::to_string(tokens_per_step_) +
-        " tokens/step, " + mflops_text(flops_tok_) + " MFLOP/token; " + ranks_text);
+        to_string(cfg_.model.residual.mode) + ", " + std::to_string(cfg_.model.n_layer) +
+        " layers, d " + std::to_string(cfg_.model.d_model) + "; " +
+        std::to_string(tokens_per_step_) + " tokens/step, " + mflops_text(flops_tok_) +
+        " MFLOP/token; " + ranks_text);
     if (root_) {
       metrics_.open(fs::path(cfg_.out_dir) / "metrics.jsonl", std::ios::app);
       check(metrics_.good(), "cannot write metrics to '" + cfg_.out_dir + "/metrics.jsonl'");
