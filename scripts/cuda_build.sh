@@ -15,5 +15,5 @@ fi
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTNRES_CUDA=ON \
   -DCMAKE_CUDA_COMPILER="$NVCC" -DATTNRES_BUILD_BENCH=OFF "$@" >/dev/null
 cmake --build build-cuda -j "$(nproc)" --target attnres_cli test_cuda test_cuda_rows test_backend \
-  test_backend_model cuda_bench
-cd build-cuda && ctest --output-on-failure -R "Cuda|Backend"
+  test_backend_model test_op_table cuda_bench
+cd build-cuda && ctest --output-on-failure -R "Cuda|Backend|OpTable"

@@ -30,7 +30,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader \
   > "$LOG/gpu.txt" 2>&1 || echo "nvidia-smi failed" > "$LOG/gpu.txt"
 tests_rc=0
-for t in test_cuda test_backend test_backend_model; do
+for t in test_cuda test_backend test_backend_model test_op_table; do
   timeout 180 "$BIN/$t" >> "$LOG/test_cuda.txt" 2>&1 || tests_rc=1
 done
 timeout 240 "$BIN/cuda_bench" > "$LOG/cuda_bench.txt" 2>&1

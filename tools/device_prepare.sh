@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a GPU check on a device machine that cannot build attnres itself (no Debian -dev
 # packages there, nothing can be fetched): builds the CUDA backend here (scripts/cuda_build.sh)
-# and gathers the GPU test and benchmark binaries (test_cuda, test_backend, test_backend_model,
+# and gathers the GPU test and benchmark binaries (test_cuda, test_backend, test_backend_model, test_op_table,
 # cuda_bench) and the CLI (the tests run it) with every shared library they need beyond glibc,
 # libstdc++ and CUDA's own (oneDNN, its OpenCL loader, GNU OpenMP, SentencePiece, the OpenMPI
 # runtime the CLI links; a CUDA image has none of them) into .devcarry/bundle.tar.xz (git-ignored,
@@ -13,8 +13,9 @@ cd "$(dirname "$0")/.."
 bash scripts/cuda_build.sh -DATTNRES_NATIVE=OFF
 rm -rf .devcarry && mkdir -p .devcarry/lib
 cp build-cuda/tests/test_cuda build-cuda/tests/test_backend build-cuda/tests/test_backend_model \
+  build-cuda/tests/test_op_table \
   build-cuda/tests/cuda_bench build-cuda/attnres .devcarry/
-for bin in .devcarry/test_cuda .devcarry/test_backend .devcarry/test_backend_model \
+for bin in .devcarry/test_cuda .devcarry/test_backend .devcarry/test_backend_model .devcarry/test_op_table \
            .devcarry/cuda_bench .devcarry/attnres; do
   for lib in $(ldd "$bin" | awk '/=>/ {print $3}'); do
     case "$(basename "$lib")" in

@@ -69,7 +69,7 @@ Model::StagePass::StagePass() = default;
 Model::StagePass::~StagePass() = default;
 
 Model::Model(ModelConfig cfg, std::shared_ptr<Backend> be)
-    : cfg_(std::move(cfg)), be_(be ? be : cpu_backend()) {
+    : cfg_(cfg), be_(be ? be : cpu_backend()) {
   cfg_.resolve();
   cfg_.validate();
   main_ = std::make_unique<StagePass>();
