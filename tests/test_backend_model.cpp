@@ -582,8 +582,8 @@ TEST_P(BackendRuns, TrainingTracksTheCpuRun) {
     c.eval_every = 3;
     c.eval_batches = 2;
     c.save_every = 3;
-    c.device = device;
-    c.precision = precision;
+    c.device = parse_device(device);
+    c.precision = parse_precision(precision);
     c.cuda_graphs = graphs;
     TrainEvents ev;  // (no loss_hook: on a device that would keep the host's step)
     ev.on_step = [losses](const StepInfo& si) { losses->push_back(si.loss); };
@@ -652,7 +652,7 @@ TEST_P(BackendRuns, ADeviceRunResumesOnTheCpu) {
     c.adamw.lr = 5e-3;
     c.eval_every = 0;
     c.eval_batches = 2;
-    c.device = device;
+    c.device = parse_device(device);
     return c;
   };
   std::vector<double> whole, resumed;

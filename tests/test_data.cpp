@@ -316,7 +316,7 @@ TEST(PrepareData, ByteEndToEndAndCacheReuse) {
   write_file_atomic(d.file("corpus/a.txt"), text);
   DataOptions opt;
   opt.corpus_path = d.file("corpus");
-  opt.tokenizer = "byte";
+  opt.tokenizer = TokenizerKind::byte;
   opt.out_dir = d.file("out");
   opt.val_fraction = 0.1;
 
@@ -360,7 +360,7 @@ TEST(PrepareData, BpeTrainsOnceAndReuses) {
   write_file_atomic(d.file("corpus.txt"), text);
   DataOptions opt;
   opt.corpus_path = d.file("corpus.txt");
-  opt.tokenizer = "bpe";
+  opt.tokenizer = TokenizerKind::bpe;
   opt.vocab_size = 400;
   opt.out_dir = d.file("out");
 
@@ -400,7 +400,7 @@ TEST(PrepareData, OutputDirInsideCorpusIsNotRead) {
   write_file_atomic(d.file("corpus/a.txt"), sample_text(20000));
   DataOptions opt;
   opt.corpus_path = d.file("corpus");
-  opt.tokenizer = "bpe";
+  opt.tokenizer = TokenizerKind::bpe;
   opt.vocab_size = 400;
   opt.out_dir = d.file("corpus/run");
   PreparedData p = prepare_data(opt);
@@ -424,9 +424,8 @@ TEST(PrepareData, Errors) {
 
   write_file_atomic(d.file("ok.txt"), sample_text(1000));
   opt.corpus_path = d.file("ok.txt");
-  opt.tokenizer = "wordpiece";
-  EXPECT_NE(error_of([&] { prepare_data(opt); }).find("'byte' or 'bpe'"), std::string::npos);
-  opt.tokenizer = "byte";
+  EXPECT_NE(error_of([&] { parse_tokenizer_kind("wordpiece"); }).find("use byte or bpe"),
+            std::string::npos);
   opt.val_fraction = 0.0;
   EXPECT_NE(error_of([&] { prepare_data(opt); }).find("between 0 and 1"), std::string::npos);
   opt.val_fraction = 0.1;

@@ -32,7 +32,7 @@ attnres::TrainConfig config_from(const json& s, const std::string& mode, const j
                                  const std::string& out) {
   attnres::TrainConfig c;
   c.data_path = (kFixtures / "long_check_corpus.txt").string();
-  c.tokenizer = s.at("tokenizer");
+  c.tokenizer = attnres::parse_tokenizer_kind(s.at("tokenizer"));
   c.val_fraction = s.at("val_fraction");
   json m = s.at("model");
   m["residual"] = mode;
@@ -47,7 +47,7 @@ attnres::TrainConfig config_from(const json& s, const std::string& mode, const j
   c.adamw.beta2 = s.at("beta2");
   c.adamw.eps = s.at("adam_eps");
   c.adamw.weight_decay = s.at("weight_decay");
-  c.schedule.kind = s.at("schedule");
+  c.schedule.kind = attnres::parse_schedule_kind(s.at("schedule"));
   c.schedule.warmup_steps = s.at("warmup_steps");
   c.schedule.min_lr_ratio = s.at("min_lr_ratio");
   c.grad_clip = s.at("grad_clip");

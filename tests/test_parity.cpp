@@ -90,7 +90,7 @@ TEST_P(Parity, TenAdamWStepsMatch) {
   ac.eps = f.train.at("eps");
   ac.weight_decay = f.train.at("weight_decay");
   ScheduleConfig sc;
-  sc.kind = f.train.at("schedule");
+  sc.kind = parse_schedule_kind(f.train.at("schedule"));
   sc.warmup_steps = f.train.at("warmup_steps");
   sc.total_steps = f.train.at("total_steps");
   sc.min_lr_ratio = f.train.at("min_lr_ratio");

@@ -286,14 +286,14 @@ TEST(Train, LrSchedules) {
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 3), 1.0);
   EXPECT_NEAR(lr_at(s, 1.0, 12), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.5)), 1e-12);
   EXPECT_NEAR(lr_at(s, 1.0, 20), 0.1, 1e-12);
-  s.kind = "wsd";
+  s.kind = ScheduleKind::wsd;
   s.decay_fraction = 0.25;  // decay over the last 5 steps
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 10), 1.0);
   EXPECT_DOUBLE_EQ(lr_at(s, 1.0, 15), 1.0);
   EXPECT_NEAR(lr_at(s, 1.0, 20), 0.1, 1e-12);
   EXPECT_GT(lr_at(s, 1.0, 17), lr_at(s, 1.0, 18));
-  s.kind = "bogus";
-  EXPECT_THROW(s.validate(), Error);
+  EXPECT_THROW(parse_schedule_kind("bogus"), Error);
+  EXPECT_EQ(parse_schedule_kind(to_string(ScheduleKind::constant)), ScheduleKind::constant);
 }
 
 }  // namespace

@@ -25,11 +25,22 @@ class Backend;  // src/backend/backend.hpp
 // AttnRes depth mix reads bf16 copies of its sources (fp32 accumulation); the weights, their
 // gradients and the optimizer stay fp32 (the master copy), and so does every other op.
 enum class MatmulPrecision { fp32, bf16 };
-// "fp32" / "bf16"; throws Error naming the choices for anything else.
-MatmulPrecision parse_precision(const std::string& s);
+// Where a model's tensors live and its ops run (the table above).
+enum class Device { cpu, cuda, cuda_host };
 
-// The backend named `name` (cpu, cuda = cuda:0, cuda:N = the N-th GPU, cuda-host). Throws Error
-// naming the fix when it is unknown or unavailable here (built without CUDA, no GPU).
+// Each choice's name as the CLI spells it ("fp32", "bf16"; "cpu", "cuda", "cuda-host"), and the
+// parse back; anything else is an Error naming it and the choices.
+const char* to_string(MatmulPrecision p);
+const char* to_string(Device d);
+MatmulPrecision parse_precision(const std::string& s);
+Device parse_device(const std::string& s);
+
+// The backend of device d (for cuda: GPU number `gpu`) computing its matrix products at
+// precision p. Throws Error naming the fix when it is unavailable here (built without CUDA, no
+// GPU) or cannot compute at p (bf16 on the CPU).
+std::shared_ptr<Backend> make_backend(Device d, MatmulPrecision p = MatmulPrecision::fp32,
+                                      int gpu = 0);
+// The backend named `name` (cpu, cuda = cuda:0, cuda:N = the N-th GPU, cuda-host), at fp32.
 std::shared_ptr<Backend> make_backend(const std::string& name);
 // The process-wide CPU backend (what a Model uses unless told otherwise).
 const std::shared_ptr<Backend>& cpu_backend();

@@ -124,10 +124,10 @@ class TokenSpan {
 
 struct DataOptions {
   std::string corpus_path;
-  std::string tokenizer = "byte";  // "byte" | "bpe"
-  int32_t vocab_size = 4096;       // only for "bpe"
-  std::string out_dir;             // where tokenizer.model and tokens.bin are written (created)
-  double val_fraction = 0.1;       // the last val_fraction of the tokens is the validation split
+  TokenizerKind tokenizer = TokenizerKind::byte;
+  int32_t vocab_size = 4096;  // only for bpe
+  std::string out_dir;        // where tokenizer.model and tokens.bin are written (created)
+  double val_fraction = 0.1;  // the last val_fraction of the tokens is the validation split
 };
 
 struct PreparedData {

@@ -23,8 +23,14 @@ struct AdamWConfig {
 //   wsd:      constant ("stable"), then linear decay to lr * min_lr_ratio over the last
 //             decay_fraction of total_steps (warmup-stable-decay);
 //   constant: lr after warm-up.
+enum class ScheduleKind { cosine, wsd, constant };
+// The name as the CLI and train_config.json spell it, and the parse back (Error naming the
+// choices for anything else).
+const char* to_string(ScheduleKind k);
+ScheduleKind parse_schedule_kind(const std::string& s);
+
 struct ScheduleConfig {
-  std::string kind = "cosine";
+  ScheduleKind kind = ScheduleKind::cosine;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;
   double min_lr_ratio = 0.1;

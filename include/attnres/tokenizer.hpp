@@ -13,6 +13,12 @@
 
 namespace attnres {
 
+// Which tokenizer a new run trains on its corpus: the byte tokenizer, or SentencePiece BPE.
+enum class TokenizerKind { byte, bpe };
+// "byte" / "bpe", and the parse back (Error naming the choices for anything else).
+const char* to_string(TokenizerKind k);
+TokenizerKind parse_tokenizer_kind(const std::string& s);
+
 class Tokenizer {
  public:
   virtual ~Tokenizer();

@@ -15,8 +15,10 @@
 #include <optional>
 #include <string>
 
+#include "attnres/backend.hpp"
 #include "attnres/config.hpp"
 #include "attnres/optim.hpp"
+#include "attnres/tokenizer.hpp"
 
 namespace attnres {
 
@@ -26,8 +28,8 @@ class Communicator;
 
 struct TrainConfig {
   // data
-  std::string data_path;           // UTF-8 text file or directory of them
-  std::string tokenizer = "byte";  // byte | bpe
+  std::string data_path;  // UTF-8 text file or directory of them
+  TokenizerKind tokenizer = TokenizerKind::byte;
   int32_t bpe_vocab = 4096;
   double val_fraction = 0.1;
   // model (vocab_size and max_seq_len are filled in from the tokenizer and seq_len)
@@ -74,10 +76,10 @@ struct TrainConfig {
   // Where the model trains (attnres/backend.hpp): cpu, cuda or cuda-host. A runtime choice too;
   // other than cpu: data parallel only (no pipeline, no ZeRO-1); with several ranks on GPUs each
   // rank takes the GPU of its index on its host and gradients are summed with NCCL.
-  std::string device = "cpu";
+  Device device = Device::cpu;
   // The linear layers' GEMM precision (attnres/backend.hpp MatmulPrecision): fp32 or bf16 (bf16
   // inputs, fp32 accumulation, fp32 master weights; cuda and cuda-host). A runtime choice.
-  std::string precision = "fp32";
+  MatmulPrecision precision = MatmulPrecision::fp32;
   // Capture the training step as CUDA graphs and replay it (src/train/device_step.hpp): cuda (and
   // cuda-host, which records and replays the calls). A runtime choice.
   bool cuda_graphs = false;

@@ -14,15 +14,44 @@ const std::shared_ptr<Backend>& cpu_backend() {
   return *be;
 }
 
+const char* to_string(MatmulPrecision p) { return p == MatmulPrecision::bf16 ? "bf16" : "fp32"; }
+
+const char* to_string(Device d) {
+  switch (d) {
+    case Device::cuda:
+      return "cuda";
+    case Device::cuda_host:
+      return "cuda-host";
+    case Device::cpu:
+      break;
+  }
+  return "cpu";
+}
+
+Device parse_device(const std::string& s) {
+  for (Device d : {Device::cpu, Device::cuda, Device::cuda_host}) {
+    if (s == to_string(d)) return d;
+  }
+  throw Error("unknown device '" + s + "'; use cpu, cuda or cuda-host");
+}
+
+std::shared_ptr<Backend> make_backend(Device d, MatmulPrecision p, int gpu) {
+  std::shared_ptr<Backend> be = d == Device::cpu         ? cpu_backend()
+                                : d == Device::cuda_host ? make_cuda_host_backend()
+                                                         : make_cuda_backend(gpu);
+  be->set_matmul_precision(p);
+  return be;
+}
+
 std::shared_ptr<Backend> make_backend(const std::string& name) {
-  if (name == "cpu") return cpu_backend();
-  if (name == "cuda-host") return make_cuda_host_backend();
-  if (name == "cuda") return make_cuda_backend(0);
   if (name.rfind("cuda:", 0) == 0) {  // cuda:N, the N-th GPU
     const std::string k = name.substr(5);
     check(!k.empty() && k.size() < 6 && k.find_first_not_of("0123456789") == std::string::npos,
           "unknown device '" + name + "'; use cuda:N with N a GPU index");
     return make_cuda_backend(std::stoi(k));
+  }
+  for (Device d : {Device::cpu, Device::cuda, Device::cuda_host}) {
+    if (name == to_string(d)) return make_backend(d);
   }
   throw Error("unknown device '" + name + "'; use cpu, cuda, cuda:N or cuda-host");
 }
@@ -30,8 +59,9 @@ std::shared_ptr<Backend> make_backend(const std::string& name) {
 std::string backend_name(const Backend& be) { return be.name(); }
 
 MatmulPrecision parse_precision(const std::string& s) {
-  if (s == "fp32") return MatmulPrecision::fp32;
-  if (s == "bf16") return MatmulPrecision::bf16;
+  for (MatmulPrecision p : {MatmulPrecision::fp32, MatmulPrecision::bf16}) {
+    if (s == to_string(p)) return p;
+  }
   throw Error("unknown precision '" + s + "'; use fp32 or bf16");
 }
 

@@ -273,7 +273,7 @@ std::string self_args(const BenchArgs& a) {
                 static_cast<long long>(a.batch), static_cast<long long>(a.vocab),
                 static_cast<long long>(a.block_size), static_cast<long long>(a.steps),
                 static_cast<long long>(a.warmup), static_cast<long long>(a.decode_tokens),
-                a.dev.device.c_str(), a.dev.precision.c_str(),
+                to_string(a.dev.device), to_string(a.dev.precision),
                 a.cuda_graphs ? " --cuda-graphs" : "");
   return buf;
 }
@@ -342,19 +342,19 @@ double print_setup_and_ceiling(const BenchArgs& a) {
       static_cast<long long>(a.batch), static_cast<long long>(a.vocab), omp_get_max_threads(),
       static_cast<long long>(a.steps), static_cast<long long>(a.warmup));
   double ceiling = 0;
-  if (a.dev.device == "cpu") {
+  if (a.dev.device == Device::cpu) {
     std::fflush(stdout);
     ceiling = sgemm_gflops(2048);
     std::printf("sgemm ceiling (2048^3, oneDNN): %.1f GFLOP/s\n\n", ceiling);
   } else {
     // Every op timed when the profiler is on (the one profiled step below); off, a branch per op.
     std::shared_ptr<Backend> be = make_profiled_backend(open_backend(a.dev));
-    const int64_t n = a.dev.device == "cuda-host" ? 256 : 4096;  // the emulation is slow
-    std::printf("device %s, %s matrix products\n", be->name().c_str(), a.dev.precision.c_str());
+    const int64_t n = a.dev.device == Device::cuda_host ? 256 : 4096;  // the emulation is slow
+    std::printf("device %s, %s matrix products\n", be->name().c_str(), to_string(a.dev.precision));
     std::fflush(stdout);
     ceiling = device_gemm_gflops(*be, n);
     std::printf("sgemm ceiling (%lld^3, the device's GEMM at %s): %.1f GFLOP/s\n\n",
-                static_cast<long long>(n), a.dev.precision.c_str(), ceiling);
+                static_cast<long long>(n), to_string(a.dev.precision), ceiling);
   }
   std::fflush(stdout);
   return ceiling;
@@ -489,9 +489,9 @@ void run_bench(const BenchArgs& a) {
     return;
   }
   open_backend(a.dev);  // bad --device / --precision: an error before any work
-  check(!a.cuda_graphs || a.dev.device != "cpu",
+  check(!a.cuda_graphs || a.dev.device != Device::cpu,
         "--cuda-graphs captures the steps on --device cuda (or cuda-host, its emulation)");
-  check(a.torch_pythons.empty() || a.dev.device == "cpu",
+  check(a.torch_pythons.empty() || a.dev.device == Device::cpu,
         "--torch compares with PyTorch on the CPU: drop --torch, or use --device cpu");
   const std::vector<std::string> modes = split_list(a.modes);
   check(a.torch_pythons.empty() || std::find(modes.begin(), modes.end(), "prenorm") != modes.end(),
@@ -502,14 +502,14 @@ void run_bench(const BenchArgs& a) {
                   {"batch_size", a.batch},
                   {"seq_len", a.seq_len},
                   {"threads", omp_get_max_threads()},
-                  {"device", a.dev.device},
-                  {"precision", a.dev.precision},
+                  {"device", to_string(a.dev.device)},
+                  {"precision", to_string(a.dev.precision)},
                   {"sgemm_gflops", ceiling}};
   const std::string weights =
       (fs::temp_directory_path() / ("attnres_bench_" + std::to_string(::getpid()) + ".safetensors"))
           .string();
   results["modes"] = run_rounds(a, modes, weights);
-  print_training(results["modes"], ceiling, a.dev.device == "cpu");
+  print_training(results["modes"], ceiling, a.dev.device == Device::cpu);
   results["inference_interleaved"] = print_inference(a, modes);
   const json* base = prenorm_row(results["modes"]);
   if (!a.torch_pythons.empty() && base) {

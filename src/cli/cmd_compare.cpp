@@ -311,7 +311,7 @@ std::vector<Group> make_groups(const CompareArgs& a, const std::vector<std::stri
 // One tokenizer and token cache for every run, in out/data.
 PreparedData prepare_compare_data(const CompareArgs& a) {
   // The device and precision work here (before the data is prepared).
-  make_backend(a.base.cfg.device)->set_matmul_precision(parse_precision(a.base.cfg.precision));
+  make_backend(a.base.cfg.device, a.base.cfg.precision);
   fs::create_directories(a.out);
   const std::string data_dir = (fs::path(a.out) / "data").string();
   DataOptions dopt;
@@ -321,7 +321,7 @@ PreparedData prepare_compare_data(const CompareArgs& a) {
   dopt.out_dir = data_dir;
   dopt.val_fraction = a.base.cfg.val_fraction;
   std::printf("preparing data: %s (tokenizer %s)\n", dopt.corpus_path.c_str(),
-              dopt.tokenizer.c_str());
+              to_string(dopt.tokenizer));
   std::fflush(stdout);
   return prepare_data(dopt);
 }

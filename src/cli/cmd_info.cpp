@@ -37,17 +37,13 @@ void run_info(const std::string& path) {
   // Parameter counts by role.
   std::map<std::string, int64_t> groups;
   for (const ParamEntry& e : model->layout().entries()) {
-    std::string g = "other";
-    if (e.name == "tok_embeddings.weight")
-      g = "embedding";
-    else if (e.name == "output.weight")
-      g = "lm head";
-    else if (e.name.find(".attention.") != std::string::npos)
-      g = "attention";
-    else if (e.name.find(".feed_forward.") != std::string::npos)
-      g = "mlp";
-    else if (e.name.find("norm.weight") != std::string::npos)
-      g = "norms";
+    const ParamTag& t = e.tag;
+    const char* g = t.role == ParamRole::embedding ? "embedding"
+                    : t.role == ParamRole::lm_head ? "lm head"
+                    : t.role == ParamRole::norm    ? "norms"
+                    : t.sublayer < 0               ? "other"
+                    : t.sublayer % 2 == 0          ? "attention"
+                                                   : "mlp";
     groups[g] += e.numel;
   }
   std::printf("parameters: %lld total\n", static_cast<long long>(model->num_params()));

@@ -11,7 +11,8 @@
 namespace attnres::cli {
 
 struct DeviceArgs {
-  std::string device = "cpu", precision = "fp32";
+  Device device = Device::cpu;
+  MatmulPrecision precision = MatmulPrecision::fp32;
 };
 
 // Registers --device and --precision on s, bound to a.

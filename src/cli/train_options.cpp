@@ -1,6 +1,8 @@
 // Options shared by `attnres train` and `attnres compare`, and the Ctrl-C handler.
 #include "cli/train_options.hpp"
 
+#include "cli/enum_option.hpp"
+
 #include <pthread.h>
 #include <signal.h>
 
@@ -90,24 +92,22 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
   TrainConfig& c = a.cfg;
   s->add_option("--data", c.data_path, "UTF-8 text file or directory of them")
       ->capture_default_str();
-  s->add_option("--tokenizer", c.tokenizer, "byte | bpe (SentencePiece BPE trained on the corpus)")
-      ->capture_default_str();
+  add_enum_option(s, "--tokenizer", c.tokenizer, parse_tokenizer_kind,
+                  "byte | bpe (SentencePiece BPE trained on the corpus)", {"byte", "bpe"});
   s->add_option("--vocab-size", c.bpe_vocab, "BPE vocabulary size")->capture_default_str();
   s->add_option("--val-fraction", c.val_fraction, "Held-out fraction of the tokens")
       ->capture_default_str();
-  s->add_option("--device", c.device,
-                "Where the model trains: cpu; cuda (an NVIDIA GPU, in a build with "
-                "-DATTNRES_CUDA=ON); cuda-host (the CUDA kernels emulated on the CPU: slow, for "
-                "tests). Not cpu: no --pipeline or --zero1; under mpirun each rank takes one GPU "
-                "and gradients are summed with NCCL")
-      ->check(CLI::IsMember({"cpu", "cuda", "cuda-host"}))
-      ->capture_default_str();
-  s->add_option("--precision", c.precision,
-                "Matrix-product precision: fp32, or bf16 (bf16 operands on the tensor cores for "
-                "the linear layers and attention, bf16 copies of the depth-mix sources, fp32 "
-                "accumulation and master weights; --device cuda or cuda-host)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
+  add_enum_option(s, "--device", c.device, parse_device,
+                  "Where the model trains: cpu; cuda (an NVIDIA GPU, in a build with "
+                  "-DATTNRES_CUDA=ON); cuda-host (the CUDA kernels emulated on the CPU: slow, for "
+                  "tests). Not cpu: no --pipeline or --zero1; under mpirun each rank takes one "
+                  "GPU and gradients are summed with NCCL",
+                  {"cpu", "cuda", "cuda-host"});
+  add_enum_option(s, "--precision", c.precision, parse_precision,
+                  "Matrix-product precision: fp32, or bf16 (bf16 operands on the tensor cores for "
+                  "the linear layers and attention, bf16 copies of the depth-mix sources, fp32 "
+                  "accumulation and master weights; --device cuda or cuda-host)",
+                  {"fp32", "bf16"});
   s->add_flag("--cuda-graphs", c.cuda_graphs,
               "Capture the training step as CUDA graphs after its first run and replay them "
               "(--device cuda or cuda-host): one launch per micro-batch and one per update instead "
@@ -127,14 +127,9 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
        "unless --attnres-key-eps)")
       ->capture_default_str();
   ResidualConfig& r = c.model.residual;
-  // The enum options: their names checked by CLI11, then parsed into the config.
   auto named = [s](const char* flag, auto& field, auto parse, const char* help,
                    std::vector<std::string> names) {
-    s->add_option_function<std::string>(
-         flag, [&field, parse](const std::string& v) { field = parse(v); }, help)
-        ->check(CLI::IsMember(std::move(names)))
-        ->type_name("TEXT")
-        ->default_str(to_string(field));
+    add_enum_option(s, flag, field, parse, help, std::move(names));
   };
   named("--residual", r.mode, parse_residual_mode,
         "Residual: prenorm | full | block | static | denseformer",
@@ -173,7 +168,8 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
   s->add_option("--min-lr-ratio", c.schedule.min_lr_ratio, "Final lr / peak lr")
       ->capture_default_str();
   s->add_option("--warmup", c.schedule.warmup_steps, "Linear warm-up steps")->capture_default_str();
-  s->add_option("--schedule", c.schedule.kind, "cosine | wsd | constant")->capture_default_str();
+  add_enum_option(s, "--schedule", c.schedule.kind, parse_schedule_kind, "cosine | wsd | constant",
+                  {"cosine", "wsd", "constant"});
   s->add_option("--decay-fraction", c.schedule.decay_fraction, "WSD: fraction of steps decaying")
       ->capture_default_str();
   s->add_option("--weight-decay", c.adamw.weight_decay, "AdamW decoupled weight decay")

@@ -13,17 +13,14 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/host_device.hpp"
 #include "core/step_scalars.hpp"
-
-#if defined(__CUDACC__)
-#define ATTNRES_HD __host__ __device__
-#else
-#define ATTNRES_HD
-#endif
+#include "ops/row_math.hpp"
 
 namespace attnres::cuda::rows {
 
-ATTNRES_HD inline float sigmoidf(float a) { return 1.0f / (1.0f + ::expf(-a)); }
+namespace row = ops::row;  // the arithmetic of one row, shared with the CPU ops
+using row::sigmoid;
 
 // bf16 = the top 16 bits of an fp32, rounded to nearest even; NaN stays a (quiet) NaN.
 // Bit-exact with __float2bfloat16_rn and torch's .to(torch.bfloat16).
@@ -202,13 +199,7 @@ struct SoftmaxSmall {
   float* w;
   const float* z;
   int64_t S;
-  ATTNRES_HD void operator()(int64_t) const {
-    double mx = z[0];
-    for (int64_t i = 1; i < S; i++) mx = z[i] > mx ? z[i] : mx;
-    double sum = 0.0;
-    for (int64_t i = 0; i < S; i++) sum += ::exp(static_cast<double>(z[i]) - mx);
-    for (int64_t i = 0; i < S; i++) w[i] = static_cast<float>(::exp(z[i] - mx) / sum);
-  }
+  ATTNRES_HD void operator()(int64_t) const { row::softmax_small(w, z, S); }
 };
 // One thread: dz (S) += a_i (da_i - sum_j a_j da_j), the softmax's backward (in double).
 struct SoftmaxSmallBackward {
@@ -216,11 +207,7 @@ struct SoftmaxSmallBackward {
   const float* a;
   const float* da;
   int64_t S;
-  ATTNRES_HD void operator()(int64_t) const {
-    double dot = 0.0;
-    for (int64_t i = 0; i < S; i++) dot += static_cast<double>(a[i]) * da[i];
-    for (int64_t i = 0; i < S; i++) dz[i] += static_cast<float>(a[i] * (da[i] - dot));
-  }
+  ATTNRES_HD void operator()(int64_t) const { row::softmax_small_backward(dz, a, da, S); }
 };
 // index t = i P + p: part[t] = sum over k = p, p + P, ... < n of dout[k] src[i][k] (double)
 struct ScalarMixDot {
@@ -281,15 +268,11 @@ struct RmsNormForward {
   int64_t C;
   float eps;
   ATTNRES_HD void operator()(int64_t n) const {
-    const float* x = inp + n * C;
-    float ss = 0.0f;
-    for (int64_t c = 0; c < C; c++) ss += x[c] * x[c];
-    const float r = 1.0f / ::sqrtf(ss / static_cast<float>(C) + eps);
+    const float r = row::rmsnorm(out + n * C, inp + n * C, g, C, eps);
     if (rstd) rstd[n] = r;
-    for (int64_t c = 0; c < C; c++) out[n * C + c] = x[c] * r * g[c];
   }
 };
-// index n: dx = r (g dy) - r^3 x / C * sum_j g_j dy_j x_j
+// index n: dx += r (g dy - xhat mean(g dy xhat)), xhat = x r (the gain's gradient: below)
 struct RmsNormBackwardInput {
   float* dinp;
   const float* dout;
@@ -298,13 +281,7 @@ struct RmsNormBackwardInput {
   const float* rstd;
   int64_t C;
   ATTNRES_HD void operator()(int64_t n) const {
-    const float* x = inp + n * C;
-    const float* dy = dout + n * C;
-    const float r = rstd[n];
-    float dot = 0.0f;
-    for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
-    const float k = r * r * r * dot / static_cast<float>(C);
-    for (int64_t c = 0; c < C; c++) dinp[n * C + c] += r * g[c] * dy[c] - k * x[c];
+    row::rmsnorm_backward(dinp + n * C, nullptr, dout + n * C, inp + n * C, g, rstd[n], C);
   }
 };
 // The gain's gradient dg[c] += sum_n dy[n,c] x[n,c] r[n] in two coalesced passes: partial sums over
@@ -355,7 +332,7 @@ struct SwigluForward {
   ATTNRES_HD void operator()(int64_t i) const {
     const int64_t n = i / F, f = i % F;
     const float a = h13[n * 2 * F + f], b = h13[n * 2 * F + F + f];
-    out[i] = a * sigmoidf(a) * b;
+    out[i] = row::swiglu(a, b, sigmoid(a));
   }
 };
 struct SwigluBackward {
@@ -366,9 +343,7 @@ struct SwigluBackward {
   ATTNRES_HD void operator()(int64_t i) const {
     const int64_t n = i / F, f = i % F;
     const float a = h13[n * 2 * F + f], b = h13[n * 2 * F + F + f];
-    const float s = sigmoidf(a), dy = dout[i];
-    dh13[n * 2 * F + f] += dy * b * s * (1.0f + a * (1.0f - s));
-    dh13[n * 2 * F + F + f] += dy * a * s;
+    row::swiglu_backward(&dh13[n * 2 * F + f], &dh13[n * 2 * F + F + f], dout[i], a, b, sigmoid(a));
   }
 };
 
@@ -504,7 +479,7 @@ struct DepthMixForward {
         w = ::expf(s - mx);
         z += w;
       } else {
-        w = sigmoidf(s);
+        w = sigmoid(s);
       }
       for (int64_t c = 0; c < dh; c++) out[c] += w * v.at(off + c);
     }
@@ -546,7 +521,7 @@ struct DepthMixPhase2 {
     const int64_t n = idx / m.H, h = idx % m.H, dh = m.dh(), off = n * m.d + h * dh;
     const float s = depth_score(p, q + h * dh, m, n, h);
     const float l1 = lse1[idx];
-    const float w = sigmoidf(s - l1);
+    const float w = sigmoid(s - l1);
     for (int64_t c = 0; c < dh; c++) x[off + c] = o1[off + c] + w * (p.at(off + c) - o1[off + c]);
     const float mx = s > l1 ? s : l1;
     lse[idx] = mx + ::logf(::expf(l1 - mx) + ::expf(s - mx));
@@ -579,11 +554,11 @@ struct DepthMixBackward {
     }
     for (int64_t i = 0; i < S; i++) {
       const float s = depth_score(src[i], qh, m, n, h);
-      const float a = m.softmax ? ::expf(s - lse[idx]) : sigmoidf(s);
+      const float a = row::depth_weight(s, lse[idx], m.softmax);
       const Source& sv = src[i];
       float gv = 0.0f;
       for (int64_t c = 0; c < dh; c++) gv += g[c] * sv.at(off + c);
-      const float ds = m.softmax ? a * (gv - D) : a * (1.0f - a) * gv;
+      const float ds = row::depth_score_grad(a, gv, D, m.softmax);
       const float r = m.key_norm ? src[i].rstd[idx] : 1.0f;
       const float k = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
       if (src[i].dv) {
@@ -647,8 +622,8 @@ struct DepthSourceBackward {
         gv += g[c] * src.at(off + c);
       }
       const float s = m.key_norm ? qv * r : qv;
-      const float a = m.softmax ? ::expf(s - R.lse[idx]) : sigmoidf(s);
-      const float ds = m.softmax ? a * (gv - R.D[idx]) : a * (1.0f - a) * gv;
+      const float a = row::depth_weight(s, R.lse[idx], m.softmax);
+      const float ds = row::depth_score_grad(a, gv, R.D[idx], m.softmax);
       const float kk = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
       for (int64_t c = 0; c < dh; c++) d[c] += a * g[c] + ds * (r * qh[c] - kk * src.at(off + c));
       dsr[(h * K + k) * N + n] = ds * r;
@@ -799,8 +774,8 @@ struct AttnRowDot {
   }
 };
 
-// ---- AdamW ----  torch.optim.AdamW's update of one element (see attnres/optim.hpp):
-// step_size = lr / (1 - b1^t), inv_bc2_sqrt = 1 / sqrt(1 - b2^t), decay = 1 - lr wd (or 1).
+// ---- AdamW ----  torch.optim.AdamW's update of element i (row_math.hpp; attnres/optim.hpp):
+// decay = 1 - lr wd (or 1).
 struct AdamW {
   float* p;
   const float* g;
@@ -808,12 +783,8 @@ struct AdamW {
   float* v;
   float b1, b2, step_size, inv_bc2_sqrt, eps, grad_scale, decay;
   ATTNRES_HD void operator()(int64_t i) const {
-    const float gi = grad_scale == 1.0f ? g[i] : g[i] * grad_scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * decay - step_size * mi / (::sqrtf(vi) * inv_bc2_sqrt + eps);
+    row::adamw(&p[i], g[i], &m[i], &v[i], decay,
+               ops::AdamStep{b1, b2, step_size, inv_bc2_sqrt, eps, grad_scale});
   }
 };
 

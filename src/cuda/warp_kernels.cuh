@@ -181,7 +181,7 @@ struct DepthMixForward {
         w = ::expf(s - mx);
         z += w;
       } else {
-        w = rows::sigmoidf(s);
+        w = rows::sigmoid(s);
       }
       ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) acc[j] += w * vv[j];
@@ -229,8 +229,8 @@ struct DepthMixBackward {
       gv = warp_sum(gv);
       const float r = m.key_norm ? f.src[i].rstd[idx] : 1.0f;
       const float s = m.key_norm ? dot * r : dot;
-      const float a = m.softmax ? ::expf(s - lse) : rows::sigmoidf(s);
-      const float ds = m.softmax ? a * (gv - D) : a * (1.0f - a) * gv;
+      const float a = ops::row::depth_weight(s, lse, m.softmax);
+      const float ds = ops::row::depth_score_grad(a, gv, D, m.softmax);
       const float k = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
       if (f.src[i].dv) {
         float* dv = f.src[i].dv + off;
@@ -297,8 +297,8 @@ struct DepthSourceBackward {
       qv = warp_sum(qv);
       gv = warp_sum(gv);
       const float s = m.key_norm ? qv * r : qv;
-      const float a = m.softmax ? ::expf(s - R.lse[idx]) : rows::sigmoidf(s);
-      const float ds = m.softmax ? a * (gv - R.D[idx]) : a * (1.0f - a) * gv;
+      const float a = ops::row::depth_weight(s, R.lse[idx], m.softmax);
+      const float ds = ops::row::depth_score_grad(a, gv, R.D[idx], m.softmax);
       const float kk = m.key_norm ? s * r * r / static_cast<float>(dh) : 0.0f;
       ATTNRES_UNROLL
       for (int j = 0; j < kMaxPerLane; j++) dv[j] += a * g[j] + ds * (r * q[j] - kk * vv[j]);
@@ -384,7 +384,7 @@ struct DepthMixPhase2 {  // row = n * H + h
     dot = warp_sum(dot);
     const float s = m.key_norm ? dot * f.p.rstd[idx] : dot;
     const float l1 = f.lse1[idx];
-    const float w = rows::sigmoidf(s - l1);
+    const float w = rows::sigmoid(s - l1);
     for (int64_t c = lane; c < dh; c += kWarp) {
       f.x[off + c] = f.o1[off + c] + w * (f.p.at(off + c) - f.o1[off + c]);
     }

@@ -29,8 +29,7 @@ std::string now_iso() {
 }
 
 double time_step(const TrainConfig& cfg) {
-  std::shared_ptr<Backend> be = make_backend(cfg.device);
-  be->set_matmul_precision(parse_precision(cfg.precision));
+  std::shared_ptr<Backend> be = make_backend(cfg.device, cfg.precision);
   Model m(cfg.model, be);
   m.init_weights(1);
   const int64_t n = cfg.batch_size * cfg.seq_len;

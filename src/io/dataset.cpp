@@ -150,8 +150,6 @@ std::string read_if_exists(const std::string& path) {
 PreparedData prepare_data(const DataOptions& opt) {
   check(!opt.out_dir.empty(),
         "data preparation needs an output directory for the tokenizer and token cache");
-  check(opt.tokenizer == "byte" || opt.tokenizer == "bpe",
-        "unknown tokenizer '" + opt.tokenizer + "'; use 'byte' or 'bpe'");
   check(opt.val_fraction > 0.0 && opt.val_fraction < 1.0,
         "validation fraction " + std::to_string(opt.val_fraction) +
             " must be strictly between 0 and 1 (e.g. 0.1)");
@@ -169,7 +167,7 @@ PreparedData prepare_data(const DataOptions& opt) {
   pd.replaced_invalid_utf8 = corpus.replaced_invalid_utf8;
   const uint64_t text_hash = fnv1a64(corpus.text);
 
-  if (opt.tokenizer == "byte") {
+  if (opt.tokenizer == TokenizerKind::byte) {
     pd.tokenizer = make_byte_tokenizer();
   } else {
     const std::string model_path = join_path(opt.out_dir, "tokenizer.model");

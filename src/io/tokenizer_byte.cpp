@@ -49,6 +49,15 @@ class ByteTokenizer final : public Tokenizer {
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
+const char* to_string(TokenizerKind k) { return k == TokenizerKind::bpe ? "bpe" : "byte"; }
+
+TokenizerKind parse_tokenizer_kind(const std::string& s) {
+  for (TokenizerKind k : {TokenizerKind::byte, TokenizerKind::bpe}) {
+    if (s == to_string(k)) return k;
+  }
+  throw Error("unknown tokenizer '" + printable(s) + "'; use byte or bpe");
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& ref, const std::string& base_dir) {
   if (ref == "byte") return make_byte_tokenizer();
   const std::string prefix = "sentencepiece:";

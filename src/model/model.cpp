@@ -43,9 +43,10 @@ struct Model::Acts {
   // backward scratch, reused by every layer
   Buf d_a, d_b, d_c, d_att;
   // The backend's keepsakes of each GEMM between forward and backward (MatmulMemo): per layer
-  // qkv, wo, w13, w2 at 4 j + 0..3, then the LM head.
+  // one per Gemm, then the LM head.
+  enum Gemm { qkv_proj, out_proj, mlp_in, mlp_out, kGemmsPerLayer };  // wqkv, wo, w13, w2
   std::vector<MatmulMemo> memo;
-  MatmulMemo* mm(int64_t j, int k) { return &memo[static_cast<size_t>(4 * j + k)]; }
+  MatmulMemo* mm(int64_t j, Gemm g) { return &memo[static_cast<size_t>(kGemmsPerLayer * j + g)]; }
   MatmulMemo* head_mm() { return &memo.back(); }
   // The GEMM-only inputs xn_att, xn_mlp and gate (read by nothing but their GEMMs) are kept per
   // layer, or, with bf16 products on a device, whose memos keep their bf16 copies for the
@@ -55,11 +56,12 @@ struct Model::Acts {
 };
 
 namespace {
-// Layer j's input of its k-th GEMM (n floats per layer) for that GEMM's backward. When one
+// Layer j's input of its GEMM g (n floats per layer) for that GEMM's backward. When one
 // layer's buffer serves all, only the memo's bf16 copy still holds layer j's values: the backend
 // must use it (it does while the memo is valid, which a forward and its backward keep).
-const float* gemm_input(Model::Acts& a, const DevBuf<float>& buf, int64_t j, int k, int64_t n) {
-  check(!a.shared_inputs || a.mm(j, k)->valid,
+const float* gemm_input(Model::Acts& a, const DevBuf<float>& buf, int64_t j, Model::Acts::Gemm g,
+                        int64_t n) {
+  check(!a.shared_inputs || a.mm(j, g)->valid,
         "internal: a layer's GEMM input is kept only in bf16, but its copy is gone");
   return buf.data() + a.in_j(j) * n;
 }
@@ -151,23 +153,31 @@ namespace {
 // The parameters every residual mode has, in checkpoint order.
 void add_core_params(const ModelConfig& c, ParamLayout& layout) {
   const int64_t d = c.d_model, hd = c.head_dim(), F = c.ffn_hidden;
-  layout.add("tok_embeddings.weight", {c.vocab_size, d}, false);
+  using R = ParamRole;
+  // Matrices decay, vectors and the embedding do not; `next` continues the previous tensor.
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamTag tag,
+                 bool next = false) {
+    const bool decay = tag.role != R::norm && tag.role != R::embedding;
+    layout.add(name, std::move(shape), decay, next, tag);
+  };
+  add("tok_embeddings.weight", {c.vocab_size, d}, {R::embedding});
   for (int64_t i = 0; i < c.n_layer; i++) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    layout.add(p + "attention_norm.weight", {d}, false);
+    const int64_t att = 2 * i, mlp = 2 * i + 1;  // the sublayers
+    add(p + "attention_norm.weight", {d}, {R::norm, att});
     // wq|wk|wv contiguous: one stacked ((H+2Hkv)hd, d) matrix, one GEMM.
-    layout.add(p + "attention.wq.weight", {c.n_head * hd, d}, true);
-    layout.add(p + "attention.wk.weight", {c.n_kv_head * hd, d}, true, true);
-    layout.add(p + "attention.wv.weight", {c.n_kv_head * hd, d}, true, true);
-    layout.add(p + "attention.wo.weight", {d, c.n_head * hd}, true);
-    layout.add(p + "ffn_norm.weight", {d}, false);
+    add(p + "attention.wq.weight", {c.n_head * hd, d}, {R::linear, att});
+    add(p + "attention.wk.weight", {c.n_kv_head * hd, d}, {R::linear, att}, true);
+    add(p + "attention.wv.weight", {c.n_kv_head * hd, d}, {R::linear, att}, true);
+    add(p + "attention.wo.weight", {d, c.n_head * hd}, {R::out_proj, att});
+    add(p + "ffn_norm.weight", {d}, {R::norm, mlp});
     // w1|w3 contiguous: one stacked (2F, d) matrix.
-    layout.add(p + "feed_forward.w1.weight", {F, d}, true);
-    layout.add(p + "feed_forward.w3.weight", {F, d}, true, true);
-    layout.add(p + "feed_forward.w2.weight", {d, F}, true);
+    add(p + "feed_forward.w1.weight", {F, d}, {R::linear, mlp});
+    add(p + "feed_forward.w3.weight", {F, d}, {R::linear, mlp}, true);
+    add(p + "feed_forward.w2.weight", {d, F}, {R::out_proj, mlp});
   }
-  layout.add("norm.weight", {d}, false);
-  if (!c.tied) layout.add("output.weight", {c.vocab_size, d}, true);
+  add("norm.weight", {d}, {R::norm});
+  if (!c.tied) add("output.weight", {c.vocab_size, d}, {R::lm_head});
 }
 
 }  // namespace
@@ -209,12 +219,11 @@ void Model::init_weights(uint64_t seed) {
     // changes the others' values.
     Rng rng(splitmix64(seed) ^ splitmix64(0x5EED0000ull + k));
     if (k >= n_core_entries_) continue;  // the router initialises its own parameters below
-    if (e.name.find("norm.weight") != std::string::npos) {
+    if (e.tag.role == ParamRole::norm) {
       for (int64_t i = 0; i < e.numel; i++) w[i] = 1.0f;
       continue;
     }
-    const bool is_out_proj = e.name.ends_with("wo.weight") || e.name.ends_with("w2.weight");
-    const double sd = is_out_proj ? std_out : std_w;
+    const double sd = e.tag.role == ParamRole::out_proj ? std_out : std_w;
     for (int64_t i = 0; i < e.numel; i++) w[i] = static_cast<float>(sd * rng.normal());
   }
   main_->router->init_params(P);
@@ -233,7 +242,8 @@ void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
   const int64_t H = cfg_.n_head, hd = cfg_.head_dim(), F = cfg_.ffn_hidden;
   const int64_t QKV = (H + 2 * cfg_.n_kv_head) * hd;
   const int64_t att = be_->attention_state_floats({B, T, H, cfg_.n_kv_head, hd});
-  if (a.memo.size() != static_cast<size_t>(4 * nl + 1)) a.memo.resize(4 * nl + 1);
+  const auto n_memo = static_cast<size_t>(Acts::kGemmsPerLayer * nl + 1);
+  if (a.memo.size() != n_memo) a.memo.resize(n_memo);
   const bool shared = be_->matmul_precision() == MatmulPrecision::bf16;
   if (N <= a.cap_rows && att <= a.cap_att && shared == a.shared_inputs) return;
   a.shared_inputs = shared;
@@ -352,11 +362,12 @@ double Model::run_staged(StagePass& p, float* step_scalars) {
     float* att = a.att.data() + j * a.cap_att;
     float* atty = a.atty.data() + j * N * HD;
     be.rmsnorm_forward(xn, a.rstd_att.data() + j * N, router.input(2 * i), w.attn_norm, N, d, eps);
-    be.matmul_forward(qkv, xn, w.wqkv, N, d, QKV, false, a.mm(j, 0));
+    be.matmul_forward(qkv, xn, w.wqkv, N, d, QKV, false, a.mm(j, Acts::qkv_proj));
     be.rope_forward(qkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
     be.rope_forward(qkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV, 0);
     be.attention_forward(atty, att, qkv, as);
-    be.matmul_forward(router.output_slot(2 * i), atty, w.wo, N, HD, d, false, a.mm(j, 1));
+    be.matmul_forward(router.output_slot(2 * i), atty, w.wo, N, HD, d, false,
+                      a.mm(j, Acts::out_proj));
     record(2 * i);
     {
       const prof::Region pr(prof::kResidual);
@@ -368,9 +379,10 @@ double Model::run_staged(StagePass& p, float* step_scalars) {
     float* gate = a.gate.data() + a.in_j(j) * N * F;
     be.rmsnorm_forward(xm, a.rstd_mlp.data() + j * N, router.input(2 * i + 1), w.ffn_norm, N, d,
                        eps);
-    be.matmul_forward(h13, xm, w.w13, N, d, 2 * F, false, a.mm(j, 2));
+    be.matmul_forward(h13, xm, w.w13, N, d, 2 * F, false, a.mm(j, Acts::mlp_in));
     be.swiglu_forward(gate, h13, N, F);
-    be.matmul_forward(router.output_slot(2 * i + 1), gate, w.w2, N, F, d, false, a.mm(j, 3));
+    be.matmul_forward(router.output_slot(2 * i + 1), gate, w.w2, N, F, d, false,
+                      a.mm(j, Acts::mlp_out));
     record(2 * i + 1);
     {
       const prof::Region pr(prof::kResidual);
@@ -452,13 +464,13 @@ void Model::run_backward(StagePass& p) {
         dy = router.grad_output(l);
       }
       float* dgate = zeroed(a.d_a, N * F);
-      be.matmul_backward(dgate, grad_of(w.w2), dy, gemm_input(a, a.gate, j, 3, N * F), w.w2, N, F,
-                         d, a.mm(j, 3));
+      be.matmul_backward(dgate, grad_of(w.w2), dy, gemm_input(a, a.gate, j, Acts::mlp_out, N * F),
+                         w.w2, N, F, d, a.mm(j, Acts::mlp_out));
       float* dh13 = zeroed(a.d_b, N * 2 * F);
       be.swiglu_backward(dh13, dgate, a.h13.data() + j * N * 2 * F, N, F);
       float* dxn = zeroed(a.d_c, N * d);
-      be.matmul_backward(dxn, grad_of(w.w13), dh13, gemm_input(a, a.xn_mlp, j, 2, N * d), w.w13, N,
-                         d, 2 * F, a.mm(j, 2));
+      be.matmul_backward(dxn, grad_of(w.w13), dh13, gemm_input(a, a.xn_mlp, j, Acts::mlp_in, N * d),
+                         w.w13, N, d, 2 * F, a.mm(j, Acts::mlp_in));
       float* dx = router.grad_input_slot(l);
       be.rmsnorm_backward(dx, grad_of(w.ffn_norm), dxn, router.input(l), w.ffn_norm,
                           a.rstd_mlp.data() + j * N, N, d);
@@ -477,15 +489,16 @@ void Model::run_backward(StagePass& p) {
       }
       float* datty = zeroed(a.d_a, N * HD);
       be.matmul_backward(datty, grad_of(w.wo), dy, a.atty.data() + j * N * HD, w.wo, N, HD, d,
-                         a.mm(j, 1));
+                         a.mm(j, Acts::out_proj));
       float* dqkv = zeroed(a.d_b, N * QKV);
       be.attention_backward(dqkv, a.d_att.data(), datty, a.qkv.data() + j * N * QKV,
                             a.atty.data() + j * N * HD, a.att.data() + j * a.cap_att, as);
       be.rope_backward(dqkv, rope_cos_.data(), rope_sin_.data(), B, T, as.H, as.hd, QKV, 0);
       be.rope_backward(dqkv + HD, rope_cos_.data(), rope_sin_.data(), B, T, as.Hkv, as.hd, QKV, 0);
       float* dxn = zeroed(a.d_c, N * d);
-      be.matmul_backward(dxn, grad_of(w.wqkv), dqkv, gemm_input(a, a.xn_att, j, 0, N * d), w.wqkv,
-                         N, d, QKV, a.mm(j, 0));
+      be.matmul_backward(dxn, grad_of(w.wqkv), dqkv,
+                         gemm_input(a, a.xn_att, j, Acts::qkv_proj, N * d), w.wqkv, N, d, QKV,
+                         a.mm(j, Acts::qkv_proj));
       float* dx = router.grad_input_slot(l);
       be.rmsnorm_backward(dx, grad_of(w.attn_norm), dxn, router.input(l), w.attn_norm,
                           a.rstd_att.data() + j * N, N, d);
@@ -527,13 +540,11 @@ std::vector<double> Model::sublayer_grad_norms() const {
   std::vector<double> ss(cfg_.n_sublayers(), 0.0);
   for (size_t k = 0; k < n_core_entries_; k++) {
     const ParamEntry& e = layout_.entries()[k];
-    if (e.name.rfind("layers.", 0) != 0) continue;
-    const int64_t i = std::stoll(e.name.substr(7));
-    const bool attn = e.name.find(".attention") != std::string::npos;  // incl. attention_norm
+    if (e.tag.sublayer < 0) continue;
     const float* g = G + e.offset;
     double s = 0;
     for (int64_t j = 0; j < e.numel; j++) s += double(g[j]) * g[j];
-    ss[attn ? 2 * i : 2 * i + 1] += s;
+    ss[static_cast<size_t>(e.tag.sublayer)] += s;
   }
   for (auto& v : ss) v = std::sqrt(v);
   return ss;

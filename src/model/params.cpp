@@ -5,12 +5,12 @@
 namespace attnres {
 
 int64_t ParamLayout::add(const std::string& name, std::vector<int64_t> shape, bool decay,
-                         bool contiguous) {
+                         bool contiguous, ParamTag tag) {
   if (index_.count(name)) throw std::logic_error("duplicate parameter name " + name);
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   if (contiguous && !entries_.empty()) total_ = entries_.back().offset + entries_.back().numel;
-  ParamEntry e{name, std::move(shape), total_, n, decay};
+  ParamEntry e{name, std::move(shape), total_, n, decay, tag};
   total_ = (total_ + n + 15) / 16 * 16;
   index_[name] = entries_.size();
   entries_.push_back(std::move(e));

@@ -78,7 +78,7 @@ inline void accumulate(float* y, float a, const float* v, int64_t n, bool first)
   }
 }
 
-inline float sigmoidf(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+using row::sigmoid;
 
 // Score of source i at row n, head h: qg . v over the head's slice, times the key's inverse RMS.
 inline float score(const DepthSource& s, const float* q, int64_t n, int64_t h, const DepthMix& m) {
@@ -99,14 +99,8 @@ inline float score(const DepthSource& s, const float* q, int64_t n, int64_t h, c
   float qv, da;
   dot2(qh, gh, vh, dh, &qv, &da);
   const float s = qv * rs;
-  float a, ds;
-  if (m.softmax) {
-    a = std::exp(s - lse);
-    ds = a * (da - D);
-  } else {
-    a = sigmoidf(s);
-    ds = a * (1.0f - a) * da;
-  }
+  const float a = row::depth_weight(s, lse, m.softmax);
+  const float ds = row::depth_score_grad(a, da, D, m.softmax);
   const float dsr = ds * rs;
   if (dvh) {
     const float kv = m.key_norm ? ds * s * rs * rs / static_cast<float>(dh) : 0.0f;
@@ -164,7 +158,7 @@ void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, 
           const float l = softmax_inplace(w, S);
           if (lse) lse[n0 * H + rh] = l;
         } else {
-          for (int64_t i = 0; i < S; i++) w[i] = sigmoidf(w[i]);
+          for (int64_t i = 0; i < S; i++) w[i] = sigmoid(w[i]);
         }
       }
       // Pass 2: the weighted sums, again source by source; the tile's rows of x stay in cache.
@@ -385,7 +379,7 @@ void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
     for (int64_t h = 0; h < H; h++) {
       const float s = score(p, qg, n, h, m);
       const float l1 = lse1[n * H + h];
-      const float w = sigmoidf(s - l1);  // weight of the new source after merging
+      const float w = sigmoid(s - l1);  // weight of the new source after merging
       const float* ob = o1 + n * d + h * dh;
       const float* pv = p.v + n * d + h * dh;
       float* xh = x + n * d + h * dh;

@@ -3,10 +3,14 @@
 // Conventions: N = B*T rows (tokens), C = width. Shapes are given in comments; all buffers are
 // dense row-major unless a row stride ("ld") is passed. Every backward ACCUMULATES (+=) into the
 // gradients of its inputs and parameters: in the AttnRes modes one source feeds many readers.
-// Every op with an optimised path keeps a `_reference` version beside it; tests compare them.
+// The arithmetic of one row of the row ops is in row_math.hpp, shared with the CUDA kernels.
+// Each op's simple reference is in tests/test_op_table.cpp (in double), which checks every op on
+// every backend, and its backward by finite differences.
 #pragma once
 
 #include <cstdint>
+
+#include "ops/row_math.hpp"  // AdamStep
 
 namespace attnres::ops {
 
@@ -164,9 +168,6 @@ double sum_squares(const float* x, int64_t n);
 
 // ---- AdamW (adamw.cpp) ----  torch.optim.AdamW's update (attnres/optim.hpp) of one tensor:
 // step_size = lr / (1 - b1^t), inv_bc2_sqrt = 1 / sqrt(1 - b2^t); decay = 1 - lr wd or 1.
-struct AdamStep {
-  float b1, b2, step_size, inv_bc2_sqrt, eps, grad_scale;
-};
 // p, m, v (n) updated from g (n). Splits the n elements over the threads of the enclosing OpenMP
 // parallel region with no barrier at the end (one region can update every tensor).
 void adamw_update_in_parallel(float* p, const float* g, float* m, float* v, int64_t n, float decay,

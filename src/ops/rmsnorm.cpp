@@ -14,17 +14,12 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, 
                      int64_t C, float eps) {
 #pragma omp parallel for schedule(static) if (N > 8)  // decoding: one row, no team
   for (int64_t n = 0; n < N; n++) {
-    const float* x = inp + n * C;
-    float* y = out + n * C;
-    float ss = 0.0f;
-    for (int64_t c = 0; c < C; c++) ss += x[c] * x[c];
-    float r = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+    const float r = row::rmsnorm(out + n * C, inp + n * C, g, C, eps);
     if (rstd) rstd[n] = r;
-    for (int64_t c = 0; c < C; c++) y[c] = x[c] * r * g[c];
   }
 }
 
-// With xhat = x * r: dx = r * (g*dy - xhat * mean(g*dy * xhat)); dg = sum_n dy * xhat.
+// Each row's arithmetic: row_math.hpp (shared with the CUDA kernels).
 ATTNRES_KERNEL
 void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
                       const float* rstd, int64_t N, int64_t C) {
@@ -37,19 +32,7 @@ void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* in
     float* my = part.data() + static_cast<int64_t>(omp_get_thread_num()) * C;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
-      const float* x = inp + n * C;
-      const float* dy = dout + n * C;
-      float* dx = dinp + n * C;
-      const float r = rstd[n];
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
-      const float k = dot * r * r / static_cast<float>(C);  // mean(g dy xhat) / r, folded
-#pragma omp simd
-      for (int64_t c = 0; c < C; c++) {
-        dx[c] += r * (g[c] * dy[c] - x[c] * k);
-        my[c] += dy[c] * x[c] * r;
-      }
+      row::rmsnorm_backward(dinp + n * C, my, dout + n * C, inp + n * C, g, rstd[n], C);
     }
   }
   for (int t = 0; t < nthr; t++) {

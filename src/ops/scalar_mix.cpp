@@ -44,18 +44,11 @@ void scalar_mix_backward(float* const* dsrc, double* dw, const float* dout, cons
 }
 
 void softmax_small(float* w, const float* z, int64_t S) {
-  if (S <= 0) return;
-  double mx = z[0];
-  for (int64_t i = 1; i < S; i++) mx = std::max(mx, static_cast<double>(z[i]));
-  double sum = 0.0;
-  for (int64_t i = 0; i < S; i++) sum += std::exp(static_cast<double>(z[i]) - mx);
-  for (int64_t i = 0; i < S; i++) w[i] = static_cast<float>(std::exp(z[i] - mx) / sum);
+  if (S > 0) row::softmax_small(w, z, S);
 }
 
 void softmax_small_backward(float* dz, const float* a, const float* da, int64_t S) {
-  double dot = 0.0;
-  for (int64_t i = 0; i < S; i++) dot += static_cast<double>(a[i]) * da[i];
-  for (int64_t i = 0; i < S; i++) dz[i] += static_cast<float>(a[i] * (da[i] - dot));
+  row::softmax_small_backward(dz, a, da, S);
 }
 
 }  // namespace attnres::ops

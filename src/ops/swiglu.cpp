@@ -16,13 +16,11 @@ void swiglu_forward(float* out, const float* h13, int64_t N, int64_t F) {
     float* o = out + n * F;
 #pragma omp simd
     for (int64_t f = 0; f < F; f++) {
-      const float sig = 1.0f / (1.0f + vexpf(-h1[f]));
-      o[f] = h1[f] * sig * h3[f];
+      o[f] = row::swiglu(h1[f], h3[f], 1.0f / (1.0f + vexpf(-h1[f])));
     }
   }
 }
 
-// d silu(x)/dx = sig * (1 + x * (1 - sig))
 ATTNRES_KERNEL
 void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N, int64_t F) {
 #pragma omp parallel for schedule(static)
@@ -34,10 +32,7 @@ void swiglu_backward(float* dh13, const float* dout, const float* h13, int64_t N
     float* d3 = d1 + F;
 #pragma omp simd
     for (int64_t f = 0; f < F; f++) {
-      const float sig = 1.0f / (1.0f + vexpf(-h1[f]));
-      const float silu = h1[f] * sig;
-      d1[f] += d[f] * h3[f] * sig * (1.0f + h1[f] * (1.0f - sig));
-      d3[f] += d[f] * silu;
+      row::swiglu_backward(&d1[f], &d3[f], d[f], h1[f], h3[f], 1.0f / (1.0f + vexpf(-h1[f])));
     }
   }
 }

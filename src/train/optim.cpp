@@ -12,9 +12,26 @@
 
 namespace attnres {
 
+const char* to_string(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::wsd:
+      return "wsd";
+    case ScheduleKind::constant:
+      return "constant";
+    case ScheduleKind::cosine:
+      break;
+  }
+  return "cosine";
+}
+
+ScheduleKind parse_schedule_kind(const std::string& s) {
+  for (ScheduleKind k : {ScheduleKind::cosine, ScheduleKind::wsd, ScheduleKind::constant}) {
+    if (s == to_string(k)) return k;
+  }
+  throw Error("unknown lr schedule '" + s + "'; use cosine, wsd or constant");
+}
+
 void ScheduleConfig::validate() const {
-  check(kind == "cosine" || kind == "wsd" || kind == "constant",
-        "unknown lr schedule '" + kind + "'; use cosine, wsd or constant");
   check(warmup_steps >= 0, "warmup steps must be >= 0");
   check(total_steps >= 1, "total steps must be >= 1");
   check(min_lr_ratio >= 0 && min_lr_ratio <= 1, "min lr ratio must be in [0, 1]");
@@ -26,8 +43,8 @@ double lr_at(const ScheduleConfig& s, double base_lr, int64_t step) {
     return base_lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
   }
   const double lr_min = base_lr * s.min_lr_ratio;
-  if (s.kind == "constant") return base_lr;
-  if (s.kind == "wsd") {
+  if (s.kind == ScheduleKind::constant) return base_lr;
+  if (s.kind == ScheduleKind::wsd) {
     const int64_t decay_steps =
         std::max<int64_t>(1, static_cast<int64_t>(std::llround(s.decay_fraction * s.total_steps)));
     const int64_t decay_start = std::max(s.warmup_steps, s.total_steps - decay_steps);

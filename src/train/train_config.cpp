@@ -9,8 +9,6 @@ namespace attnres {
 
 void TrainConfig::validate() const {
   auto need = [](bool ok, const std::string& m) { check(ok, "invalid training setting: " + m); };
-  need(tokenizer == "byte" || tokenizer == "bpe",
-       "--tokenizer must be 'byte' or 'bpe', got '" + tokenizer + "'");
   need(bpe_vocab >= 64 && bpe_vocab <= 1000000, "--vocab-size must be in [64, 1000000]");
   need(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
   need(batch_size >= 1, "--batch-size must be >= 1");
@@ -33,22 +31,19 @@ void TrainConfig::validate() const {
        "--virtual-stages needs a pipeline of several ranks (--pipeline P with P >= 2)");
   need(pipeline_comm == "cached" || pipeline_comm == "naive",
        "--pipeline-comm must be 'cached' or 'naive', got '" + pipeline_comm + "'");
-  need(device == "cpu" || device == "cuda" || device == "cuda-host",
-       "--device must be cpu, cuda or cuda-host, got '" + device + "'");
-  need(precision == "fp32" || precision == "bf16",
-       "--precision must be fp32 or bf16, got '" + precision + "'");
-  need(precision == "fp32" || device != "cpu",
+  const bool cpu = device == Device::cpu;
+  need(precision == MatmulPrecision::fp32 || !cpu,
        "--precision bf16 runs on --device cuda (or cuda-host, its emulation); the CPU trains in "
        "fp32");
-  need(!cuda_graphs || device != "cpu",
+  need(!cuda_graphs || !cpu,
        "--cuda-graphs captures the step on --device cuda (or cuda-host, its emulation)");
-  need(device == "cpu" || (pipeline == 1 && !zero1),
-       "--device " + device +
+  need(cpu || (pipeline == 1 && !zero1),
+       std::string("--device ") + to_string(device) +
            " trains data-parallel only for now: drop --pipeline and --zero1 "
            "(or use --device cpu)");
   need(router_lr_mult > 0 && router_lr_mult <= 1000, "--router-lr-mult must be in (0, 1000]");
   need(router_warmup >= -1, "--router-warmup must be >= 0 (or -1: the schedule's warm-up)");
-  need(device == "cpu" || (router_lr_mult == 1.0 && router_warmup == -1),
+  need(cpu || (router_lr_mult == 1.0 && router_warmup == -1),
        "--router-lr-mult and --router-warmup train on --device cpu only for now");
   schedule.validate();
 }
@@ -56,7 +51,7 @@ void TrainConfig::validate() const {
 std::string TrainConfig::to_json() const {
   nlohmann::json j = {
       {"data_path", data_path},
-      {"tokenizer", tokenizer},
+      {"tokenizer", to_string(tokenizer)},
       {"bpe_vocab", bpe_vocab},
       {"val_fraction", val_fraction},
       {"model", nlohmann::json::parse(model.to_json())},
@@ -69,7 +64,7 @@ std::string TrainConfig::to_json() const {
       {"beta2", adamw.beta2},
       {"adam_eps", adamw.eps},
       {"weight_decay", adamw.weight_decay},
-      {"schedule", schedule.kind},
+      {"schedule", to_string(schedule.kind)},
       {"warmup_steps", schedule.warmup_steps},
       {"min_lr_ratio", schedule.min_lr_ratio},
       {"decay_fraction", schedule.decay_fraction},
@@ -95,9 +90,16 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
   try {
     const auto j = nlohmann::json::parse(text);
     check(j.is_object(), "training config must be a JSON object");
-    auto get = [&](const char* k, auto& dst) { read_json_field(j, k, dst, "training config"); };
+    auto get = [&](const char* k, auto& dst) {
+      return read_json_field(j, k, dst, "training config");
+    };
+    // An enum field: its name, parsed (an unknown name is an Error naming the choices).
+    auto get_named = [&](const char* k, auto& dst, auto parse) {
+      std::string name = to_string(dst);
+      if (get(k, name)) dst = parse(name);
+    };
     get("data_path", c.data_path);
-    get("tokenizer", c.tokenizer);
+    get_named("tokenizer", c.tokenizer, parse_tokenizer_kind);
     get("bpe_vocab", c.bpe_vocab);
     get("val_fraction", c.val_fraction);
     if (j.contains("model")) c.model = ModelConfig::from_json(j.at("model").dump());
@@ -110,7 +112,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     get("beta2", c.adamw.beta2);
     get("adam_eps", c.adamw.eps);
     get("weight_decay", c.adamw.weight_decay);
-    get("schedule", c.schedule.kind);
+    get_named("schedule", c.schedule.kind, parse_schedule_kind);
     get("warmup_steps", c.schedule.warmup_steps);
     get("min_lr_ratio", c.schedule.min_lr_ratio);
     get("decay_fraction", c.schedule.decay_fraction);

@@ -215,7 +215,8 @@ class Trainer {
     comm_.require_same(
         fnv1a64(cfg_.to_json() + (zero1_ ? "+zero1" : "") + "+pipeline" +
                 std::to_string(cfg_.pipeline) + "x" + std::to_string(cfg_.virtual_stages) +
-                cfg_.pipeline_comm + "+device" + cfg_.device + "+precision" + cfg_.precision),
+                cfg_.pipeline_comm + "+device" + to_string(cfg_.device) + "+precision" +
+                to_string(cfg_.precision)),
         "training options", "start every rank with the same command line");
     fs::create_directories(cfg_.out_dir);
   }
@@ -263,19 +264,16 @@ class Trainer {
   // Stage 3: the model on its device, initialised from the seed or --init-from.
   void build_model() {
     // Several ranks on GPUs: each takes the GPU of its index on its host.
-    std::string device = cfg_.device;
     int gpu = 0;
-    if (device == "cuda" && ranks_ > 1) {
+    if (cfg_.device == Device::cuda && ranks_ > 1) {
       const int gpus = cuda::device_count();
       gpu = dist::local_rank();
       check(gpus == 0 || gpu < gpus, "rank " + std::to_string(comm_.rank()) + " is rank " +
                                          std::to_string(gpu) + " on its host, which has " +
                                          std::to_string(gpus) +
                                          " GPU(s): start at most one rank per GPU on each host");
-      device = "cuda:" + std::to_string(gpu);
     }
-    model_ = std::make_unique<Model>(cfg_.model, make_backend(device));
-    model_->backend().set_matmul_precision(parse_precision(cfg_.precision));
+    model_ = std::make_unique<Model>(cfg_.model, make_backend(cfg_.device, cfg_.precision, gpu));
     model_->init_weights(cfg_.seed);
     if (!cfg_.resume && !cfg_.init_from.empty()) {
       std::vector<std::string> changed;
@@ -290,11 +288,12 @@ class Trainer {
             c);
       }
     }
-    const std::string gemms = cfg_.precision == "bf16" ? "; bf16 GEMMs, fp32 master weights" : "";
-    if (cfg_.device == "cuda") {
-      msg("device: " + device + ", " + cuda::describe_device(gpu) + gemms);
+    const std::string gemms =
+        cfg_.precision == MatmulPrecision::bf16 ? "; bf16 GEMMs, fp32 master weights" : "";
+    if (cfg_.device == Device::cuda) {
+      msg("device: cuda:" + std::to_string(gpu) + ", " + cuda::describe_device(gpu) + gemms);
     }
-    if (cfg_.device == "cuda-host") {
+    if (cfg_.device == Device::cuda_host) {
       msg("device: cuda-host (the CUDA kernels emulated on the CPU)" + gemms);
     }
   }
