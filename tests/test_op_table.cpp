@@ -310,17 +310,72 @@ OpCase cross_entropy_case(int64_t N, int64_t V) {
   return c;
 }
 
-// The AttnRes depth mix over S sources (the key norm's inverse RMS from depth_rstd, as the
-// model computes it); q_ld = d: a query per token (dynamic queries).
-OpCase depth_mix_case(int64_t N, int64_t d, int64_t S, int64_t H, bool softmax, bool key_norm,
-                      bool per_token_query) {
+// The AttnRes depth mix in double, straight from SPEC 2: out (N,d) mixes the sources v (each
+// (N,d)) with query q ((d), or row n at q + n q_ld), per head slice: scores q . v, divided by the
+// key's RMS (key norm), through a softmax over the sources or a sigmoid each.
+void ref_depth_mix(const HostIn& v, const double* q0, int64_t q_ld, int64_t N,
+                   const ops::DepthMix& m, double* out) {
+  const int64_t S = static_cast<int64_t>(v.size()), d = m.d, dh = m.dh();
+  std::vector<double> a(static_cast<size_t>(S));
+  for (int64_t n = 0; n < N; n++) {
+    const double* q = q0 + n * q_ld;
+    for (int64_t h = 0; h < m.H; h++) {
+      double mx = -1e300;
+      for (int64_t i = 0; i < S; i++) {
+        const double* vi = v[i] + n * d + h * dh;
+        double ms = 0, dot = 0;
+        for (int64_t k = 0; k < dh; k++) {
+          ms += vi[k] * vi[k];
+          dot += q[h * dh + k] * vi[k];
+        }
+        a[i] = m.key_norm ? dot / std::sqrt(ms / dh + double(m.eps)) : dot;
+        mx = std::max(mx, a[i]);
+      }
+      double z = 0;
+      for (int64_t i = 0; i < S; i++) z += m.softmax ? std::exp(a[i] - mx) : 0.0;
+      for (int64_t i = 0; i < S; i++) a[i] = m.softmax ? std::exp(a[i] - mx) / z : sigmoid(a[i]);
+      for (int64_t k = 0; k < dh; k++) {
+        double acc = 0;
+        for (int64_t i = 0; i < S; i++) acc += a[i] * v[i][n * d + h * dh + k];
+        out[n * d + h * dh + k] = acc;
+      }
+    }
+  }
+}
+
+ops::DepthMix depth_mix(int64_t d, int64_t H, bool softmax, bool key_norm) {
   ops::DepthMix m;
   m.d = d;
   m.H = H;
   m.softmax = softmax;
   m.key_norm = key_norm;
-  const float eps = 1e-5f;
-  const int64_t dh = d / H, nq = per_token_query ? N * d : d, q_ld = per_token_query ? d : 0;
+  m.eps = 1e-5f;
+  return m;
+}
+
+// Sources on a backend with their inverse RMS (as the model computes it; the gradient
+// accumulators dv from dx, or none).
+struct BackendSources {
+  std::vector<std::shared_ptr<DevBuf<float>>> rstd;
+  std::vector<ops::DepthSource> src;
+};
+BackendSources backend_sources(Backend& be, const Ptrs& v, int64_t N, const ops::DepthMix& m,
+                               const Ptrs* dv) {
+  BackendSources s;
+  for (size_t i = 0; i < v.size(); i++) {
+    s.rstd.push_back(scratch(be, N * m.H));
+    be.depth_rstd(s.rstd[i]->data(), v[i], N, m.d, m.H, m.eps);
+    s.src.push_back({v[i], s.rstd[i]->data(), dv ? (*dv)[i] : nullptr});
+  }
+  return s;
+}
+
+// The AttnRes depth mix over S sources (the key norm's inverse RMS from depth_rstd, as the
+// model computes it); q_ld = d: a query per token (dynamic queries).
+OpCase depth_mix_case(int64_t N, int64_t d, int64_t S, int64_t H, bool softmax, bool key_norm,
+                      bool per_token_query) {
+  const ops::DepthMix m = depth_mix(d, H, softmax, key_norm);
+  const int64_t nq = per_token_query ? N * d : d, q_ld = per_token_query ? d : 0;
   OpCase c = make_case("depth_mix_N" + std::to_string(N) + "_d" + std::to_string(d) + "_S" +
                            std::to_string(S) + "_H" + std::to_string(H) +
                            (softmax ? "_softmax" : "_sigmoid") + (key_norm ? "_rms" : "_nonorm") +
@@ -329,57 +384,115 @@ OpCase depth_mix_case(int64_t N, int64_t d, int64_t S, int64_t H, bool softmax, 
   for (int64_t i = 0; i < S; i++) c.in.push_back({"v" + std::to_string(i), N * d, 0.5 + 0.4 * i});
   c.in.push_back({"qg", nq, 0.6});
   c.ref = [=](const HostIn& x, double* out) {
-    std::vector<double> a(static_cast<size_t>(S));
-    for (int64_t n = 0; n < N; n++) {
-      const double* q = x[S] + (per_token_query ? n * d : 0);
-      for (int64_t h = 0; h < H; h++) {
-        double mx = -1e300;
-        for (int64_t i = 0; i < S; i++) {
-          const double* v = x[i] + n * d + h * dh;
-          double ms = 0, dot = 0;
-          for (int64_t k = 0; k < dh; k++) {
-            ms += v[k] * v[k];
-            dot += q[h * dh + k] * v[k];
-          }
-          a[i] = key_norm ? dot / std::sqrt(ms / dh + eps) : dot;
-          mx = std::max(mx, a[i]);
-        }
-        double z = 0;
-        for (int64_t i = 0; i < S; i++) z += softmax ? std::exp(a[i] - mx) : 0.0;
-        for (int64_t i = 0; i < S; i++) a[i] = softmax ? std::exp(a[i] - mx) / z : sigmoid(a[i]);
-        for (int64_t k = 0; k < dh; k++) {
-          double acc = 0;
-          for (int64_t i = 0; i < S; i++) acc += a[i] * x[i][n * d + h * dh + k];
-          out[n * d + h * dh + k] = acc;
-        }
-      }
-    }
-  };
-  // The sources with their inverse RMS (and gradient accumulators, for the backward).
-  struct Sources {
-    std::vector<std::shared_ptr<DevBuf<float>>> rstd;
-    std::vector<ops::DepthSource> src;
-  };
-  auto sources = [=](Backend& be, const Ptrs& x, const Ptrs* dx) {
-    Sources s;
-    for (int64_t i = 0; i < S; i++) {
-      s.rstd.push_back(scratch(be, N * H));
-      be.depth_rstd(s.rstd[i]->data(), x[i], N, d, H, eps);
-      s.src.push_back({x[i], s.rstd[i]->data(), dx ? (*dx)[i] : nullptr});
-    }
-    return s;
+    ref_depth_mix(HostIn(x.begin(), x.begin() + S), x[S], q_ld, N, m, out);
   };
   c.fwd = [=](Backend& be, const Ptrs& x, float* out) {
-    const Sources s = sources(be, x, nullptr);
+    const BackendSources s = backend_sources(be, Ptrs(x.begin(), x.begin() + S), N, m, nullptr);
     auto lse = scratch(be, N * H);
     be.depth_mix_forward(out, lse->data(), s.src.data(), S, x[S], q_ld, m, N);
     be.synchronize();
   };
   c.bwd = [=](Backend& be, const Ptrs& x, const float* dout, const Ptrs& dx) {
-    const Sources s = sources(be, x, &dx);
+    const Ptrs dv(dx.begin(), dx.begin() + S);
+    const BackendSources s = backend_sources(be, Ptrs(x.begin(), x.begin() + S), N, m, &dv);
     auto out = scratch(be, N * d), lse = scratch(be, N * H);
     be.depth_mix_forward(out->data(), lse->data(), s.src.data(), S, x[S], q_ld, m, N);
     be.depth_mix_backward(dx[S], dout, out->data(), lse->data(), s.src.data(), S, x[S], q_ld, m, N);
+    be.synchronize();
+  };
+  return c;
+}
+
+// Two-phase Block AttnRes (SPEC 4): phase 1 mixes the S completed blocks with each of K static
+// queries at once, phase 2 merges the current block's partial sum p into each; out = the K
+// mixes (K,N,d), each equal to the one-pass mix over the S blocks and p. Forward only (training
+// differentiates the one-pass mix: depth_mix_backward).
+OpCase depth_two_phase_case(int64_t N, int64_t d, int64_t S, int64_t K, int64_t H) {
+  const ops::DepthMix m = depth_mix(d, H, true, true);
+  OpCase c = make_case("depth_two_phase_N" + std::to_string(N) + "_d" + std::to_string(d) + "_S" +
+                           std::to_string(S) + "_K" + std::to_string(K) + "_H" + std::to_string(H),
+                       {}, K * N * d);
+  for (int64_t i = 0; i <= S; i++) {
+    c.in.push_back({i < S ? "v" + std::to_string(i) : "p", N * d, 0.5 + 0.3 * i});
+  }
+  c.in.push_back({"q", K * d, 0.6});
+  c.ref = [=](const HostIn& x, double* out) {
+    for (int64_t k = 0; k < K; k++) {
+      ref_depth_mix(HostIn(x.begin(), x.begin() + S + 1), x[S + 1] + k * d, 0, N, m,
+                    out + k * N * d);
+    }
+  };
+  c.fwd = [=](Backend& be, const Ptrs& x, float* out) {
+    const BackendSources s = backend_sources(be, Ptrs(x.begin(), x.begin() + S + 1), N, m, nullptr);
+    std::vector<std::shared_ptr<DevBuf<float>>> keep;
+    std::vector<float*> o, lse;
+    std::vector<const float*> q;
+    for (int64_t k = 0; k < K; k++) {
+      keep.push_back(scratch(be, N * d));
+      o.push_back(keep.back()->data());
+      keep.push_back(scratch(be, N * H));
+      lse.push_back(keep.back()->data());
+      q.push_back(x[S + 1] + k * d);
+    }
+    be.depth_mix_phase1(o.data(), lse.data(), s.src.data(), S, q.data(), K, m, N);
+    auto lse2 = scratch(be, N * H);
+    for (int64_t k = 0; k < K; k++) {
+      be.depth_mix_phase2(out + k * N * d, lse2->data(), o[k], lse[k], s.src[S], q[k], m, N);
+    }
+    be.synchronize();
+  };
+  return c;
+}
+
+// Full AttnRes's by-source backward (static queries): K readers each mix the same S sources
+// (out: the K mixes, (K,N,d)); the backward takes one source at a time, its gradient from all
+// K readers at once (WRITTEN), and adds each reader's query gradient from that source to
+// dq + k d. Over all S sources that is the whole gradient.
+OpCase depth_by_source_case(int64_t N, int64_t d, int64_t S, int64_t K, int64_t H, bool softmax,
+                            bool key_norm) {
+  const ops::DepthMix m = depth_mix(d, H, softmax, key_norm);
+  OpCase c = make_case("depth_by_source_N" + std::to_string(N) + "_d" + std::to_string(d) + "_S" +
+                           std::to_string(S) + "_K" + std::to_string(K) + "_H" + std::to_string(H) +
+                           (softmax ? "_softmax" : "_sigmoid") + (key_norm ? "_rms" : "_nonorm"),
+                       {}, K * N * d);
+  for (int64_t i = 0; i < S; i++) {
+    c.in.push_back({"v" + std::to_string(i), N * d, 0.5 + 0.3 * i, 0.0, true, /*written=*/true});
+  }
+  c.in.push_back({"q", K * d, 0.6});
+  c.ref = [=](const HostIn& x, double* out) {
+    for (int64_t k = 0; k < K; k++) {
+      ref_depth_mix(HostIn(x.begin(), x.begin() + S), x[S] + k * d, 0, N, m, out + k * N * d);
+    }
+  };
+  // Each reader's mix and lse, from the same sources.
+  auto mixes = [=](Backend& be, const Ptrs& x, const BackendSources& s, float* out,
+                   std::vector<std::shared_ptr<DevBuf<float>>>& lse) {
+    for (int64_t k = 0; k < K; k++) {
+      lse.push_back(scratch(be, N * H));
+      be.depth_mix_forward(out + k * N * d, lse.back()->data(), s.src.data(), S, x[S] + k * d, 0, m,
+                           N);
+    }
+  };
+  c.fwd = [=](Backend& be, const Ptrs& x, float* out) {
+    const BackendSources s = backend_sources(be, Ptrs(x.begin(), x.begin() + S), N, m, nullptr);
+    std::vector<std::shared_ptr<DevBuf<float>>> lse;
+    mixes(be, x, s, out, lse);
+    be.synchronize();
+  };
+  c.bwd = [=](Backend& be, const Ptrs& x, const float* dout, const Ptrs& dx) {
+    const BackendSources s = backend_sources(be, Ptrs(x.begin(), x.begin() + S), N, m, nullptr);
+    auto out = scratch(be, K * N * d);
+    std::vector<std::shared_ptr<DevBuf<float>>> lse, D;
+    mixes(be, x, s, out->data(), lse);
+    std::vector<ops::DepthReader> rd;
+    for (int64_t k = 0; k < K; k++) {
+      D.push_back(scratch(be, N * H));
+      be.depth_dx_dot(D.back()->data(), dout + k * N * d, out->data() + k * N * d, m, N);
+      rd.push_back({dout + k * N * d, lse[k]->data(), D.back()->data(), x[S] + k * d, 0});
+    }
+    for (int64_t i = 0; i < S; i++) {
+      be.depth_source_backward(dx[i], s.src[i], rd.data(), K, dx[S], m, N);
+    }
     be.synchronize();
   };
   return c;
@@ -447,6 +560,11 @@ const std::vector<OpCase>& cases() {
     t.push_back(depth_mix_case(7, 16, 4, 1, false, false, false));
     t.push_back(depth_mix_case(7, 16, 3, 4, true, false, false));
     t.push_back(depth_mix_case(7, 16, 3, 1, true, true, true));
+    t.push_back(depth_two_phase_case(9, 16, 3, 4, 1));
+    t.push_back(depth_two_phase_case(7, 16, 2, 3, 2));
+    t.push_back(depth_by_source_case(9, 16, 4, 3, 1, true, true));
+    t.push_back(depth_by_source_case(7, 16, 3, 2, 2, true, true));
+    t.push_back(depth_by_source_case(7, 16, 3, 2, 1, false, false));
     t.push_back(scalar_mix_case(5, 37));
     t.push_back(softmax_small_case(7));
     return t;
