@@ -13,7 +13,9 @@
 // change with it); nothing in device code.
 #if defined(_OPENMP) && !defined(__CUDA_ARCH__)
 #define ATTNRES_SIMD _Pragma("omp simd")
-#define ATTNRES_SIMD_SUM(var) _Pragma(ATTNRES_STR(omp simd reduction(+ : var)))
+// (var names a variable in a pragma's clause: it cannot take parentheses)
+#define ATTNRES_SIMD_SUM(var) \
+  _Pragma(ATTNRES_STR(omp simd reduction(+ : var)))  // NOLINT(bugprone-macro-parentheses)
 #define ATTNRES_STR(x) #x
 #else
 #define ATTNRES_SIMD
