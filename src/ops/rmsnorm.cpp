@@ -32,7 +32,8 @@ void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* in
     float* my = part.data() + static_cast<int64_t>(omp_get_thread_num()) * C;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
-      row::rmsnorm_backward(dinp + n * C, my, dout + n * C, inp + n * C, g, rstd[n], C);
+      row::rmsnorm_backward<row::Sum::vectorised>(dinp + n * C, my, dout + n * C, inp + n * C, g,
+                                                  rstd[n], C);
     }
   }
   for (int t = 0; t < nthr; t++) {

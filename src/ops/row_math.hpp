@@ -30,23 +30,34 @@ ATTNRES_HD inline float rmsnorm(float* y, const float* x, const float* g, int64_
   for (int64_t c = 0; c < C; c++) y[c] = x[c] * r * g[c];
   return r;
 }
-// With xhat = x r: dx (C) += r (g dy - xhat mean(g dy xhat)); dg (C), if not null, += dy xhat
+// How a row's sum runs: in index order (the same bits wherever the row lives in memory: the CUDA
+// functors, which cuda-host runs to give identical results for identical inputs), or vectorised
+// by the host compiler (the CPU ops: faster, the order of the sums, and so their rounding, may
+// depend on the row's alignment).
+enum class Sum { ordered, vectorised };
+
+// With xhat = x r: dx (C) += r g dy - xhat r mean(g dy xhat); dg (C), if not null, += dy xhat
 // (a caller that reduces the gain's gradient over rows itself passes null).
+template <Sum kSum = Sum::ordered>
 ATTNRES_HD inline void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x,
                                         const float* g, float r, int64_t C) {
   float dot = 0.0f;
-  ATTNRES_SIMD_SUM(dot)
-  for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
-  const float k = dot * r * r / static_cast<float>(C);  // mean(g dy xhat) / r, folded
+  if constexpr (kSum == Sum::vectorised) {  // NOLINT(bugprone-branch-clone): the pragma differs
+    ATTNRES_SIMD_SUM(dot)
+    for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
+  } else {
+    for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
+  }
+  const float k = r * r * r * dot / static_cast<float>(C);  // r mean(g dy xhat), folded
   if (dg) {
     ATTNRES_SIMD
     for (int64_t c = 0; c < C; c++) {
-      dx[c] += r * (g[c] * dy[c] - x[c] * k);
+      dx[c] += r * g[c] * dy[c] - k * x[c];
       dg[c] += dy[c] * x[c] * r;
     }
   } else {
     ATTNRES_SIMD
-    for (int64_t c = 0; c < C; c++) dx[c] += r * (g[c] * dy[c] - x[c] * k);
+    for (int64_t c = 0; c < C; c++) dx[c] += r * g[c] * dy[c] - k * x[c];
   }
 }
 
