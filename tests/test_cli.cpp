@@ -2,6 +2,7 @@
 // and clear errors with a non-zero exit code.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -233,6 +234,75 @@ TEST(Cli, ErrorsAreClearAndNonZero) {
   r = run("nosuch --help");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.out, "unknown command 'nosuch'")) << r.out;
+}
+
+}  // namespace
+
+namespace {
+
+// Issue 19: the second hostile pass's classes at the command line. Each used to crash, hang or
+// run on (see docs/RELIABILITY.md); now each is a clear error with a non-zero exit, never a signal.
+TEST(Cli, SecondHostilePassIsRefusedClearly) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const std::string tiny = " --data " + data + " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16" +
+                           " --batch-size 2 --eval-every 0 --eval-batches 1 --sample-tokens 0";
+  auto refused = [](const CliRun& r, const std::string& needle) {
+    EXPECT_GT(r.code, 0) << r.out;  // (-1: killed by a signal)
+    EXPECT_NE(r.code, 2) << r.out;  // not an internal error
+    EXPECT_TRUE(contains(r.out, needle)) << "'" << needle << "' not in:\n" << r.out;
+  };
+  // F: a FIFO or a device as the config file (hung, or read /dev/zero without end)
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  refused(run("--config " + fifo + " train" + tiny + " --out " + (dir / "a").string()), "FIFO");
+  refused(run("--config /dev/zero train" + tiny + " --out " + (dir / "a").string()),
+          "character device");
+  // I: a config key that names no option, a misspelt section, binary garbage (were ignored)
+  for (const char* text : {"[train]\nstepz = 2\n", "[trian]\nsteps = 2\n",
+                           "\x7f"
+                           "ELF\x02\x01"}) {
+    std::ofstream(dir / "c.toml") << text;
+    const CliRun r = run("--config " + (dir / "c.toml").string() + " train" + tiny + " --out " +
+                         (dir / "b").string() + " --steps 2");
+    EXPECT_GT(r.code, 0) << text << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, "not able to parse")) << r.out;
+    EXPECT_FALSE(fs::exists(dir / "b")) << text;  // nothing trained
+  }
+  // H: counts out of range (SIGFPE on a zero batch, a segfault at 65536 threads, perplexity 1
+  // over negative token counts, 2^63 - 1 steps)
+  CliRun t = run("train" + tiny + " --out " + (dir / "run").string() + " --steps 2");
+  ASSERT_EQ(t.code, 0) << t.out;
+  const std::string model = (dir / "run" / "model.safetensors").string();
+  for (const char* o : {"--batch-size 0", "--batch-size -1", "--batches 0", "--batches -1"}) {
+    const std::string opt = o;
+    refused(run("eval " + model + " " + opt), opt.substr(0, opt.find(' ')) + ": Value");
+  }
+  refused(run("--threads 65536 info " + model), "--threads");
+  refused(
+      run("train" + tiny + " --out " + (dir / "c").string() + " --steps 99999999999999999999999"),
+      "--steps");
+  refused(run("bench --steps 0"), "--steps");
+  // bench --json onto a device would replace it (as root, /dev/null)
+  const std::string null = (dir / "null").string();
+  if (::mknod(null.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {  // (root only)
+    refused(run("bench --steps 1 --warmup 0 --decode-tokens 0 --d-model 16 --n-layer 1 --n-head 2"
+                " --seq-len 8 --batch-size 1 --vocab 32 --modes prenorm --json " +
+                null),
+            "not a regular file");
+    struct stat st {};
+    ASSERT_EQ(::stat(null.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode));
+  }
+  // L: `latest` naming another run's checkpoint, or not a step
+  std::ofstream(dir / "run" / "latest") << "../../other/checkpoints/step_00000002\n";
+  refused(run("train --resume --out " + (dir / "run").string()), "not a checkpoint of this run");
+  // F: a FIFO as the run's metrics.jsonl (hung the run)
+  std::ofstream(dir / "run" / "latest") << "step_00000002\n";
+  fs::remove(dir / "run" / "metrics.jsonl");
+  ASSERT_EQ(::mkfifo((dir / "run" / "metrics.jsonl").c_str(), 0600), 0);
+  refused(run("train --resume --out " + (dir / "run").string()), "FIFO");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -204,4 +205,69 @@ TEST(FileIO, PathHelpers) {
   EXPECT_EQ(join_path("a/", "b"), "a/b");
   EXPECT_EQ(join_path("", "b"), "b");
   EXPECT_EQ(join_path("a", "/abs"), "/abs");
+}
+
+// Issue 19, class F: a FIFO, a device or a directory is refused by every reader before it reads
+// (a FIFO would block the open, /dev/zero would never end), and no writer replaces one.
+TEST(FileIO, SpecialFilesAreRefusedAndNeverReplaced) {
+  TempDir d;
+  const std::string fifo = d.file("fifo"), zero = d.file("zero");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::filesystem::create_symlink("/dev/zero", zero);
+  auto error_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of([&] { read_file(fifo); }).find("a FIFO (named pipe), not a regular file"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { read_file(zero); }).find("a character device"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_file(d.path); }).find("a directory"), std::string::npos);
+  EXPECT_NE(error_of([&] { MappedFile::open(fifo); }).find("FIFO"), std::string::npos);
+  EXPECT_NE(error_of([&] { write_file_atomic(fifo, "x"); }).find("would replace it"),
+            std::string::npos);
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));  // still the FIFO
+  AppendFile log;
+  EXPECT_NE(error_of([&] { log.open(fifo); }).find("FIFO"), std::string::npos);
+}
+
+// Class E: a log's torn last line (a kill or a full disk mid-write) is dropped when it is opened
+// again, and a failed append (here the file size limit) is an error that leaves whole lines only.
+TEST(FileIO, AppendFileKeepsWholeLines) {
+  TempDir d;
+  const std::string p = d.file("metrics.jsonl");
+  write_file_atomic(p, "{\"a\":1}\n{\"b\":");
+  {
+    AppendFile f;
+    EXPECT_EQ(f.open(p), 5);  // the torn {"b":
+    f.append("{\"c\":3}\n");
+  }
+  EXPECT_EQ(read_file(p), "{\"a\":1}\n{\"c\":3}\n");
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct sigaction ign {
+  }, prev{};
+  ign.sa_handler = SIG_IGN;
+  ASSERT_EQ(::sigaction(SIGXFSZ, &ign, &prev), 0);
+  struct rlimit lim = old;
+  lim.rlim_cur = 40;  // the next line crosses it
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  std::string err;
+  {
+    AppendFile f;
+    f.open(p);
+    try {
+      f.append("{\"long\":\"" + std::string(64, 'x') + "\"}\n");
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::sigaction(SIGXFSZ, &prev, nullptr);
+  EXPECT_NE(err.find("metrics.jsonl"), std::string::npos) << err;
+  EXPECT_NE(err.find("File too large"), std::string::npos) << err;
+  EXPECT_EQ(read_file(p), "{\"a\":1}\n{\"c\":3}\n");
 }

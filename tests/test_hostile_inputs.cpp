@@ -6,11 +6,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
 #include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
+#include "attnres/model.hpp"
+#include "attnres/optim.hpp"
 #include "attnres/tokenizer.hpp"
 #include "attnres/train.hpp"
 #include "test_util.hpp"
@@ -197,3 +201,83 @@ TEST(HostileInputs, CorpusWithNulBytesIsRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// A tiny model's checkpoint and optimizer state in td, for the tests below to poison.
+struct SavedRun {
+  ModelConfig cfg;
+  std::string model, optim;
+};
+SavedRun save_tiny(const TempDir& td) {
+  SavedRun s;
+  s.cfg.n_layer = 1;
+  s.cfg.d_model = 16;
+  s.cfg.n_head = 2;
+  s.cfg.max_seq_len = 8;
+  Model m(s.cfg);
+  m.init_weights(1);
+  s.model = td.file("model.safetensors");
+  s.optim = td.file("optimizer.safetensors");
+  save_model(s.model, m, {{"step", "3"}});
+  AdamW opt(m.layout(), AdamWConfig{});
+  save_optimizer(s.optim, m, opt, {});
+  return s;
+}
+
+}  // namespace
+
+// Issue 19, class B: weights or moments that are NaN or Inf are refused where they are loaded
+// (they used to be trained on, saved over the good checkpoint, or evaluated to `loss nan`), and
+// never saved by the trainer.
+TEST(HostileInputs, NonFiniteWeightsAndMomentsAreRefusedOnLoad) {
+  TempDir td;
+  const SavedRun s = save_tiny(td);
+  {
+    auto m = load_model(s.model);
+    m->param("layers.0.feed_forward.w2.weight")[5] = std::numeric_limits<float>::infinity();
+    save_model(td.file("inf.safetensors"), *m, {});
+    expect_error(
+        [&] { load_model(td.file("inf.safetensors")); },
+        {"inf.safetensors", "is unusable", "'layers.0.feed_forward.w2.weight' holds 1 of"});
+    expect_error([&] { check_weights_finite(*m, "not saving", "fix"); }, {"not saving", "fix"});
+  }
+  auto m = load_model(s.model);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), -1.0f}) {
+    AdamW opt(m->layout(), AdamWConfig{});
+    opt.v().data()[7] = bad;
+    save_optimizer(td.file("o.safetensors"), *m, opt, {});
+    AdamW back(m->layout(), AdamWConfig{});
+    expect_error([&] { load_optimizer(td.file("o.safetensors"), *m, back); },
+                 {"o.safetensors", "is unusable", "'v.tok_embeddings.weight'"});
+  }
+}
+
+// Class L: a checkpoint's step and the optimizer's step count must be counts in range (they were
+// trusted: `step` 99 of 5 planned ended the run as done, -3 trained on garbage, "abc" was an
+// internal error).
+TEST(HostileInputs, CheckpointStepsMustBeCountsInRange) {
+  EXPECT_EQ(checkpoint_step({{"step", "4"}}, 5, "c"), 4);
+  for (const char* bad : {"99", "-3", "abc", "", "4 ", "99999999999999999999"}) {
+    expect_error(
+        [&] {
+          checkpoint_step({{"step", bad}}, 5, "ckpt");
+        },
+        {"ckpt", "not a count in [0, 5]"});
+  }
+  expect_error([&] { checkpoint_step({}, 5, "ckpt"); }, {"no 'step'"});
+  TempDir td;
+  const SavedRun s = save_tiny(td);
+  auto m = load_model(s.model);
+  AdamW opt(m->layout(), AdamWConfig{});
+  save_optimizer(td.file("o.safetensors"), *m, opt, {});
+  // adam_steps -5 in the metadata (written as the saver would, then edited)
+  std::string bytes = read_file(td.file("o.safetensors"));
+  const size_t at = bytes.find("\"adam_steps\":\"0\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 16, "\"adam_steps\":\"-\"");
+  write_bytes(td.file("o.safetensors"), bytes);
+  AdamW back(m->layout(), AdamWConfig{});
+  expect_error([&] { load_optimizer(td.file("o.safetensors"), *m, back); },
+               {"adam_steps is '-'", "not a count"});
+}

@@ -46,7 +46,17 @@ int64_t load_initial_weights(Model& model, const std::string& path,
                              std::vector<std::string>* changed = nullptr);
 
 void save_optimizer(const std::string& path, const Model& model, AdamW& opt, const Metadata& meta);
-// Loads moments and the step count into opt; returns the file's metadata.
+// Loads moments and the step count into opt; returns the file's metadata. Non-finite moments
+// (or a negative second moment) and a step count that is not a count are an Error naming the
+// file.
 Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt);
+
+// Throws Error "<what>: tensor 'T' holds N of M non-finite values (NaN or Inf); <fix>" for the
+// first tensor of the model's weights with a NaN or Inf (the trainer, before each save).
+void check_weights_finite(const Model& model, const std::string& what, const std::string& fix);
+
+// The training step a checkpoint's metadata records (key "step"): decimal digits in
+// [0, max_step], else an Error naming `path`.
+int64_t checkpoint_step(const Metadata& meta, int64_t max_step, const std::string& path);
 
 }  // namespace attnres

@@ -12,8 +12,39 @@
 
 namespace attnres {
 
-// Returns the whole content of `path`; throws Error naming the path if it is missing or unreadable.
+// Every reader opens files through open_regular_file: a FIFO, a device (e.g. a symlink to
+// /dev/zero), a socket or a directory is refused with an Error naming the path, before any read
+// (opening a FIFO would block until a writer came; reading /dev/zero would never end).
+
+// Opens `path` with `flags` (O_RDONLY, or O_WRONLY | O_APPEND | O_CREAT, ...) and returns the
+// descriptor, or throws Error ("cannot <verb> '<path>': ...") if it cannot or the path is not a
+// regular file.
+int open_regular_file(const std::string& path, int flags, const char* verb);
+
+// Returns the whole content of `path`; throws Error naming the path if it is missing, unreadable
+// or not a regular file.
 std::string read_file(const std::string& path);
+
+// Appends lines to a log file (metrics.jsonl): each append is one write of whole lines, checked;
+// a failed or short write is an Error naming the file, the OS error and the fix. Opening drops a
+// torn last line (a line without its newline, left by a kill or a full disk mid-write), so the
+// file always ends with a complete line.
+class AppendFile {
+ public:
+  AppendFile() = default;
+  ~AppendFile();
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  // Opens (creating) `path`; returns the bytes of a torn last line it dropped (0: none).
+  int64_t open(const std::string& path);
+  bool is_open() const { return fd_ >= 0; }
+  void append(std::string_view lines);
+  void close() noexcept;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 // Replaces `path` with `data` atomically (temp file in the same directory, fsync, rename, fsync of
 // the directory). On any failure the temp file is removed, the old `path` is untouched and Error

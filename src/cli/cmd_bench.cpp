@@ -529,19 +529,37 @@ void add_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* s = app.add_subcommand(
       "bench", "Measure training and inference speed and memory per residual mode");
-  s->add_option("--d-model", a->d_model, "Model width")->capture_default_str();
-  s->add_option("--n-layer", a->n_layer, "Transformer blocks")->capture_default_str();
-  s->add_option("--n-head", a->n_head, "Attention heads")->capture_default_str();
-  s->add_option("--seq-len", a->seq_len, "Sequence length T")->capture_default_str();
-  s->add_option("--batch-size", a->batch, "Sequences per step")->capture_default_str();
-  s->add_option("--vocab", a->vocab, "Vocabulary size")->capture_default_str();
+  s->add_option("--d-model", a->d_model, "Model width")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 16));
+  s->add_option("--n-layer", a->n_layer, "Transformer blocks")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 10));
+  s->add_option("--n-head", a->n_head, "Attention heads")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 10));
+  s->add_option("--seq-len", a->seq_len, "Sequence length T")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  s->add_option("--batch-size", a->batch, "Sequences per step")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  s->add_option("--vocab", a->vocab, "Vocabulary size")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
   s->add_option("--modes", a->modes, "Residual modes, comma-separated")->capture_default_str();
-  s->add_option("--block-size", a->block_size, "Block size of mode block")->capture_default_str();
+  s->add_option("--block-size", a->block_size, "Block size of mode block")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 10));
   s->add_option("--steps", a->steps, "Timed training steps (median reported)")
-      ->capture_default_str();
-  s->add_option("--warmup", a->warmup, "Untimed warm-up steps")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  s->add_option("--warmup", a->warmup, "Untimed warm-up steps")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   s->add_option("--decode-tokens", a->decode_tokens, "Tokens decoded one at a time")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   s->add_option("--repeats", a->repeats,
                 "Rounds over all modes, interleaved; each mode reports its median round")
       ->check(CLI::PositiveNumber)

@@ -91,9 +91,16 @@ void add_eval(CLI::App& app) {
       ->check(CLI::IsMember({"val", "train", "all"}))
       ->capture_default_str();
   s->add_option("--val-fraction", a->val_fraction, "Held-out fraction (default: the run's)");
-  s->add_option("--seq-len", a->seq_len, "Window length (default: the model's context)");
-  s->add_option("--batch-size", a->batch_size, "Windows per batch")->capture_default_str();
-  s->add_option("--batches", a->batches, "Most batches to evaluate")->capture_default_str();
+  // (CLI11 checks the ranges: a batch of 0 windows divided by zero, negative counts reported
+  // perplexity 1 over a negative number of tokens)
+  s->add_option("--seq-len", a->seq_len, "Window length (default 0: the model's context)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  s->add_option("--batch-size", a->batch_size, "Windows per batch")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  s->add_option("--batches", a->batches, "Most batches to evaluate")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   add_device_options(s, a->dev);
   s->callback([a] { run_eval(*a); });
 }

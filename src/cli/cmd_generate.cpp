@@ -59,7 +59,9 @@ void add_generate(CLI::App& app) {
   s->add_option("model,--model", a->model, "model.safetensors")->required();
   s->add_option("--prompt", a->prompt, "Text to continue (its tokens exactly; no BOS added)")
       ->required();
-  s->add_option("--max-new-tokens,-n", a->max_new, "Tokens to generate")->capture_default_str();
+  s->add_option("--max-new-tokens,-n", a->max_new, "Tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   s->add_option("--temperature", a->sc.temperature, "0 = greedy (deterministic)")
       ->capture_default_str();
   s->add_option("--top-k", a->sc.top_k, "Sample from the k most likely tokens (0 = off)")

@@ -84,7 +84,8 @@ void add_inspect(CLI::App& app) {
   s->add_option("model,--model", a->model, "model.safetensors")->required();
   s->add_option("--text", a->text, "Text to run the model on");
   s->add_option("--data", a->data, "Corpus whose validation split to use (default: the run's)");
-  s->add_option("--tokens", a->tokens, "Tokens to average over (default: the model's context)");
+  s->add_option("--tokens", a->tokens, "Tokens to average over (default 0: the model's context)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   s->callback([a] { run_inspect(*a); });
 }
 

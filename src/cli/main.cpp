@@ -1,17 +1,21 @@
 // attnres: train, evaluate and sample Transformer language models with Attention Residuals.
 // The only place that prints errors and picks exit codes (library code throws attnres::Error).
+#include <fcntl.h>
 #include <omp.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <functional>
+#include <new>
 #include <string>
 
 #include "attnres/cuda.hpp"
 #include "attnres/dist.hpp"
 #include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
 #include "cli/commands.hpp"
 #include "cli/train_options.hpp"
 
@@ -53,6 +57,33 @@ void set_command_line(int argc, char** argv) {
 
 namespace {
 
+constexpr int kMaxThreads = 4096;  // far above any machine's cores; libgomp dies at 65536
+constexpr int64_t kMaxConfigBytes = 1 << 20;  // a --config file
+
+// Checks what CLI11 cannot before it reads anything: the --config file is a regular file of at
+// most 1 MiB (a FIFO would block it, /dev/zero would never end), and OMP_NUM_THREADS is in range.
+void check_inputs_before_parsing(int argc, char** argv) {
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    std::string path;
+    if (a == "--config" && i + 1 < argc) path = argv[i + 1];
+    if (a.rfind("--config=", 0) == 0) path = a.substr(9);
+    if (path.empty()) continue;
+    const int fd = attnres::open_regular_file(path, O_RDONLY, "read the --config file");
+    ::close(fd);
+    attnres::check(
+        std::filesystem::file_size(path) <= kMaxConfigBytes,
+        "the --config file '" + path + "' is over 1 MiB; give a TOML/INI file of options");
+  }
+  if (const char* e = std::getenv("OMP_NUM_THREADS")) {
+    char* end = nullptr;
+    const long n = std::strtol(e, &end, 10);
+    attnres::check(end != e && n >= 1 && n <= kMaxThreads,
+                   "OMP_NUM_THREADS='" + std::string(e) + "' must be a thread count in [1, " +
+                       std::to_string(kMaxThreads) + "]; unset it or use --threads");
+  }
+}
+
 int run_main(int argc, char** argv) {
   tune_openmp_wait(argv);
   attnres::cli::start_signal_thread();  // before any other thread exists
@@ -63,8 +94,11 @@ int run_main(int argc, char** argv) {
   app.require_subcommand(1);
   int threads = 0;
   app.add_option("--threads", threads, "Threads for compute (0 = all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, kMaxThreads));
   app.set_config("--config", "", "Read options from a TOML/INI file (command-line flags win)");
+  // A key of the config file that names no option (a typo, a misspelt [section]) is an error,
+  // not silently ignored.
+  app.allow_config_extras(CLI::config_extras_mode::error);
   app.set_version_flag(
       "--version", std::function<std::string()>([] {
         std::string why;
@@ -125,12 +159,27 @@ int run_main(int argc, char** argv) {
     return 2;
   }
   try {
+    check_inputs_before_parsing(argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const attnres::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "\nerror: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "\nerror: out of memory: the model, the batch or the sequences need more memory "
+                 "than this process can get; lower --batch-size, --seq-len, --d-model or "
+                 "--n-layer (or raise ulimit -v). Checkpoints already saved are intact.\n");
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "\nerror: %s; check the path (a directory cannot be made under a "
+                 "file, on a read-only disk or without permission)\n",
+                 e.what());
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);

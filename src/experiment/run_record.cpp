@@ -1,8 +1,8 @@
 #include "experiment/run_record.hpp"
 
 #include <chrono>
-#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
@@ -15,7 +15,7 @@ namespace attnres::experiment {
 
 RunMetrics read_metrics(const fs::path& metrics) {
   RunMetrics m;
-  std::ifstream f(metrics);
+  std::istringstream f(fs::exists(metrics) ? read_file(metrics.string()) : std::string());
   std::string line;
   int64_t n = 0;
   while (std::getline(f, line)) {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -53,7 +54,37 @@ std::string write_fix_hint(int err) {
   }
 }
 
+// What a file that is not a regular one is, for errors.
+const char* kind_of(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
 }  // namespace
+
+int open_regular_file(const std::string& path, int flags, const char* verb) {
+  // O_NONBLOCK: opening a FIFO must not wait for its other end (it is refused below); regular
+  // files ignore it. Then the descriptor is made blocking again for the caller's reads/writes.
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NONBLOCK, 0666);
+  if (fd < 0) {
+    int err = errno;
+    throw Error(std::string("cannot ") + verb + " '" + path + "': " + errno_text(err) +
+                (err == ENOENT ? "; check the path" : "; check the file's permissions"));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const std::string kind = kind_of(st.st_mode);
+    ::close(fd);
+    throw Error(std::string("cannot ") + verb + " '" + path + "': it is " + kind +
+                ", not a regular file; give the path of a file");
+  }
+  (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
 
 std::string errno_text(int err) {
   char buf[256];
@@ -80,19 +111,11 @@ std::string join_path(const std::string& dir, const std::string& rel) {
 }
 
 std::string read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    throw Error("cannot read '" + path + "': " + errno_text(err) +
-                (err == ENOENT ? "; check the path" : "; check the file's permissions"));
-  }
+  const int fd = open_regular_file(path, O_RDONLY, "read");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    throw Error("cannot read '" + path + "': it is a directory, not a file; give a file path");
-  }
+  (void)::fstat(fd, &st);
   std::string out;
-  // st_size is only a hint (procfs and pipes report 0); the loop below reads until EOF anyway.
+  // (a file that grows while it is read is read to its end)
   if (st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
   for (;;) {
@@ -115,6 +138,13 @@ std::string read_file(const std::string& path) {
 
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   check(!path_.empty(), "cannot write a file with an empty path; give an output path");
+  // The rename would replace whatever the path names: a device or FIFO given as an output path
+  // (as root, even /dev/null) must not become a regular file.
+  struct stat old {};
+  if (::stat(path_.c_str(), &old) == 0 && !S_ISREG(old.st_mode)) {
+    throw Error("cannot write '" + path_ + "': it is " + kind_of(old.st_mode) +
+                ", not a regular file, and writing would replace it; give another output path");
+  }
   tmp_ = temp_name_for(path_);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd_ < 0) {
@@ -232,24 +262,9 @@ void write_file_atomic(const std::string& path, std::string_view data) {
 // MappedFile
 
 MappedFile MappedFile::open(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below); a regular
-  // file's reads and mapping are unaffected.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    int err = errno;
-    throw Error("cannot open '" + path + "': " + errno_text(err) +
-                (err == ENOENT ? "; check the path" : "; check the file's permissions"));
-  }
+  const int fd = open_regular_file(path, O_RDONLY, "open");
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw Error("cannot stat '" + path + "': " + errno_text(err) + "; check the path");
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error("cannot map '" + path + "': not a regular file; give a file path");
-  }
+  (void)::fstat(fd, &st);
   MappedFile m;
   m.path_ = path;
   m.size_ = static_cast<size_t>(st.st_size);
@@ -292,6 +307,76 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     o.size_ = 0;
   }
   return *this;
+}
+
+}  // namespace attnres
+
+// ---------------------------------------------------------------------------------------------
+// AppendFile
+
+namespace attnres {
+
+AppendFile::~AppendFile() { close(); }
+
+void AppendFile::close() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+int64_t AppendFile::open(const std::string& path) {
+  close();
+  path_ = path;
+  fd_ = open_regular_file(path, O_RDWR | O_CREAT, "append to");
+  struct stat st {};
+  (void)::fstat(fd_, &st);
+  // Drop a torn last line: find the last newline in the file's tail and cut after it.
+  int64_t size = st.st_size, keep = size;
+  char buf[4096];
+  while (keep > 0) {
+    const int64_t from = std::max<int64_t>(0, keep - static_cast<int64_t>(sizeof buf));
+    const ssize_t r = ::pread(fd_, buf, static_cast<size_t>(keep - from), from);
+    if (r <= 0) break;
+    int64_t i = r - 1;
+    while (i >= 0 && buf[i] != '\n') i--;
+    if (i >= 0) {
+      keep = from + i + 1;
+      break;
+    }
+    keep = from;
+  }
+  if (keep < size && ::ftruncate(fd_, keep) != 0) {
+    const int err = errno;
+    close();
+    throw Error("cannot repair '" + path + "' (a torn last line): " + errno_text(err) + "; " +
+                write_fix_hint(err));
+  }
+  if (::lseek(fd_, 0, SEEK_END) < 0) {
+    const int err = errno;
+    close();
+    throw Error("cannot append to '" + path + "': " + errno_text(err));
+  }
+  return size - keep;
+}
+
+void AppendFile::append(std::string_view lines) {
+  check(fd_ >= 0, "internal: AppendFile::append before open");
+  size_t done = 0;
+  while (done < lines.size()) {
+    const ssize_t w = ::write(fd_, lines.data() + done, lines.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = w < 0 ? errno : ENOSPC;
+      // Cut what this append wrote, so the file ends with a complete line again.
+      const off_t end = ::lseek(fd_, 0, SEEK_CUR);
+      if (end >= 0 && ::ftruncate(fd_, end - static_cast<off_t>(done)) == 0) {
+        (void)::lseek(fd_, end - static_cast<off_t>(done), SEEK_SET);
+      }
+      throw Error("cannot write '" + path_ + "': write failed after " + std::to_string(done) +
+                  " of " + std::to_string(lines.size()) + " bytes: " + errno_text(err) + "; " +
+                  write_fix_hint(err));
+    }
+    done += static_cast<size_t>(w);
+  }
 }
 
 }  // namespace attnres

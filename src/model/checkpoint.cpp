@@ -14,6 +14,53 @@ constexpr const char* kModelFormat = "attnres-model/1";
 constexpr const char* kOptimFormat = "attnres-optim/1";
 }  // namespace
 
+namespace {
+
+// Throws Error(what: the tensor ...; fix) naming the first tensor of `layout` (its name after
+// `prefix`) that holds a non-finite value in x, and how many it holds; `nonneg`: negative values
+// too (Adam's v).
+void check_finite(const float* x, const ParamLayout& layout, const std::string& prefix,
+                  const std::string& what, const std::string& fix, bool nonneg = false) {
+  for (const ParamEntry& e : layout.entries()) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < e.numel; i++) {
+      const float v = x[e.offset + i];
+      bad += !std::isfinite(v) || (nonneg && v < 0.0f);
+    }
+    if (bad > 0) {
+      throw Error(what + ": tensor '" + prefix + e.name + "' holds " + std::to_string(bad) +
+                  " of " + std::to_string(e.numel) +
+                  (nonneg ? " values that are negative or not finite" : " non-finite values") +
+                  " (NaN or Inf); " + fix);
+    }
+  }
+}
+
+// The integer a metadata value holds (decimal digits only), in [0, max]; else an Error.
+int64_t metadata_count(const std::string& v, int64_t max, const std::string& what) {
+  const bool digits =
+      !v.empty() && v.size() <= 18 && v.find_first_not_of("0123456789") == std::string::npos;
+  const int64_t n = digits ? std::stoll(v) : -1;
+  check(digits && n <= max, what + " is '" + v + "', not a count in [0, " + std::to_string(max) +
+                                "]; the checkpoint's metadata is corrupt or was edited");
+  return n;
+}
+
+}  // namespace
+
+int64_t checkpoint_step(const Metadata& meta, int64_t max_step, const std::string& path) {
+  auto it = meta.find("step");
+  check(it != meta.end(), "checkpoint '" + path +
+                              "' has no 'step' in its metadata; it is not a "
+                              "training checkpoint of attnres");
+  return metadata_count(it->second, max_step, "checkpoint '" + path + "': its step");
+}
+
+void check_weights_finite(const Model& model, const std::string& what, const std::string& fix) {
+  std::vector<float> host;
+  check_finite(model.params_on_host(host), model.layout(), "", what, fix);
+}
+
 void save_model(const std::string& path, const Model& model, const Metadata& meta) {
   SafetensorsWriter w;
   for (const auto& [k, v] : meta) w.set_metadata(k, v);
@@ -40,6 +87,9 @@ void load_weights(Model& model, const SafetensorsReader& r, bool allow_extra) {
     }
     r.read_f32(e.name, e.shape, p + e.offset);
   }
+  check_finite(p, model.layout(), "", "checkpoint '" + r.path() + "' is unusable",
+               "the run diverged or the file is corrupt: use an earlier checkpoint of its run "
+               "(its checkpoints/ directory), or train again");
   if (!allow_extra) {
     for (const std::string& n : r.names()) {
       if (!expected.count(n)) {
@@ -217,15 +267,16 @@ Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt)
       r.read_f32(n, e.shape, dst);
     }
   }
+  const std::string unusable = "optimizer state '" + path + "' is unusable",
+                    fix = "the file is corrupt: resume from an earlier checkpoint of the run";
+  check_finite(host ? opt.m().data() : hm.data(), model.layout(), "m.", unusable, fix);
+  check_finite(host ? opt.v().data() : hv.data(), model.layout(), "v.", unusable, fix, true);
   if (!host) {
     opt.m().upload(hm.data(), hm.size());
     opt.v().upload(hv.data(), hv.size());
   }
-  try {
-    opt.set_steps_taken(std::stoll(steps->second));
-  } catch (const std::exception&) {
-    throw Error("optimizer state '" + path + "' has a bad adam_steps value");
-  }
+  opt.set_steps_taken(metadata_count(steps->second, int64_t{1} << 40,
+                                     "optimizer state '" + path + "': its adam_steps"));
   return r.metadata();
 }
 

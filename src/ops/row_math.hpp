@@ -42,14 +42,14 @@ template <Sum kSum = Sum::ordered>
 ATTNRES_HD inline void rmsnorm_backward(float* dx, float* dg, const float* dy, const float* x,
                                         const float* g, float r, int64_t C) {
   float dot = 0.0f;
-  if constexpr (kSum == Sum::vectorised) {  // NOLINT(bugprone-branch-clone): the pragma differs
+  if constexpr (kSum == Sum::vectorised) {  // NOLINT(bugprone-branch-clone): (the pragma)
     ATTNRES_SIMD_SUM(dot)
     for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
   } else {
     for (int64_t c = 0; c < C; c++) dot += g[c] * dy[c] * x[c];
   }
   const float k = r * r * r * dot / static_cast<float>(C);  // r mean(g dy xhat), folded
-  if (dg) {
+  if (dg) {  // NOLINT(bugprone-branch-clone): clang-tidy 14 compares the pragmas only
     ATTNRES_SIMD
     for (int64_t c = 0; c < C; c++) {
       dx[c] += r * g[c] * dy[c] - k * x[c];

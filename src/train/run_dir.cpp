@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -46,6 +47,11 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
   const fs::path root = ckpt_root();
   const std::string name = step_dir_name(step);
   const fs::path dir = root / name, tmp = root / (name + ".tmp");
+  // Weights that became NaN or Inf are never saved over good ones.
+  check_weights_finite(model, "not saving the checkpoint of step " + std::to_string(step),
+                       "training went wrong (lower --lr); the checkpoints already saved are "
+                       "untouched" +
+                           last_checkpoint_note());
   std::error_code ec;
   try {
     fs::create_directories(root);
@@ -79,8 +85,18 @@ std::string RunDir::latest() const {
                            "': it has no 'latest' checkpoint; start the run without --resume");
   std::string name = read_file(p.string());
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  // Only a checkpoint of this run: step_<digits> in its checkpoints directory (a path such as
+  // ../../other/checkpoints/step_5 would resume another run's weights).
+  const bool plain = name.rfind("step_", 0) == 0 && name.size() > 5 &&
+                     name.find_first_not_of("0123456789", 5) == std::string::npos;
+  std::string shown;  // (at most 80 bytes, control bytes as '?')
+  for (char c : name.substr(0, 80)) shown += std::isprint(static_cast<unsigned char>(c)) ? c : '?';
+  check(plain, "'" + p.string() + "' names '" + shown +
+                   "', not a checkpoint of this run (step_<number>); the file is corrupt or was "
+                   "edited: write the name of a directory of '" +
+                   ckpt_root() + "' into it");
   const fs::path dir = fs::path(ckpt_root()) / name;
-  if (name.empty() || !fs::is_directory(dir)) {
+  if (!fs::is_directory(dir)) {
     std::string m = "'";  // built piecewise: GCC 12 warns falsely (-Wrestrict) on one long +
     m += p.string();
     m += "' names checkpoint '";

@@ -14,7 +14,7 @@ void TrainConfig::validate() const {
   need(batch_size >= 1, "--batch-size must be >= 1");
   need(seq_len >= 1 && seq_len <= 1 << 20, "--seq-len must be in [1, 1048576]");
   need(grad_accum >= 1, "--grad-accum must be >= 1");
-  need(steps >= 1, "--steps must be >= 1");
+  need(steps >= 1 && steps <= int64_t{1} << 40, "--steps must be in [1, 2^40]");
   need(adamw.lr > 0 && adamw.lr < 10, "--lr must be in (0, 10)");
   need(adamw.beta1 >= 0 && adamw.beta1 < 1 && adamw.beta2 >= 0 && adamw.beta2 < 1,
        "AdamW betas must be in [0, 1)");

@@ -10,9 +10,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <vector>
 
 #include "attnres/checkpoint.hpp"
@@ -71,7 +71,8 @@ std::string format_mib(int64_t bytes) {
 // loss-vs-time curve carries on. (Checkpoints do not hold it: their bytes do not depend on
 // timing or on the rank count.) Unreadable lines are skipped.
 double logged_seconds_at(const fs::path& metrics, int64_t step) {
-  std::ifstream f(metrics);
+  if (!fs::exists(metrics)) return 0.0;
+  std::istringstream f(read_file(metrics.string()));
   std::string line;
   int64_t best_step = -1;
   double secs = 0.0;
@@ -169,8 +170,13 @@ class Trainer {
   }
   void log_json(const nlohmann::json& j) {
     if (!root_) return;
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    try {
+      metrics_.append(j.dump() + "\n");
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + ". Training stopped: its log would lose lines. The " +
+                  "checkpoints already saved are intact; continue with: attnres train --resume " +
+                  "--out " + cfg_.out_dir);
+    }
   }
 
   // Stage 1: the run's configuration (on --resume, the saved one with this invocation's runtime
@@ -341,7 +347,12 @@ class Trainer {
         std::copy(full.v().data() + opt_->begin(), full.v().data() + opt_->end(), opt_->v().data());
         opt_->set_steps_taken(full.steps_taken());
       }
-      start_ = std::stoll(r.metadata().at("step"));
+      start_ = checkpoint_step(r.metadata(), cfg_.steps, dir + "/model.safetensors");
+      check(opt_->steps_taken() <= start_,
+            "optimizer state in '" + dir + "' has taken " + std::to_string(opt_->steps_taken()) +
+                " steps, more than the checkpoint's step " + std::to_string(start_) +
+                "; the two files are not of one checkpoint (restore the directory or resume from "
+                "an earlier checkpoint)");
       prior_seconds_ = logged_seconds_at(fs::path(cfg_.out_dir) / "metrics.jsonl", start_);
       msg("resumed from " + dir + " at step " + std::to_string(start_));
     } else if (root_) {
@@ -390,8 +401,12 @@ class Trainer {
         std::to_string(tokens_per_step_) + " tokens/step, " + mflops_text(flops_tok_) +
         " MFLOP/token; " + ranks_text);
     if (root_) {
-      metrics_.open(fs::path(cfg_.out_dir) / "metrics.jsonl", std::ios::app);
-      check(metrics_.good(), "cannot write metrics to '" + cfg_.out_dir + "/metrics.jsonl'");
+      const std::string path = (fs::path(cfg_.out_dir) / "metrics.jsonl").string();
+      const int64_t torn = metrics_.open(path);
+      if (torn > 0) {
+        msg("metrics.jsonl: dropped a torn last line (" + std::to_string(torn) +
+            " bytes, cut by a kill or a full disk)");
+      }
     }
     res_.num_params = model_->num_params();
     res_.flops_per_token = flops_tok_;
@@ -633,7 +648,7 @@ class Trainer {
   std::unique_ptr<pipe::Pipeline> pipeline_;
   double flops_tok_ = 0.0;
   int64_t tokens_per_step_ = 0;
-  std::ofstream metrics_;
+  AppendFile metrics_;
   TrainResult res_;
   Batch batch_;
   Clock::time_point t0_;
