@@ -21,6 +21,7 @@
 #include "attnres/error.hpp"
 #include "attnres/train.hpp"
 #include "test_util.hpp"
+#include "train/run_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace attnres;
@@ -441,6 +442,56 @@ TEST(Faults, PoisonedCheckpointIsDetectedOnResume) {
   }
   EXPECT_EQ(count_skipped(dir / "run" / "metrics.jsonl"), 0);
   EXPECT_EQ(trim(slurp(dir / "run" / "latest")), "step_00000004");
+}
+
+// Issue 19, class D: a run directory has one owner. A second process training in it is refused
+// while the first holds its lock (they interleaved their checkpoints and logs), and a new run
+// into a directory holding one is refused unless --overwrite (it replaced the model silently).
+TEST(Faults, RunDirectoriesHaveOneOwner) {
+  TempDir td;
+  const fs::path dir = td.path;
+  {
+    RunLock first(td.path);
+    try {
+      RunLock second(td.path);
+      ADD_FAILURE() << "a second lock on one directory was granted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("(pid " + std::to_string(::getpid()) + ")"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  RunLock again(td.path);  // released with its holder
+
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  ASSERT_FALSE(train(c, {}).interrupted);
+  fs::create_directories(dir / "run" / "data_cache_stays");
+  try {
+    train(c, {});
+    ADD_FAILURE() << "a second run into a finished one was not refused";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("already holds a run (latest, checkpoints, model.safetensors)"),
+              std::string::npos)
+        << w;
+    EXPECT_NE(w.find("--overwrite"), std::string::npos) << w;
+  }
+  c.overwrite = true;
+  std::vector<std::string> said;
+  TrainEvents ev;
+  ev.on_message = [&](const std::string& m) { said.push_back(m); };
+  ASSERT_FALSE(train(c, ev).interrupted);
+  EXPECT_TRUE(fs::exists(dir / "run" / "data_cache_stays"));
+  bool noted = false;
+  for (const std::string& m : said) noted |= m.find("--overwrite: deleted") != std::string::npos;
+  EXPECT_TRUE(noted);
+  // A run stopped before its first checkpoint leaves nothing to lose: a new start replaces it.
+  EXPECT_EQ(claim_out_dir((dir / "run").string(), true).empty(), false);
+  std::ofstream(dir / "run" / "train_config.json") << "{}";
+  EXPECT_NE(claim_out_dir((dir / "run").string(), false).find("before its first checkpoint"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir / "run" / "train_config.json"));
 }
 
 }  // namespace

@@ -62,6 +62,10 @@ struct TrainConfig {
   std::string
       data_dir;  // where the tokenizer and token cache live; "" = out_dir (compare shares one)
   bool resume = false;
+  // A new run into an out_dir that already holds a run (its train_config.json, latest,
+  // checkpoints, metrics or model) replaces that run's files only with overwrite; without it, and
+  // without resume, that is an Error. Not saved.
+  bool overwrite = false;
   // Multi-process runs: shard the AdamW moments over the ranks (ZeRO stage 1) instead of keeping
   // a full copy on each. A runtime choice like the rank count: not saved, and checkpoints are the
   // same either way.

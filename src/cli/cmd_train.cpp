@@ -169,6 +169,9 @@ void add_train(CLI::App& app) {
   s->add_option("--out", a->cfg.out_dir, "Run directory (checkpoints, metrics, final model)")
       ->capture_default_str();
   s->add_flag("--resume", a->cfg.resume, "Continue the run in --out from its latest checkpoint");
+  s->add_flag("--overwrite", a->cfg.overwrite,
+              "Start a new run in an --out that holds one, deleting that run's checkpoints, log "
+              "and model (without it, that is an error)");
   s->add_option("--init-from", a->cfg.init_from,
                 "Start from this checkpoint's weights instead of the seed's (same model size; "
                 "AttnRes tensors missing from it start as in a new run)")

@@ -1,5 +1,7 @@
 #include "train/run_dir.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -128,6 +130,58 @@ void RunDir::prune(const std::string& keep_name) const {
     std::error_code ec;
     fs::remove_all(fs::path(ckpt_root()) / names[i], ec);
   }
+}
+
+RunLock::RunLock(const std::string& out_dir) {
+  const std::string path = (fs::path(out_dir) / ".lock").string();
+  fd_ = open_regular_file(path, O_RDWR | O_CREAT, "lock the run directory with");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {0};
+    const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
+    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string("?");
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    throw Error("another attnres process (pid " + holder + ") is training in '" + out_dir +
+                "'; wait for it to finish, stop it, or use another --out (two runs in one "
+                "directory would mix their checkpoints and logs)");
+  }
+  const std::string me = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // (releases the lock)
+}
+
+std::string claim_out_dir(const std::string& out_dir, bool overwrite) {
+  const fs::path d = out_dir;
+  auto present = [&](const char* n) { return fs::exists(fs::symlink_status(d / n)); };
+  std::vector<std::string> kept, stale;  // what a run leaves to lose / only its start's files
+  for (const char* n : {"latest", "checkpoints", "model.safetensors"}) {
+    if (present(n)) kept.push_back(n);
+  }
+  for (const char* n : {"train_config.json", "metrics.jsonl"}) {
+    if (present(n)) stale.push_back(n);
+  }
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& n : v) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  };
+  check(kept.empty() || overwrite,
+        "'" + out_dir + "' already holds a run (" + list(kept) +
+            "); continue it with --resume, start this one in another --out, or pass --overwrite "
+            "to delete that run and start again");
+  for (const auto& v : {kept, stale}) {
+    for (const std::string& n : v) fs::remove_all(d / n);
+  }
+  if (!kept.empty())
+    return "--overwrite: deleted the previous run's " + list(kept) + ", " + list(stale);
+  if (!stale.empty()) {
+    return "replaced the " + list(stale) + " of a run that stopped before its first checkpoint";
+  }
+  return "";
 }
 
 }  // namespace attnres

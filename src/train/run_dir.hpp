@@ -37,4 +37,25 @@ class RunDir {
   std::string tokenizer_ref_, tokenizer_path_;
 };
 
+// One training process per run directory: holds an exclusive lock on out_dir/.lock (flock, freed
+// by the kernel when the process ends, even by kill -9) from construction to destruction. Throws
+// Error naming the directory and the holder's pid when another process holds it.
+class RunLock {
+ public:
+  explicit RunLock(const std::string& out_dir);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// A new run's claim on out_dir. If it holds a run with something to lose (latest, checkpoints/
+// or model.safetensors), throws Error saying how to continue or replace it, unless overwrite,
+// which deletes the old run's files (and nothing else: not the data cache). The files of a run
+// that stopped before its first checkpoint (train_config.json, metrics.jsonl) are replaced.
+// Returns what it deleted, as a message ("" = nothing).
+std::string claim_out_dir(const std::string& out_dir, bool overwrite);
+
 }  // namespace attnres

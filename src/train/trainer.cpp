@@ -225,6 +225,13 @@ class Trainer {
                 to_string(cfg_.precision)),
         "training options", "start every rank with the same command line");
     fs::create_directories(cfg_.out_dir);
+    if (root_) {
+      lock_ = std::make_unique<RunLock>(cfg_.out_dir);
+      if (!cfg_.resume) {
+        const std::string note = claim_out_dir(cfg_.out_dir, cfg_.overwrite);
+        if (!note.empty()) msg(note);
+      }
+    }
   }
 
   // Stage 2: the tokenizer and token splits (prepared once, by rank 0), the same on every rank.
@@ -649,6 +656,7 @@ class Trainer {
   double flops_tok_ = 0.0;
   int64_t tokens_per_step_ = 0;
   AppendFile metrics_;
+  std::unique_ptr<RunLock> lock_;  // (rank 0) held while this run trains
   TrainResult res_;
   Batch batch_;
   Clock::time_point t0_;
