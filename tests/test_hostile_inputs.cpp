@@ -3,6 +3,7 @@
 // must end in attnres::Error naming the file, never a crash, std::bad_alloc or a huge allocation.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -280,4 +281,48 @@ TEST(HostileInputs, CheckpointStepsMustBeCountsInRange) {
   AdamW back(m->layout(), AdamWConfig{});
   expect_error([&] { load_optimizer(td.file("o.safetensors"), *m, back); },
                {"adam_steps is '-'", "not a count"});
+}
+
+// Class G: a valid header of many small tensors parses in time linear in their number (nlohmann's
+// callback parser rescanned the header at each entry: 40k entries took 10 s, 80k 47 s). The bound
+// is 30x what the linear parse takes on 2 slow cores, so only the quadratic one can fail it.
+TEST(HostileInputs, HeaderOfManyTensorsParsesInLinearTime) {
+  TempDir td;
+  const int n = 60000;
+  std::string header = "{";
+  for (int i = 0; i < n; i++) {
+    header += (i ? ",\"t" : "\"t") + std::to_string(i) + "\":{\"dtype\":\"F32\",\"shape\":[1]," +
+              "\"data_offsets\":[" + std::to_string(4 * i) + "," + std::to_string(4 * i + 4) + "]}";
+  }
+  header += "}";
+  write_bytes(td.file("many.safetensors"),
+              safetensors_bytes(header, std::string(static_cast<size_t>(4 * n), '\0')));
+  const auto t0 = std::chrono::steady_clock::now();
+  const SafetensorsReader r = SafetensorsReader::open(td.file("many.safetensors"));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.names().size(), static_cast<size_t>(n));
+  EXPECT_LT(s, 10.0);
+  // (and a key twice in one object is still refused)
+  write_bytes(td.file("dup.safetensors"),
+              safetensors_bytes("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                                "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                                std::string(8, '\0')));
+  expect_error([&] { SafetensorsReader::open(td.file("dup.safetensors")); }, {"appears twice"});
+}
+
+// Deeply nested JSON (200k levels, a 400 KB file) overflowed the stack in `info`, `train
+// --resume` and `report`; every JSON read from a file is now refused past 64 levels.
+TEST(HostileInputs, DeeplyNestedJsonIsRefused) {
+  TempDir td;
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  write_bytes(td.file("deep.safetensors"),
+              safetensors_bytes(
+                  "{\"t\":{\"dtype\":\"F32\",\"shape\":" + deep + ",\"data_offsets\":[0,0]}}", ""));
+  expect_error([&] { SafetensorsReader::open(td.file("deep.safetensors")); },
+               {"deep.safetensors", "nested deeper than 64 levels"});
+  expect_error([&] { ModelConfig::from_json("{\"n_layer\":" + deep + "}"); },
+               {"nested deeper than 64 levels"});
+  expect_error([&] { TrainConfig::from_json("{\"model\":" + deep + "}"); },
+               {"nested deeper than 64 levels"});
+  EXPECT_NO_THROW(ModelConfig::from_json(ModelConfig{}.to_json()));
 }

@@ -26,6 +26,7 @@
 #include "cli/compare_job.hpp"
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
+#include "core/json_field.hpp"
 #include "experiment/compare_results.hpp"
 #include "experiment/host_info.hpp"
 #include "experiment/run_record.hpp"
@@ -545,7 +546,7 @@ void add_report(CLI::App& app) {
     const std::string rp = (fs::path(*dir) / "results.json").string();
     json r;
     try {
-      r = json::parse(read_file(rp));
+      r = parse_json(read_file(rp));
     } catch (const json::exception& e) {
       throw Error("'" + rp + "' is not valid JSON (" + e.what() + "); rerun `attnres compare`");
     }

@@ -7,6 +7,7 @@
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/model.hpp"
+#include "core/json_field.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -23,7 +24,7 @@ RunMetrics read_metrics(const fs::path& metrics) {
     if (line.empty()) continue;
     json j;
     try {
-      j = json::parse(line);
+      j = parse_json(line);
     } catch (const json::exception& e) {
       throw Error("'" + metrics.string() + "' line " + std::to_string(n) + " is not valid JSON (" +
                   e.what() + "); delete that run's directory to train it again");
@@ -91,7 +92,7 @@ json kept_run(const TrainConfig& c, int64_t vocab) {
   const fs::path path = dir / "run.json";
   json kept;
   try {
-    kept = json::parse(read_file(path.string()));
+    kept = parse_json(read_file(path.string()));
   } catch (const json::exception& e) {
     throw Error("'" + path.string() + "' is not valid JSON (" + e.what() + "); delete '" +
                 dir.string() + "' to train it again");
@@ -112,7 +113,7 @@ bool prepare_run_dir(const TrainConfig& c, int64_t vocab) {
   }
   json have;  // an interrupted run continues only under the same settings
   try {
-    have = json::parse(read_file((dir / "train_config.json").string()));
+    have = parse_json(read_file((dir / "train_config.json").string()));
   } catch (const json::exception& e) {
     throw Error("'" + (dir / "train_config.json").string() + "' is not valid JSON (" + e.what() +
                 "); delete '" + dir.string() + "' to train it again");

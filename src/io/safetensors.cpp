@@ -9,6 +9,7 @@
 #include <set>
 
 #include "attnres/error.hpp"
+#include "core/json_field.hpp"
 
 namespace attnres {
 
@@ -153,24 +154,15 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
 
   nlohmann::json header;
   // JSON parsers keep the last of duplicate keys silently; a tensor listed twice would hide one
-  // of its byte ranges from the overlap check, so duplicates are rejected while parsing.
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  auto on_event = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& v) {
-    using E = nlohmann::json::parse_event_t;
-    if (ev == E::object_start) {
-      open_objects.emplace_back();
-    } else if (ev == E::object_end) {
-      if (!open_objects.empty()) open_objects.pop_back();
-    } else if (ev == E::key && !open_objects.empty() && v.is_string()) {
-      if (!open_objects.back().insert(v.get<std::string>()).second && duplicate.empty()) {
-        duplicate = v.get<std::string>();
-      }
-    }
-    return true;
-  };
+  // of its byte ranges from the overlap check, so duplicates are rejected first (a linear SAX
+  // pass, which also bounds the nesting), then the header is parsed.
+  JsonShapeCheck shape(/*unique_keys=*/true);
+  nlohmann::json::sax_parse(hbeg, hend, &shape);
+  const std::string duplicate = shape.duplicate;
+  check(!shape.too_deep, "checkpoint " + f + " has a header nested deeper than " +
+                             std::to_string(kMaxJsonDepth) + " levels; the file is corrupt");
   try {
-    header = nlohmann::json::parse(hbeg, hend, on_event);
+    header = nlohmann::json::parse(hbeg, hend);
   } catch (const nlohmann::json::exception& e) {
     throw Error("checkpoint " + f + " has a header that is not valid JSON (" + e.what() +
                 "); the file is corrupt or not a safetensors file");

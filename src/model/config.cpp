@@ -131,7 +131,7 @@ DepthQuery parse_depth_query(const std::string& s) {
 ModelConfig ModelConfig::from_json(const std::string& text) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = parse_json(text);
   } catch (const std::exception& e) {
     throw Error(std::string("model config is not valid JSON: ") + e.what());
   }

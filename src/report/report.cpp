@@ -8,6 +8,7 @@
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/report.hpp"
+#include "core/json_field.hpp"
 #include "report/analysis.hpp"
 
 namespace attnres {
@@ -101,7 +102,7 @@ void write_report(const std::string& run_dir) {
   const std::string path = (fs::path(run_dir) / "results.json").string();
   nlohmann::json r;
   try {
-    r = nlohmann::json::parse(read_file(path));
+    r = parse_json(read_file(path));
   } catch (const nlohmann::json::exception& e) {
     throw Error("'" + path + "' is not valid JSON (" + e.what() + "); rerun `attnres compare`");
   }

@@ -88,7 +88,7 @@ std::string TrainConfig::to_json() const {
 TrainConfig TrainConfig::from_json(const std::string& text) {
   TrainConfig c;
   try {
-    const auto j = nlohmann::json::parse(text);
+    const auto j = parse_json(text);
     check(j.is_object(), "training config must be a JSON object");
     auto get = [&](const char* k, auto& dst) {
       return read_json_field(j, k, dst, "training config");
