@@ -472,7 +472,7 @@ TEST(Faults, RunDirectoriesHaveOneOwner) {
     ADD_FAILURE() << "a second run into a finished one was not refused";
   } catch (const Error& e) {
     const std::string w = e.what();
-    EXPECT_NE(w.find("already holds a run (latest, checkpoints, model.safetensors)"),
+    EXPECT_NE(w.find("already holds a run (latest, model.safetensors, checkpoints)"),
               std::string::npos)
         << w;
     EXPECT_NE(w.find("--overwrite"), std::string::npos) << w;
@@ -492,6 +492,20 @@ TEST(Faults, RunDirectoriesHaveOneOwner) {
   EXPECT_NE(claim_out_dir((dir / "run").string(), false).find("before its first checkpoint"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(dir / "run" / "train_config.json"));
+  // What the engine did not write is never deleted, not even with --overwrite (a directory named
+  // metrics.jsonl holding the user's files was removed as a "stale" log).
+  fs::create_directories(dir / "run" / "metrics.jsonl" / "sub");
+  std::ofstream(dir / "run" / "metrics.jsonl" / "sub" / "x") << "precious";
+  for (bool ow : {false, true}) {
+    try {
+      claim_out_dir((dir / "run").string(), ow);
+      ADD_FAILURE() << "a directory named metrics.jsonl was claimed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is not what an attnres run writes"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(slurp(dir / "run" / "metrics.jsonl" / "sub" / "x"), "precious");
 }
 
 }  // namespace

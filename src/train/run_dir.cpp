@@ -157,12 +157,44 @@ RunLock::~RunLock() {
 std::string claim_out_dir(const std::string& out_dir, bool overwrite) {
   const fs::path d = out_dir;
   auto present = [&](const char* n) { return fs::exists(fs::symlink_status(d / n)); };
+  // Only what the engine wrote is ever deleted: regular files, and a checkpoints/ directory of
+  // step_* directories. Anything else under those names is the user's: refused, never removed.
+  auto ours = [&](const char* n) {
+    const fs::path p = d / n;
+    if (std::string(n) != "checkpoints") return fs::is_regular_file(fs::symlink_status(p));
+    if (!fs::is_directory(fs::symlink_status(p))) return false;
+    for (const auto& e : fs::directory_iterator(p)) {
+      if (!fs::is_directory(fs::symlink_status(e.path())) ||
+          e.path().filename().string().rfind("step_", 0) != 0) {
+        return false;
+      }
+    }
+    return true;
+  };
+  // A complete checkpoint: a step_N directory that is not a save's step_N.tmp.
+  auto has_checkpoint = [&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d / "checkpoints", ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.size() < 4 || n.compare(n.size() - 4, 4, ".tmp") != 0) return true;
+    }
+    return false;
+  };
   std::vector<std::string> kept, stale;  // what a run leaves to lose / only its start's files
-  for (const char* n : {"latest", "checkpoints", "model.safetensors"}) {
+  for (const char* n : {"latest", "model.safetensors"}) {
     if (present(n)) kept.push_back(n);
   }
+  if (present("checkpoints")) (has_checkpoint() ? kept : stale).push_back("checkpoints");
   for (const char* n : {"train_config.json", "metrics.jsonl"}) {
     if (present(n)) stale.push_back(n);
+  }
+  for (const auto& v : {kept, stale}) {
+    for (const std::string& n : v) {
+      check(ours(n.c_str()), "'" + (d / n).string() +
+                                 "' is not what an attnres run writes there (a directory, a "
+                                 "special file, a symlink or other files); it is left alone: "
+                                 "move it away or use another --out");
+    }
   }
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
@@ -176,8 +208,9 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite) {
   for (const auto& v : {kept, stale}) {
     for (const std::string& n : v) fs::remove_all(d / n);
   }
-  if (!kept.empty())
-    return "--overwrite: deleted the previous run's " + list(kept) + ", " + list(stale);
+  std::vector<std::string> all = kept;
+  all.insert(all.end(), stale.begin(), stale.end());
+  if (!kept.empty()) return "--overwrite: deleted the previous run's " + list(all);
   if (!stale.empty()) {
     return "replaced the " + list(stale) + " of a run that stopped before its first checkpoint";
   }

@@ -51,10 +51,12 @@ class RunLock {
   int fd_ = -1;
 };
 
-// A new run's claim on out_dir. If it holds a run with something to lose (latest, checkpoints/
-// or model.safetensors), throws Error saying how to continue or replace it, unless overwrite,
-// which deletes the old run's files (and nothing else: not the data cache). The files of a run
-// that stopped before its first checkpoint (train_config.json, metrics.jsonl) are replaced.
+// A new run's claim on out_dir. If it holds a run with something to lose (latest, a complete
+// checkpoint or model.safetensors), throws Error saying how to continue or replace it, unless
+// overwrite, which deletes the old run's files (and nothing else: not the data cache). The files
+// of a run that stopped before its first checkpoint (train_config.json, metrics.jsonl, an empty
+// checkpoints/ or a save's step_N.tmp) are replaced. Anything under those names that the engine
+// does not write (a directory named metrics.jsonl, a FIFO, a symlink) is an Error, never deleted.
 // Returns what it deleted, as a message ("" = nothing).
 std::string claim_out_dir(const std::string& out_dir, bool overwrite);
 
