@@ -407,8 +407,8 @@ TEST(Faults, TooManyNonFiniteStepsStopWithAClearError) {
   EXPECT_EQ(count_skipped(dir / "run" / "metrics.jsonl"), 3);
 }
 
-// A real NaN, not an injected one: a checkpoint whose weights hold a NaN makes every loss and
-// gradient non-finite; resuming from it skips max_bad_steps steps and then stops cleanly.
+// A real NaN, not an injected one: a checkpoint whose weights hold a NaN (which would make every
+// loss and gradient non-finite) is refused when the resume loads it.
 TEST(Faults, PoisonedCheckpointIsDetectedOnResume) {
   TempDir td;
   const fs::path dir = td.path;

@@ -37,7 +37,6 @@ class AppendFile {
   AppendFile& operator=(const AppendFile&) = delete;
   // Opens (creating) `path`; returns the bytes of a torn last line it dropped (0: none).
   int64_t open(const std::string& path);
-  bool is_open() const { return fd_ >= 0; }
   void append(std::string_view lines);
   void close() noexcept;
 

@@ -127,23 +127,20 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
        "unless --attnres-key-eps)")
       ->capture_default_str();
   ResidualConfig& r = c.model.residual;
-  auto named = [s](const char* flag, auto& field, auto parse, const char* help,
-                   std::vector<std::string> names) {
-    add_enum_option(s, flag, field, parse, help, std::move(names));
-  };
-  named("--residual", r.mode, parse_residual_mode,
-        "Residual: prenorm | full | block | static | denseformer",
-        {"prenorm", "full", "block", "static", "denseformer"});
+  add_enum_option(s, "--residual", r.mode, parse_residual_mode,
+                  "Residual: prenorm | full | block | static | denseformer",
+                  {"prenorm", "full", "block", "static", "denseformer"});
   s->add_option("--block-size", r.block_size, "block: sublayers per block (S)")
       ->capture_default_str();
-  named("--attnres-gate", r.gate, parse_depth_gate, "full/block: softmax | sigmoid",
-        {"softmax", "sigmoid"});
-  named("--attnres-key-norm", r.key_norm, parse_key_norm,
-        "full/block: rms | none (RMSNorm on keys)", {"rms", "none"});
+  add_enum_option(s, "--attnres-gate", r.gate, parse_depth_gate, "full/block: softmax | sigmoid",
+                  {"softmax", "sigmoid"});
+  add_enum_option(s, "--attnres-key-norm", r.key_norm, parse_key_norm,
+                  "full/block: rms | none (RMSNorm on keys)", {"rms", "none"});
   s->add_option("--attnres-heads", r.heads, "full/block: depth-attention heads (split d)")
       ->capture_default_str();
-  named("--attnres-query", r.query, parse_depth_query,
-        "full/block: static | dynamic (query = w + W * most recent source)", {"static", "dynamic"});
+  add_enum_option(s, "--attnres-query", r.query, parse_depth_query,
+                  "full/block: static | dynamic (query = w + W * most recent source)",
+                  {"static", "dynamic"});
   s->add_option("--attnres-window", r.window,
                 "full/block: embedding plus the last K sources only (0 = all)")
       ->capture_default_str();

@@ -164,15 +164,9 @@ int64_t load_initial_weights(Model& model, const std::string& path,
                   "tied or untied head)");
     }
     r.read_f32(e.name, e.shape, p.data() + e.offset);
-    for (int64_t i = 0; i < e.numel; i++) {
-      if (!std::isfinite(p[static_cast<size_t>(e.offset + i)])) {
-        throw Error("--init-from '" + path + "': tensor '" + e.name +
-                    "' holds a non-finite "
-                    "value (element " +
-                    std::to_string(i) + "); the checkpoint is unusable");
-      }
-    }
   }
+  check_finite(p.data(), model.layout(), "", "--init-from '" + path + "'",
+               "the checkpoint is unusable");
   for (const std::string& n : r.names()) {
     if (!expected.count(n)) {
       throw Error("--init-from '" + path + "' has tensor '" + n +
