@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "attnres/checkpoint.hpp"
 #include "attnres/cuda.hpp"
+#include "attnres/model.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -284,6 +286,11 @@ TEST(Cli, SecondHostilePassIsRefusedClearly) {
       run("train" + tiny + " --out " + (dir / "c").string() + " --steps 99999999999999999999999"),
       "--steps");
   refused(run("bench --steps 0"), "--steps");
+  refused(run("train" + tiny + " --out " + (dir / "c").string() + " --grad-accum 99999999999"),
+          "--grad-accum must be in [1, 1048576]");
+  refused(run("train --data " + data + " --out " + (dir / "c").string() +
+              " --steps 1099511627776 --seq-len 1048576 --batch-size 4096"),
+          "must be below 2^62");
   // bench --json onto a device would replace it (as root, /dev/null)
   const std::string null = (dir / "null").string();
   if (::mknod(null.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {  // (root only)
@@ -303,6 +310,63 @@ TEST(Cli, SecondHostilePassIsRefusedClearly) {
   fs::remove(dir / "run" / "metrics.jsonl");
   ASSERT_EQ(::mkfifo((dir / "run" / "metrics.jsonl").c_str(), 0600), 0);
   refused(run("train --resume --out " + (dir / "run").string()), "FIFO");
+}
+
+// Issue 19: finite weights that overflow the forward pass (1e18 everywhere) give no number:
+// `eval` printed "loss nan" and `generate` sampled from NaN scores, both exiting 0.
+TEST(Cli, OverflowingWeightsReportNoLoss) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const CliRun t = run("train --data " + data +
+                       " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2"
+                       " --eval-every 0 --eval-batches 1 --sample-tokens 0 --steps 2 --out " +
+                       (dir / "run").string());
+  ASSERT_EQ(t.code, 0) << t.out;
+  const std::string model = (dir / "run" / "model.safetensors").string();
+  attnres::Metadata meta;
+  auto m = attnres::load_model(model, &meta);
+  for (int64_t i = 0; i < m->layout().total(); i++) m->params()[i] = 1e18f;
+  attnres::save_model(model, *m, meta);
+  const CliRun e = run("eval " + model);
+  EXPECT_EQ(e.code, 1) << e.out;
+  EXPECT_TRUE(contains(e.out, "is not finite")) << e.out;
+  EXPECT_FALSE(contains(e.out, "perplexity")) << e.out;
+  const CliRun g = run("generate " + model + " --prompt hello -n 4");
+  EXPECT_EQ(g.code, 1) << g.out;
+  EXPECT_TRUE(contains(g.out, "are not finite")) << g.out;
+}
+
+// Issue 19: on --resume, options that differ from the run's saved settings were dropped without a
+// word (--steps 40 on a run of 20 finished at 20); they are refused, naming each. The run's own
+// options again, and those of how to run, pass; --resume with --overwrite or --init-from is a
+// contradiction.
+TEST(Cli, ResumeRefusesOptionsThatWouldBeDropped) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const std::string tiny = " --data " + data + " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16" +
+                           " --batch-size 2 --eval-every 0 --eval-batches 1 --sample-tokens 0";
+  const std::string out = " --out " + (dir / "run").string();
+  ASSERT_EQ(run("train" + tiny + out + " --steps 4 --save-every 2").code, 0);
+  std::ofstream(dir / "run" / "latest") << "step_00000002\n";
+  fs::remove(dir / "run" / "model.safetensors");
+  CliRun r = run("train --resume --sample-tokens 0 --steps 40 --lr 0.01" + out);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(
+      contains(r.out, "lr (the run has 0.001; given 0.01), steps (the run has 4; given 40)"))
+      << r.out;
+  r = run("train --resume --untied" + out);
+  EXPECT_TRUE(contains(r.out, "model.tied (the run has true; given false)")) << r.out;
+  for (const char* other : {" --overwrite", " --init-from "}) {
+    std::string o = other;
+    if (o == " --init-from ")
+      o += (dir / "run" / "checkpoints" / "step_00000002" / "model.safetensors").string();
+    r = run("train --resume" + o + out);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(contains(r.out, "give one of them")) << r.out;
+  }
+  EXPECT_EQ(run("--threads 1 train --resume" + tiny + " --steps 4 --device cpu" + out).code, 0);
 }
 
 }  // namespace

@@ -298,6 +298,12 @@ TEST(Compare, KeptRunsMustHaveTheCommandsSettings) {
   EXPECT_NE(log.find("other settings"), std::string::npos) << log;
   ASSERT_EQ(run(cmd + " --steps 10", &log), 0) << log;  // the same command keeps it
   EXPECT_NE(log.find("already done"), std::string::npos) << log;
+  // Issue 19: the same command on a changed corpus does not keep the old corpus's result.
+  std::ofstream(data, std::ios::app) << "a line the kept run never saw.\n";
+  EXPECT_EQ(run(cmd + " --steps 10", &log), 1) << log;
+  EXPECT_NE(log.find("other settings than this command's (corpus_fingerprint differ)"),
+            std::string::npos)
+      << log;
 }
 
 TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {

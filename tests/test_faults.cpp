@@ -82,8 +82,9 @@ std::vector<std::string> resume_args(const fs::path& out) {
 }
 
 // Starts the CLI with `args`, stdout+stderr to `log`; with fsize_limit > 0 the child runs under
-// RLIMIT_FSIZE with SIGXFSZ ignored, so writes past the limit fail with EFBIG (a full disk
-// without root or a mount).
+// RLIMIT_FSIZE (a full disk without root or a mount) with SIGXFSZ at its default action, as after
+// `ulimit -f` in a shell: the CLI itself must ignore it, so writes past the limit fail with EFBIG
+// instead of the signal killing it mid-save.
 pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& log, rlim_t fsize_limit = 0) {
   std::vector<std::string> all = {ATTNRES_CLI_PATH};
   all.insert(all.end(), args.begin(), args.end());
@@ -98,7 +99,7 @@ pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& log, rlim_
     ::dup2(fd, 1);
     ::dup2(fd, 2);
     if (fsize_limit > 0) {
-      ::signal(SIGXFSZ, SIG_IGN);
+      ::signal(SIGXFSZ, SIG_DFL);
       struct rlimit rl = {fsize_limit, fsize_limit};
       if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) ::_exit(125);
     }
@@ -442,6 +443,110 @@ TEST(Faults, PoisonedCheckpointIsDetectedOnResume) {
   }
   EXPECT_EQ(count_skipped(dir / "run" / "metrics.jsonl"), 0);
   EXPECT_EQ(trim(slurp(dir / "run" / "latest")), "step_00000004");
+}
+
+// Issue 19: a stop request inside a long step (a large --grad-accum: here ~10^6 micro-batches,
+// minutes) is honoured between its micro-batches: the step is dropped, the checkpoint is that of
+// the steps before it, and a resume redoes it whole (before, SIGTERM waited for the step's end).
+TEST(Faults, StopInsideALongStepDropsItAndSavesTheStepBefore) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.steps = 3;
+  c.grad_accum = 1 << 20;
+  std::atomic<bool> stop{false}, described{false};
+  std::string said;
+  TrainEvents ev;
+  ev.stop = &stop;
+  ev.on_message = [&](const std::string& m) {
+    said += m + "\n";
+    if (m.rfind("model: ", 0) == 0) described = true;  // the last message before step 1
+  };
+  std::thread stopper([&] {
+    while (!described) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into step 1
+    stop = true;
+  });
+  const TrainResult r = train(c, ev);
+  stopper.join();
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps_done, 0);
+  EXPECT_NE(said.find("interrupted inside step 1: its gradients are dropped; saving a checkpoint "
+                      "at step 0"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(check_latest_loads(dir / "run"), 0);
+}
+
+// Issue 19: a checkpoint whose metadata names another step than its directory (files moved
+// between checkpoints, or edited) is refused on resume instead of continuing at the wrong step.
+TEST(Faults, CheckpointStepMustMatchItsDirectory) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.save_every = 4;
+  c.keep_checkpoints = 3;
+  ASSERT_FALSE(train(c, {}).interrupted);
+  const fs::path ck = dir / "run" / "checkpoints";
+  fs::copy_file(ck / "step_00000004" / "model.safetensors",
+                ck / "step_00000008" / "model.safetensors", fs::copy_options::overwrite_existing);
+  write_file_atomic((dir / "run" / "latest").string(), "step_00000008\n");
+  TrainConfig rc;
+  rc.out_dir = c.out_dir;
+  rc.resume = true;
+  try {
+    train(rc, {});
+    FAIL() << "expected the resume to be refused";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("step_00000008' says it was saved at step 4"), std::string::npos) << w;
+  }
+}
+
+// Issue 19, class C: --resume continues the run it names on the data and settings it started
+// with. A changed corpus (it retrained a BPE tokenizer under the trained weights and trained on
+// other text) and a hand-edited train_config.json (its settings were taken silently) are refused
+// before anything is written; restored, the run resumes.
+TEST(Faults, ResumeRefusesAnotherCorpusOrAnEditedConfig) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  std::atomic<bool> stop{false};
+  TrainEvents ev;
+  ev.stop = &stop;
+  ev.on_step = [&](const StepInfo& s) {
+    if (s.step == 4) stop = true;
+  };
+  ASSERT_TRUE(train(c, ev).interrupted);
+  TrainConfig rc;
+  rc.out_dir = c.out_dir;
+  rc.resume = true;
+  auto refused = [&](const std::string& needle) {
+    try {
+      train(rc, {});
+      ADD_FAILURE() << "expected the resume to be refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(trim(slurp(dir / "run" / "latest")), "step_00000004");
+  };
+  const std::string text = slurp(dir / "c.txt");
+  std::ofstream(dir / "c.txt", std::ios::app) << "one more line.\n";
+  refused("is not the text this run was trained on");
+  std::ofstream(dir / "c.txt", std::ios::trunc) << text;
+  const fs::path cfg = dir / "run" / "train_config.json";
+  const std::string saved = slurp(cfg);
+  nlohmann::json j = nlohmann::json::parse(saved);
+  j["lr"] = 0.5;
+  std::ofstream(cfg, std::ios::trunc) << j.dump(2);
+  refused("is not the configuration checkpoint");
+  std::ofstream(cfg, std::ios::trunc) << saved;
+  const TrainResult r = train(rc, {});
+  EXPECT_FALSE(r.interrupted);
+  EXPECT_EQ(r.steps_done, c.steps);
 }
 
 // Issue 19, class D: a run directory has one owner. A second process training in it is refused

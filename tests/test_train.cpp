@@ -8,12 +8,16 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "attnres/checkpoint.hpp"
+#include "attnres/data.hpp"
+#include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 #include "attnres/model.hpp"
 #include "attnres/train.hpp"
 #include "test_util.hpp"
+#include "train/evaluate.hpp"
 
 namespace fs = std::filesystem;
 using namespace attnres;
@@ -322,4 +326,59 @@ TEST(Train, FusedClipEqualsClipThenStep) {
   for (int64_t i = 0; i < L.total(); i++) ASSERT_EQ(p1[i], p2[i]) << i;
   EXPECT_EQ(clip_scale(0.5, 1.0), 1.0f);
   EXPECT_EQ(clip_scale(10.0, 0.0), 1.0f);  // disabled
+}
+
+// Issue 19: the validation loss counts each window once. A split of 5 windows evaluated in
+// batches of 4 used to wrap its last batch around to windows 0-2 (counted twice; `eval` also
+// reported 8 windows' tokens). The reference is the mean of the windows' losses, one at a time;
+// also for two data-parallel ranks (slices of 2), where rank 1 has no row of the last batch.
+TEST(Train, ValidationLossCountsEachWindowOnce) {
+  ModelConfig mc;
+  mc.vocab_size = 17;
+  mc.n_layer = 1;
+  mc.d_model = 16;
+  mc.n_head = 2;
+  mc.max_seq_len = 8;
+  const int64_t T = 8, windows = 5;
+  std::vector<int32_t> ids(static_cast<size_t>(windows * T + 3));
+  Rng r(5);
+  for (auto& t : ids) t = static_cast<int32_t>(r.next_u64() % 17);
+  const TokenSpan span(ids.data(), static_cast<int64_t>(ids.size()));
+  ASSERT_EQ(span.num_windows(T), windows);
+  Model m(mc);
+  m.init_weights(3);
+  double ref = 0.0;
+  Batch b;
+  for (int64_t w = 0; w < windows; w++) {
+    span.window_batch(w, 1, T, b);
+    ref += m.forward(b.inputs.data(), b.targets.data(), 1, T) / windows;
+  }
+  auto one = dist::make_local_group(1);
+  const WindowLoss all = window_loss(m, span, 4, T, 10, *one[0], true);
+  EXPECT_EQ(all.windows, windows);
+  EXPECT_NEAR(all.loss, ref, 1e-6);
+  // At most 1 batch of 4: the first 4 windows alone.
+  double first4 = 0.0;
+  for (int64_t w = 0; w < 4; w++) {
+    span.window_batch(w, 1, T, b);
+    first4 += m.forward(b.inputs.data(), b.targets.data(), 1, T) / 4;
+  }
+  const WindowLoss cut = window_loss(m, span, 4, T, 1, *one[0], true);
+  EXPECT_EQ(cut.windows, 4);
+  EXPECT_NEAR(cut.loss, first4, 1e-6);
+  for (const bool whole : {false, true}) {
+    auto two = dist::make_local_group(2);
+    std::vector<double> got(2);
+    std::vector<std::thread> ranks;
+    for (int k = 0; k < 2; k++) {
+      ranks.emplace_back([&, k] {
+        Model mk(mc);
+        mk.init_weights(3);
+        got[static_cast<size_t>(k)] = window_loss(mk, span, 4, T, 10, *two[k], whole).loss;
+      });
+    }
+    for (auto& t : ranks) t.join();
+    EXPECT_NEAR(got[0], ref, 1e-6) << "whole batches " << whole;
+    EXPECT_EQ(got[0], got[1]);
+  }
 }

@@ -128,6 +128,9 @@ struct DataOptions {
   int32_t vocab_size = 4096;  // only for bpe
   std::string out_dir;        // where tokenizer.model and tokens.bin are written (created)
   double val_fraction = 0.1;  // the last val_fraction of the tokens is the validation split
+  // Non-empty: the corpus must have this fingerprint (a resumed run's), checked before anything
+  // is trained or written: another corpus would retrain the run's tokenizer under its weights.
+  std::string expect_fingerprint;
 };
 
 struct PreparedData {
@@ -137,6 +140,7 @@ struct PreparedData {
   std::vector<std::string> files;
   std::vector<std::string> skipped;
   int64_t corpus_bytes = 0;
+  std::string fingerprint;  // of the corpus text as read (hex FNV-1a 64; the files' order counts)
   int64_t replaced_invalid_utf8 = 0;
   bool tokenizer_trained = false;  // false when an existing model for this corpus was reused
   bool cache_reused = false;       // false when tokens.bin was (re)built

@@ -61,6 +61,9 @@ struct TrainConfig {
   std::string out_dir = "runs/default";
   std::string
       data_dir;  // where the tokenizer and token cache live; "" = out_dir (compare shares one)
+  // The corpus text's fingerprint (PreparedData::fingerprint), recorded when a run starts: a
+  // resume refuses another corpus. "" = not recorded (runs of older builds).
+  std::string corpus_fingerprint;
   bool resume = false;
   // A new run into an out_dir that already holds a run (its train_config.json, latest,
   // checkpoints, metrics or model) replaces that run's files only with overwrite; without it, and

@@ -5,6 +5,7 @@
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
+#include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/train.hpp"
@@ -12,6 +13,7 @@
 #include "cli/commands.hpp"
 #include "cli/device_options.hpp"
 #include "cli/progress.hpp"
+#include "train/evaluate.hpp"
 
 namespace fs = std::filesystem;
 
@@ -61,23 +63,24 @@ void run_eval(const EvalArgs& a) {
   check(windows >= 1, "the " + a.split + " split has " + std::to_string(span.size()) +
                           " tokens, fewer than seq_len + 1; use --seq-len smaller or more data");
   const int64_t B = std::min(a.batch_size, windows);
-  const int64_t nb = std::min(a.batches, (windows + B - 1) / B);
   Progress bar(10);
-  Batch batch;
-  double total = 0;
-  for (int64_t i = 0; i < nb; i++) {
-    span.window_batch(i * B, B, T, batch);
-    total += model->forward(batch.inputs.data(), batch.targets.data(), B, T);
-    char f[64];
-    std::snprintf(f, sizeof f, "loss %.4f", total / static_cast<double>(i + 1));
-    bar.update(i + 1, nb, f, 0);
-  }
+  auto comm = std::move(dist::make_local_group(1)[0]);
+  const WindowLoss w = window_loss(*model, span, B, T, a.batches, *comm, /*whole_batches=*/true,
+                                   [&](int64_t done, int64_t total, double mean) {
+                                     char f[64];
+                                     std::snprintf(f, sizeof f, "loss %.4f", mean);
+                                     bar.update(done, total, f, 0);
+                                   });
   bar.finish();
-  const double loss = total / static_cast<double>(nb);
+  // Finite weights can still overflow (e.g. 1e18 in every weight): no loss is printed then.
+  check(std::isfinite(w.loss), "the loss of '" + a.model + "' on this data is not finite (" +
+                                   std::to_string(w.loss) +
+                                   "): its weights overflow the forward pass; the checkpoint is "
+                                   "unusable (evaluate an earlier one)");
   std::printf(
       "%s split of %s: %lld tokens evaluated | loss %.4f | perplexity %.3f | %.4f bits/token\n",
-      a.split.c_str(), data.c_str(), static_cast<long long>(nb * B * T), loss, std::exp(loss),
-      loss / std::log(2.0));
+      a.split.c_str(), data.c_str(), static_cast<long long>(w.windows * T), w.loss,
+      std::exp(w.loss), w.loss / std::log(2.0));
 }
 
 }  // namespace

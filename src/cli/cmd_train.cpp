@@ -219,7 +219,10 @@ void add_train(CLI::App& app) {
       "The sublayers are cut into N*V stages; each step pushes M micro-batches of --batch-size\n"
       "sequences through them (1F1B); losses and weights match a 1-process run with the same\n"
       "--batch-size and --grad-accum. See README, \"Multi-process training (MPI)\".");
-  s->callback([a, d] { run_train(*a, *d); });
+  s->callback([a, d, s] {
+    if (a->cfg.resume) check_resume_options(*s, a->cfg.out_dir);
+    run_train(*a, *d);
+  });
 }
 
 }  // namespace attnres::cli

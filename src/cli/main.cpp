@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -86,6 +87,10 @@ void check_inputs_before_parsing(int argc, char** argv) {
 
 int run_main(int argc, char** argv) {
   tune_openmp_wait(argv);
+  // Past a file-size limit (ulimit -f) a write fails with EFBIG, which the checked writers turn
+  // into an error naming the file (a partial file is removed, saved ones are kept), instead of
+  // SIGXFSZ killing the process mid-save.
+  std::signal(SIGXFSZ, SIG_IGN);
   attnres::cli::start_signal_thread();  // before any other thread exists
   attnres::cli::set_command_line(argc, argv);
   CLI::App app{

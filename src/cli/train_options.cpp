@@ -8,9 +8,12 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
 #include "cli/commands.hpp"
 
 namespace attnres::cli {
@@ -87,6 +90,68 @@ void apply_train_args(TrainArgs& a, const std::vector<std::string>& args) {
 }
 
 void remove_stop_handler() { g_handling.store(false); }
+
+namespace {
+
+// The settings in which `given` differs from `saved`, as "key (the run has X; given Y)".
+void differing(const nlohmann::json& saved, const nlohmann::json& given, const std::string& at,
+               std::string& out) {
+  for (const auto& [k, v] : given.items()) {
+    const nlohmann::json s = saved.contains(k) ? saved.at(k) : nlohmann::json();
+    if (s == v) continue;
+    if (v.is_object() && s.is_object()) {
+      differing(s, v, at + k + ".", out);
+      continue;
+    }
+    out += (out.empty() ? "" : ", ") + at + k + " (the run has " + s.dump() + "; given " +
+           v.dump() + ")";
+  }
+}
+
+std::string absolute_path(const std::string& p) {
+  return p.empty() ? p : std::filesystem::absolute(p).lexically_normal().string();
+}
+
+}  // namespace
+
+void check_resume_options(const CLI::App& s, const std::string& out_dir) {
+  const std::string path = (std::filesystem::path(out_dir) / "train_config.json").string();
+  TrainArgs probe;
+  try {
+    probe.cfg = TrainConfig::from_json(read_file(path));
+  } catch (const Error&) {
+    return;  // (missing or corrupt: the resume itself says so, naming the file)
+  }
+  const TrainConfig saved = probe.cfg;
+  probe.untied = !saved.model.tied;
+  CLI::App names;
+  TrainArgs unused;
+  add_train_options(&names, unused);
+  std::vector<std::string> given;
+  for (const CLI::Option* o : names.get_options()) {
+    const CLI::Option* mine = s.get_option_no_throw(o->get_name());
+    if (mine == nullptr || mine->count() == 0) continue;
+    for (const std::string& v : mine->results()) given.push_back(o->get_name() + "=" + v);
+  }
+  if (given.empty()) return;
+  apply_train_args(probe, given);
+  probe.finalize();
+  TrainConfig& p = probe.cfg;
+  p.data_path = absolute_path(p.data_path);
+  p.model.vocab_size = saved.model.vocab_size;  // (resolved as the trainer resolved the saved)
+  p.model.max_seq_len = p.seq_len;
+  p.model.resolve();
+  nlohmann::json had = nlohmann::json::parse(saved.to_json());
+  had["data_path"] = absolute_path(saved.data_path);
+  std::string diff;
+  differing(had, nlohmann::json::parse(p.to_json()), "", diff);
+  check(diff.empty(), "--resume continues the run in '" + out_dir +
+                          "' with the settings it started with ('" + path +
+                          "'), and these options given now differ from them: " + diff +
+                          ". Drop them to continue the run as it started, or start a new run "
+                          "from its weights with the new settings: attnres train --init-from " +
+                          out_dir + "/checkpoints/<step>/model.safetensors --out <new run> ...");
+}
 
 void add_train_options(CLI::App* s, TrainArgs& a) {
   TrainConfig& c = a.cfg;

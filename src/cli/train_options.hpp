@@ -27,6 +27,13 @@ void add_train_options(CLI::App* s, TrainArgs& a);
 // Throws Error on an unknown option or a bad value.
 void apply_train_args(TrainArgs& a, const std::vector<std::string>& args);
 
+// On --resume a run continues with the settings it started with (out_dir/train_config.json). A
+// training option given now (on the command line or in --config) with another value than the
+// saved one would be dropped without a word: Error naming each, with the saved and the given
+// value. The same values, and the options of how to run (--device, --precision, --cuda-graphs:
+// not saved), pass.
+void check_resume_options(const CLI::App& s, const std::string& out_dir);
+
 // SIGINT/SIGTERM/SIGUSR1 set the returned flag (a second one exits at once); remove restores the
 // default action (terminate).
 // Blocks SIGINT/SIGTERM/SIGUSR1 in every thread and starts the one thread that receives them;

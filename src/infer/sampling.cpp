@@ -76,6 +76,11 @@ std::vector<int32_t> generate(const Model& model, const std::vector<int32_t>& pr
   uint64_t state = splitmix64(cfg.seed);
   std::vector<int32_t> out;
   for (int64_t i = 0; i < max_new; i++) {
+    // Finite weights can still overflow (e.g. 1e18 in every weight): no token is made up then.
+    check(std::all_of(logits, logits + V, [](float x) { return std::isfinite(x); }),
+          "the model's next-token scores at position " + std::to_string(dec.position()) +
+              " are not finite: its weights overflow the forward pass; the checkpoint is "
+              "unusable (use an earlier one)");
     const int32_t tok = sample_token(logits, V, cfg, state);
     out.push_back(tok);
     if (on_token && !on_token(tok)) break;

@@ -115,6 +115,12 @@ void walk(const fs::path& dir, const std::string& exclude, std::vector<Entry>& o
         skipped.push_back(reason(ps, "output directory, excluded"));
         continue;
       }
+      // Another attnres run (its log, configuration and `latest` are text, not corpus).
+      if (fs::exists(p / "train_config.json", ec) &&
+          (fs::exists(p / "metrics.jsonl", ec) || fs::exists(p / "checkpoints", ec))) {
+        skipped.push_back(reason(ps, "an attnres run directory, excluded"));
+        continue;
+      }
       walk(p, exclude, out, skipped);
     } else if (fs::is_regular_file(ls)) {
       fs::path c = fs::canonical(p, ec);

@@ -166,6 +166,14 @@ PreparedData prepare_data(const DataOptions& opt) {
   pd.corpus_bytes = static_cast<int64_t>(corpus.text.size());
   pd.replaced_invalid_utf8 = corpus.replaced_invalid_utf8;
   const uint64_t text_hash = fnv1a64(corpus.text);
+  pd.fingerprint = hex64(text_hash);
+  check(opt.expect_fingerprint.empty() || opt.expect_fingerprint == pd.fingerprint,
+        "the corpus '" + opt.corpus_path + "' (" + std::to_string(pd.corpus_bytes) + " bytes in " +
+            std::to_string(pd.files.size()) +
+            " file(s)) is not the text this run was trained on: it changed since the run "
+            "started. Resuming would train on other data (and retrain a BPE tokenizer under the "
+            "trained weights). Restore the corpus, or start a new run from these weights: "
+            "attnres train --init-from <run>/checkpoints/<step>/model.safetensors --data ...");
 
   if (opt.tokenizer == TokenizerKind::byte) {
     pd.tokenizer = make_byte_tokenizer();

@@ -37,11 +37,12 @@ void fsync_dir(const std::string& dir) {
 }  // namespace
 
 RunDir::RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref,
-               std::string tokenizer_path)
+               std::string tokenizer_path, std::string config_hash)
     : out_dir_(std::move(out_dir)),
       keep_(keep),
       tokenizer_ref_(std::move(tokenizer_ref)),
-      tokenizer_path_(std::move(tokenizer_path)) {}
+      tokenizer_path_(std::move(tokenizer_path)),
+      config_hash_(std::move(config_hash)) {}
 
 std::string RunDir::ckpt_root() const { return (fs::path(out_dir_) / "checkpoints").string(); }
 
@@ -59,7 +60,9 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
     fs::create_directories(root);
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp);
-    const Metadata meta = {{"tokenizer", tokenizer_ref_}, {"step", std::to_string(step)}};
+    const Metadata meta = {{"tokenizer", tokenizer_ref_},
+                           {"step", std::to_string(step)},
+                           {kConfigHashKey, config_hash_}};
     save_model((tmp / "model.safetensors").string(), model, meta);
     save_optimizer((tmp / "optimizer.safetensors").string(), model, opt, meta);
     if (!tokenizer_path_.empty()) {

@@ -15,7 +15,10 @@ class Model;
 class RunDir {
  public:
   // tokenizer_path: the tokenizer file copied into each checkpoint ("" = none, e.g. bytes).
-  RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref, std::string tokenizer_path);
+  // config_hash: recorded in each checkpoint's metadata (kConfigHashKey): the fingerprint of the
+  // run's train_config.json, so that a resume notices an edited one.
+  RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref, std::string tokenizer_path,
+         std::string config_hash);
 
   // Writes checkpoints/step_N (model, optimizer state, tokenizer) and points `latest` at it. On
   // failure (e.g. a full disk) throws Error and leaves `latest` and the checkpoint it names
@@ -34,8 +37,10 @@ class RunDir {
 
   std::string out_dir_;
   int64_t keep_;
-  std::string tokenizer_ref_, tokenizer_path_;
+  std::string tokenizer_ref_, tokenizer_path_, config_hash_;
 };
+
+inline constexpr const char* kConfigHashKey = "train_config_fnv1a64";
 
 // One training process per run directory: holds an exclusive lock on out_dir/.lock (flock, freed
 // by the kernel when the process ends, even by kill -9) from construction to destruction. Throws

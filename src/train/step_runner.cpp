@@ -1,6 +1,7 @@
 #include "train/step_runner.hpp"
 
 #include <cmath>
+#include <optional>
 
 #include "attnres/data.hpp"
 #include "attnres/dist.hpp"
@@ -42,7 +43,14 @@ class HostStep : public StepRunner {
   Outcome run(int64_t step, Rates rates, bool sublayer_norms) override {
     Model& model = c_.model;
     const int64_t n = model.layout().total();
-    double loss = forward_backward(step);
+    Outcome o;
+    const std::optional<double> summed = forward_backward(step);
+    if (!summed) {
+      o.ok = false;
+      o.abandoned = true;
+      return o;
+    }
+    double loss = *summed;
     if (c_.comm.size() > 1) {
       // Sum of every rank's (sum over micro-batches of) mean-loss gradients, in buckets. A
       // non-finite value on any rank makes the sum non-finite on all, so all skip together.
@@ -50,7 +58,6 @@ class HostStep : public StepRunner {
       c_.reducer->allreduce_sum(model.grads(), n);
       c_.comm.allreduce_sum(&loss, 1);
     }
-    Outcome o;
     o.loss = loss / static_cast<double>(parts_);
     if (c_.loss_hook) o.loss = c_.loss_hook(step + 1, o.loss);
     if (parts_ > 1) model.backend().scale(model.grads(), 1.0f / static_cast<float>(parts_), n);
@@ -65,11 +72,15 @@ class HostStep : public StepRunner {
   }
 
  protected:
-  // The sum over the step's micro-batches of their mean losses, gradients accumulated.
-  virtual double forward_backward(int64_t step) {
+  // The sum over the step's micro-batches of their mean losses, gradients accumulated; none when
+  // a stop request came between them (one process only: several ranks would have to agree on it,
+  // so they stop at the step's end).
+  virtual std::optional<double> forward_backward(int64_t step) {
     c_.model.zero_grad();
     double loss = 0.0;
+    const bool may_abandon = c_.stop != nullptr && c_.comm.size() == 1;
     for (int64_t micro = 0; micro < c_.cfg.grad_accum; micro++) {
+      if (micro > 0 && may_abandon && c_.stop->load()) return std::nullopt;
       c_.train.sample_rows(c_.cfg.seed, step, micro, rows_.first, rows_.count, c_.cfg.seq_len,
                            batch_);
       loss += c_.model.forward(batch_.inputs.data(), batch_.targets.data(), rows_.count,
@@ -92,7 +103,7 @@ class PipelineStep : public HostStep {
       : HostStep(c), micro_batches_(static_cast<size_t>(c.cfg.grad_accum)) {}
 
  protected:
-  double forward_backward(int64_t step) override {
+  std::optional<double> forward_backward(int64_t step) override {
     c_.model.zero_grad();
     inputs_.clear();
     targets_.clear();

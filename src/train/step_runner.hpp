@@ -6,6 +6,7 @@
 // the same Outcome, so the training loop has one path.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,6 +39,9 @@ struct StepContext {
   const std::vector<int64_t>* shard_counts;  // non-null: ZeRO-1, elements of each rank's shard
   std::function<double(int64_t, double)> loss_hook;  // tests: replaces the mean loss (host only)
   std::function<void(const std::string&)> message;   // notes for the user (rank 0 prints them)
+  // Set (e.g. on SIGTERM) to abandon a one-process host step between its micro-batches: a long
+  // step (a large --grad-accum) must not keep a stop request waiting. Null: never.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 class StepRunner {
@@ -50,6 +54,7 @@ class StepRunner {
     double loss = 0.0;       // mean training loss over the step's tokens, all ranks
     double grad_norm = 0.0;  // global gradient norm before clipping
     bool ok = true;          // false: a non-finite loss or gradient; the update was skipped
+    bool abandoned = false;  // a stop request came between micro-batches: no update, no loss
     std::vector<double> sublayer_grad_norms;  // when asked for: per sublayer, before clipping
   };
   struct Graphs {  // CUDA graphs of a device runner (zeros and "" elsewhere)

@@ -11,10 +11,15 @@ void TrainConfig::validate() const {
   auto need = [](bool ok, const std::string& m) { check(ok, "invalid training setting: " + m); };
   need(bpe_vocab >= 64 && bpe_vocab <= 1000000, "--vocab-size must be in [64, 1000000]");
   need(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
-  need(batch_size >= 1, "--batch-size must be >= 1");
+  need(batch_size >= 1 && batch_size <= 1 << 20, "--batch-size must be in [1, 1048576]");
   need(seq_len >= 1 && seq_len <= 1 << 20, "--seq-len must be in [1, 1048576]");
-  need(grad_accum >= 1, "--grad-accum must be >= 1");
+  need(grad_accum >= 1 && grad_accum <= 1 << 20, "--grad-accum must be in [1, 1048576]");
   need(steps >= 1 && steps <= int64_t{1} << 40, "--steps must be in [1, 2^40]");
+  // (each factor is bounded above, so the product of doubles is exact enough to compare)
+  need(static_cast<double>(steps) * static_cast<double>(batch_size) * static_cast<double>(seq_len) *
+               static_cast<double>(grad_accum) <
+           0x1p62,
+       "the run's tokens (--steps x --batch-size x --seq-len x --grad-accum) must be below 2^62");
   need(adamw.lr > 0 && adamw.lr < 10, "--lr must be in (0, 10)");
   need(adamw.beta1 >= 0 && adamw.beta1 < 1 && adamw.beta2 >= 0 && adamw.beta2 < 1,
        "AdamW betas must be in [0, 1)");
@@ -81,6 +86,7 @@ std::string TrainConfig::to_json() const {
       {"init_from", init_from},
       {"out_dir", out_dir},
       {"data_dir", data_dir},
+      {"corpus_fingerprint", corpus_fingerprint},
   };
   return j.dump(2);
 }
@@ -129,6 +135,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     get("init_from", c.init_from);
     get("out_dir", c.out_dir);
     get("data_dir", c.data_dir);
+    get("corpus_fingerprint", c.corpus_fingerprint);
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training config JSON is invalid: ") + e.what());
   }

@@ -26,6 +26,7 @@
 #include "attnres/pipeline.hpp"
 #include "attnres/train.hpp"
 #include "backend/backend.hpp"
+#include "core/json_field.hpp"
 #include "train/evaluate.hpp"
 #include "train/run_dir.hpp"
 #include "train/step_runner.hpp"
@@ -58,6 +59,17 @@ std::string mflops_text(double flops) {
   char b[32];
   std::snprintf(b, sizeof b, flops < 1e7 ? "%.2f" : "%.0f", flops / 1e6);
   return b;
+}
+
+// A train_config.json's fingerprint, recorded in every checkpoint: of its settings, not of where
+// the run lives (out_dir) or how the file is laid out, so runs in other directories (other rank
+// counts) write identical checkpoints and a moved run resumes.
+std::string config_fingerprint(const std::string& text) {
+  nlohmann::json j = parse_json(text);
+  j.erase("out_dir");
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a64(j.dump())));
+  return buf;
 }
 
 std::string format_mib(int64_t bytes) {
@@ -182,13 +194,23 @@ class Trainer {
   // Stage 1: the run's configuration (on --resume, the saved one with this invocation's runtime
   // choices), checked, and the same on every rank.
   void settle_config() {
+    check(!(in_.resume && in_.overwrite),
+          "invalid training setting: --resume continues the run in --out and --overwrite "
+          "replaces it; give one of them");
+    check(!(in_.resume && !in_.init_from.empty()),
+          "invalid training setting: --init-from starts a new run from a checkpoint's weights "
+          "and --resume continues the run in --out; give one of them");
     cfg_ = in_;
     cfg_path_ = fs::path(cfg_.out_dir) / "train_config.json";
+    if (!cfg_.resume && !cfg_.data_path.empty()) {  // (a resume from another directory finds it)
+      cfg_.data_path = fs::absolute(cfg_.data_path).lexically_normal().string();
+    }
     if (cfg_.resume) {
       check(fs::exists(cfg_path_), "cannot resume: '" + cfg_path_.string() +
                                        "' does not exist; start the run without --resume");
       try {
-        cfg_ = TrainConfig::from_json(read_file(cfg_path_.string()));
+        cfg_text_ = read_file(cfg_path_.string());
+        cfg_ = TrainConfig::from_json(cfg_text_);
       } catch (const Error& e) {
         throw Error("cannot resume from '" + cfg_path_.string() + "': " + e.what() +
                     "; restore the file from a backup or start the run again without --resume");
@@ -202,6 +224,7 @@ class Trainer {
       cfg_.pipeline_comm = in_.pipeline_comm;
       cfg_.device = in_.device;
       cfg_.precision = in_.precision;
+      cfg_.cuda_graphs = in_.cuda_graphs;
     }
     cfg_.schedule.total_steps = cfg_.steps;
     cfg_.validate();
@@ -242,13 +265,25 @@ class Trainer {
     dopt.vocab_size = cfg_.bpe_vocab;
     dopt.out_dir = cfg_.data_dir.empty() ? cfg_.out_dir : cfg_.data_dir;
     dopt.val_fraction = cfg_.val_fraction;
+    if (cfg_.resume) dopt.expect_fingerprint = cfg_.corpus_fingerprint;
     data_ = prepare_data_once(dopt, comm_);
     const PreparedData& d = data_;
+    if (!cfg_.resume) cfg_.corpus_fingerprint = d.fingerprint;
     msg("data: " + std::to_string(d.files.size()) + " file(s), " + std::to_string(d.corpus_bytes) +
         " bytes; tokenizer " + d.tokenizer_ref + " (vocab " +
         std::to_string(d.tokenizer->vocab_size()) + "); " + std::to_string(d.train.size()) +
         " train / " + std::to_string(d.val.size()) + " validation tokens" +
         (d.cache_reused ? " (cached)" : ""));
+    if (!d.skipped.empty()) {  // (what a directory walk left out, and why)
+      std::string some;
+      for (size_t i = 0; i < std::min<size_t>(3, d.skipped.size()); i++) {
+        some += (i ? "; " : "") + d.skipped[i];
+      }
+      const size_t more = d.skipped.size() - std::min<size_t>(3, d.skipped.size());
+      msg("data: skipped " + std::to_string(d.skipped.size()) + " entr" +
+          (d.skipped.size() == 1 ? "y" : "ies") + ": " + some +
+          (more ? "; and " + std::to_string(more) + " more" : ""));
+    }
     if (d.replaced_invalid_utf8 > 0) {
       msg("data: replaced " + std::to_string(d.replaced_invalid_utf8) +
           " invalid UTF-8 sequence(s) with U+FFFD");
@@ -272,6 +307,7 @@ class Trainer {
     cfg_.model.max_seq_len = cfg_.seq_len;
     cfg_.model.resolve();
     cfg_.model.validate();
+    if (!cfg_.resume) cfg_text_ = cfg_.to_json() + "\n";  // (final now: written in stage 5)
   }
 
   // Stage 3: the model on its device, initialised from the seed or --init-from.
@@ -327,8 +363,8 @@ class Trainer {
       router_schedule_ = cfg_.schedule;
       if (cfg_.router_warmup >= 0) router_schedule_->warmup_steps = cfg_.router_warmup;
     }
-    run_dir_.emplace(cfg_.out_dir, cfg_.keep_checkpoints, data_.tokenizer_ref,
-                     data_.tokenizer_path);
+    run_dir_.emplace(cfg_.out_dir, cfg_.keep_checkpoints, data_.tokenizer_ref, data_.tokenizer_path,
+                     config_fingerprint(cfg_text_));
     // Gradients are summed where they live: MPI for host memory, NCCL (or host staging) for GPUs.
     if (ranks_ > 1) {
       std::string note;
@@ -355,6 +391,18 @@ class Trainer {
         opt_->set_steps_taken(full.steps_taken());
       }
       start_ = checkpoint_step(r.metadata(), cfg_.steps, dir + "/model.safetensors");
+      const auto saved_with = r.metadata().find(kConfigHashKey);  // (absent: an older build's)
+      check(saved_with == r.metadata().end() || saved_with->second == config_fingerprint(cfg_text_),
+            "'" + cfg_path_.string() + "' is not the configuration checkpoint '" + dir +
+                "' was trained with: it was edited. --resume continues a run as it started; "
+                "restore the file, or start a new run from these weights with --init-from " +
+                dir + "/model.safetensors and the settings you want");
+      std::string digits = fs::path(dir).filename().string().substr(5);  // step_<digits>
+      digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));
+      check(digits == std::to_string(start_),
+            "checkpoint '" + dir + "' says it was saved at step " + std::to_string(start_) +
+                ", not the step its directory is named for; its files were moved or edited "
+                "(restore the directory or resume from another checkpoint)");
       check(opt_->steps_taken() <= start_,
             "optimizer state in '" + dir + "' has taken " + std::to_string(opt_->steps_taken()) +
                 " steps, more than the checkpoint's step " + std::to_string(start_) +
@@ -363,7 +411,7 @@ class Trainer {
       prior_seconds_ = logged_seconds_at(fs::path(cfg_.out_dir) / "metrics.jsonl", start_);
       msg("resumed from " + dir + " at step " + std::to_string(start_));
     } else if (root_) {
-      write_file_atomic(cfg_path_.string(), cfg_.to_json() + "\n");
+      write_file_atomic(cfg_path_.string(), cfg_text_);
     }
     comm_.require_same(replica_hash(*model_, *opt_),
                        cfg_.resume ? "resumed weights and optimizer state" : "initial weights",
@@ -422,10 +470,10 @@ class Trainer {
     res_.batch_hash = fnv1a64(std::string_view(reinterpret_cast<const char*>(batch_.inputs.data()),
                                                batch_.inputs.size() * sizeof(int32_t)));
     t0_ = Clock::now();
-    runner_ =
-        make_step_runner(StepContext{*model_, *opt_, comm_, reducer_.get(), data_.train, cfg_,
-                                     pipeline_.get(), zero1_ ? &shard_counts_ : nullptr,
-                                     ev_.loss_hook, [this](const std::string& m) { msg(m); }});
+    runner_ = make_step_runner(StepContext{*model_, *opt_, comm_, reducer_.get(), data_.train, cfg_,
+                                           pipeline_.get(), zero1_ ? &shard_counts_ : nullptr,
+                                           ev_.loss_hook, [this](const std::string& m) { msg(m); },
+                                           ev_.stop});
   }
 
   // Replicas must not drift: checked before each checkpoint (which only rank 0 writes).
@@ -554,6 +602,12 @@ class Trainer {
         rates.router_lr = cfg_.router_lr_mult * lr_at(*router_schedule_, cfg_.adamw.lr, step);
       }
       const StepRunner::Outcome o = runner_->run(step, rates, eval_now && root_);
+      if (o.abandoned) {  // (the weights are those after step `step`: the update never ran)
+        res_.interrupted = true;
+        msg("interrupted inside step " + std::to_string(step + 1) +
+            ": its gradients are dropped; saving a checkpoint at step " + std::to_string(step));
+        break;
+      }
       if (!o.ok) {
         skip_step(step, o.loss);
         continue;
@@ -648,6 +702,7 @@ class Trainer {
   std::vector<int64_t> bounds_, shard_counts_;
   std::unique_ptr<AdamW> opt_;
   std::optional<ScheduleConfig> router_schedule_;
+  std::string cfg_text_;  // train_config.json as read (resume) or to be written (new run)
   std::optional<RunDir> run_dir_;
   std::unique_ptr<dist::DeviceReducer> reducer_;
   int64_t start_ = 0;
