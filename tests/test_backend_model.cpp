@@ -474,7 +474,11 @@ TEST_P(BackendRuns, DeviceStepMatchesTheHostStep) {
       const DeviceStep::Result r = ds.finish(lr);
       EXPECT_TRUE(r.ok);
       EXPECT_NEAR(r.loss_sum / 2, loss / 2, 1e-5 * loss);
-      EXPECT_NEAR(r.norm, norm, 1e-4 * norm);
+      // Against the CPU's norm on the same weights (step 0); later the CPU run has its own
+      // weights (AdamW moved the smallest gradients' weights by about lr, whatever their rounding:
+      // 1.0e-4 apart at step 3 on a Sapphire Rapids Xeon), so against this backend's host step.
+      if (step == 0) EXPECT_NEAR(r.norm, norm, 1e-4 * norm);
+      EXPECT_NEAR(r.norm, ref_norm, 1e-5 * ref_norm);
     }
     EXPECT_EQ(od.steps_taken(), 4);
     const std::vector<float> pr = ref.params_to_host(), pd = dev.params_to_host();

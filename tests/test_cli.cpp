@@ -369,4 +369,44 @@ TEST(Cli, ResumeRefusesOptionsThatWouldBeDropped) {
   EXPECT_EQ(run("--threads 1 train --resume" + tiny + " --steps 4 --device cpu" + out).code, 0);
 }
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ATTNRES_CLI_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define ATTNRES_CLI_TEST_ASAN 1
+#endif
+
+// Issue 19, class K: out of memory names what did not fit, its size and the option to lower (it
+// was "internal error: std::bad_alloc"). Under a 3 GiB address-space limit: a model of 13 billion
+// parameters, and a micro-batch of 20000 x 1024 tokens.
+TEST(Cli, OutOfMemoryNamesWhatAndHowBig) {
+#ifdef ATTNRES_CLI_TEST_ASAN
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space and aborts on a failed "
+                  "allocation instead of throwing std::bad_alloc";
+#endif
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  auto limited = [&](const std::string& args) {
+    return attnres::testing::run_cli("--threads 1 train --data " + data +
+                                         " --sample-tokens 0 --steps 2 --out " +
+                                         (dir / "run").string() + " " + args,
+                                     "ulimit -v 3000000; exec ");
+  };
+  CliRun r = limited("--n-layer 64 --d-model 4096 --n-head 32 --seq-len 16 --batch-size 1");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out,
+                       "out of memory: the model's 12903256064 parameters and their "
+                       "gradients need 96.1 GiB"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "lower --d-model, --n-layer")) << r.out;
+  r = limited("--n-layer 1 --d-model 64 --n-head 2 --seq-len 1024 --batch-size 20000");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "the activations of a micro-batch of 20000 x 1024 tokens need"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "lower --batch-size or --seq-len")) << r.out;
+}
+
 }  // namespace

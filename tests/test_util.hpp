@@ -49,8 +49,9 @@ struct CliRun {
   int code = -1;
   std::string out;
 };
-inline CliRun run_cli(const std::string& args) {
-  const std::string cmd = std::string(ATTNRES_CLI_PATH) + " " + args + " 2>&1";
+// `prefix` goes before the command in the shell (e.g. "ulimit -v 3000000; exec ").
+inline CliRun run_cli(const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + std::string(ATTNRES_CLI_PATH) + " " + args + " 2>&1";
   CliRun r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;

@@ -22,6 +22,10 @@ class DivergedError : public Error {
   explicit DivergedError(const std::string& what) : Error(what) {}
 };
 
+// An allocation of `bytes` for `what` failed (std::bad_alloc): the Error that says what and how
+// big it was, and what to lower (`fix`).
+Error out_of_memory(const std::string& what, double bytes, const std::string& fix);
+
 // Throws Error(msg) when cond is false. For checks on user input, not internal invariants.
 inline void check(bool cond, const std::string& msg) {
   if (!cond) throw Error(msg);

@@ -77,8 +77,14 @@ Model::Model(ModelConfig cfg, std::shared_ptr<Backend> be)
   main_ = std::make_unique<StagePass>();
   main_->router = make_router(cfg_, be_.get());
   build_layout();
-  params_.on(be_.get()).assign_zero(layout_.total());
-  grads_.on(be_.get()).assign_zero(layout_.total());
+  try {
+    params_.on(be_.get()).assign_zero(layout_.total());
+    grads_.on(be_.get()).assign_zero(layout_.total());
+  } catch (const std::bad_alloc&) {
+    throw out_of_memory(
+        "the model's " + std::to_string(layout_.total()) + " parameters and their gradients",
+        8.0 * static_cast<double>(layout_.total()), "lower --d-model, --n-layer or --vocab-size");
+  }
   main_->router->bind(layout_, params_.data(), grads_.data());
   main_->first = 0;
   main_->last = cfg_.n_sublayers();
@@ -252,30 +258,44 @@ void Model::ensure_acts(StagePass& p, int64_t B, int64_t T) {
   a.cap_att = std::max(a.cap_att, att);
   const int64_t R = a.cap_rows, AT = a.cap_att;
   Backend* be = be_.get();
-  auto grow = [be](auto& buf, int64_t n) { buf.on(be).resize(static_cast<size_t>(n)); };
-  grow(a.tokens, R);
-  grow(a.targets, R);
-  if (a.first) grow(a.emb, R * d);
-  grow(a.xn_att, in_layers * R * d);
-  grow(a.rstd_att, nl * R);
-  grow(a.qkv, nl * R * QKV);
-  grow(a.att, nl * AT);
-  grow(a.atty, nl * R * H * hd);
-  grow(a.xn_mlp, in_layers * R * d);
-  grow(a.rstd_mlp, nl * R);
-  grow(a.h13, nl * R * 2 * F);
-  grow(a.gate, in_layers * R * F);
-  if (a.head) {
-    grow(a.xf, R * d);
-    grow(a.rstd_f, R);
-    grow(a.logits, R * V);
-    grow(a.lse, R);
+  // Every buffer, once to count its elements (each of 4 bytes) and once to grow it.
+  auto each = [&](auto&& grow) {
+    grow(a.tokens, R);
+    grow(a.targets, R);
+    if (a.first) grow(a.emb, R * d);
+    grow(a.xn_att, in_layers * R * d);
+    grow(a.rstd_att, nl * R);
+    grow(a.qkv, nl * R * QKV);
+    grow(a.att, nl * AT);
+    grow(a.atty, nl * R * H * hd);
+    grow(a.xn_mlp, in_layers * R * d);
+    grow(a.rstd_mlp, nl * R);
+    grow(a.h13, nl * R * 2 * F);
+    grow(a.gate, in_layers * R * F);
+    if (a.head) {
+      grow(a.xf, R * d);
+      grow(a.rstd_f, R);
+      grow(a.logits, R * V);
+      grow(a.lse, R);
+    }
+    const int64_t widest = std::max({d, QKV, 2 * F, H * hd});
+    grow(a.d_a, R * widest);
+    grow(a.d_b, R * widest);
+    grow(a.d_c, R * widest);
+    grow(a.d_att, AT);
+  };
+  double elements = 0;
+  each([&](auto&, int64_t n) { elements += static_cast<double>(n); });
+  try {
+    each([be](auto& buf, int64_t n) { buf.on(be).resize(static_cast<size_t>(n)); });
+  } catch (const std::bad_alloc&) {
+    a.cap_rows = a.cap_att = 0;  // (partly grown: never taken as big enough)
+    throw out_of_memory("the activations of a micro-batch of " + std::to_string(B) + " x " +
+                            std::to_string(T) + " tokens",
+                        4.0 * elements,
+                        "lower --batch-size or --seq-len (raise --grad-accum to keep the tokens "
+                        "per step)");
   }
-  const int64_t widest = std::max({d, QKV, 2 * F, H * hd});
-  grow(a.d_a, R * widest);
-  grow(a.d_b, R * widest);
-  grow(a.d_c, R * widest);
-  grow(a.d_att, AT);
 }
 
 double Model::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T) {

@@ -87,8 +87,15 @@ AdamW::AdamW(const ParamLayout& layout, AdamWConfig cfg, int64_t begin, int64_t 
   check(0 <= begin && begin <= end && end <= layout.total(),
         "internal: optimizer shard [" + std::to_string(begin) + ", " + std::to_string(end) +
             ") outside the " + std::to_string(layout.total()) + " parameters");
-  m_.on(be).assign_zero(static_cast<size_t>(end - begin));
-  v_.on(be).assign_zero(static_cast<size_t>(end - begin));
+  try {
+    m_.on(be).assign_zero(static_cast<size_t>(end - begin));
+    v_.on(be).assign_zero(static_cast<size_t>(end - begin));
+  } catch (const std::bad_alloc&) {
+    throw out_of_memory("AdamW's two moments of " + std::to_string(end - begin) + " parameters",
+                        8.0 * static_cast<double>(end - begin),
+                        "lower --d-model, --n-layer or --vocab-size (or shard them over several "
+                        "ranks with --zero1)");
+  }
 }
 
 void AdamW::step(float* params, const float* grads, double lr, float grad_scale, double router_lr) {
