@@ -410,6 +410,17 @@ TEST(PrepareData, OutputDirInsideCorpusIsNotRead) {
   EXPECT_FALSE(q.tokenizer_trained);
   EXPECT_TRUE(q.cache_reused);
   EXPECT_TRUE(contains(q.skipped, "run (output directory"));
+  // Issue 19: another run's directory in the corpus (its log and configuration are text) is not
+  // read either; a directory that only looks like one in part is.
+  fs::create_directories(d.file("corpus/old/checkpoints"));
+  write_file_atomic(d.file("corpus/old/train_config.json"), "{\"steps\": 5}\n");
+  write_file_atomic(d.file("corpus/old/notes.txt"), "run notes\n");
+  fs::create_directories(d.file("corpus/texts"));
+  write_file_atomic(d.file("corpus/texts/train_config.json"), "not a run\n");
+  const PreparedData r = prepare_data(opt);
+  EXPECT_TRUE(contains(r.skipped, "old (an attnres run directory, excluded)"));
+  EXPECT_EQ(r.files.size(), 2u);  // a.txt and texts/train_config.json
+  EXPECT_NE(r.fingerprint, q.fingerprint);
 }
 
 TEST(PrepareData, Errors) {

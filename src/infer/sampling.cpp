@@ -10,7 +10,8 @@
 namespace attnres {
 
 void SamplingConfig::validate() const {
-  check(temperature >= 0 && std::isfinite(temperature), "temperature must be >= 0");
+  check(temperature >= 0 && std::isfinite(temperature),
+        "--temperature must be a finite number >= 0 (0 = greedy)");
   check(top_k >= 0, "top-k must be >= 0 (0 = off)");
   check(top_p > 0 && top_p <= 1, "top-p must be in (0, 1]");
 }

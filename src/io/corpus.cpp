@@ -163,6 +163,11 @@ Corpus read_corpus(const std::string& path, const std::string& exclude_dir) {
   Corpus c;
   std::error_code ec;
   fs::file_status st = fs::status(path, ec);
+  const std::error_code why = ec;
+  if (!path.empty() && !fs::exists(st) && fs::is_symlink(fs::symlink_status(path, ec))) {
+    throw Error("corpus '" + path + "' is a symlink that leads nowhere (a broken link or a loop: " +
+                why.message() + "); point it at a text file or a directory");
+  }
   check(!path.empty() && fs::exists(st),
         "corpus '" + path + "' does not exist; check the data path");
 

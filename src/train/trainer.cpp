@@ -185,9 +185,13 @@ class Trainer {
     try {
       metrics_.append(j.dump() + "\n");
     } catch (const Error& e) {
-      throw Error(std::string(e.what()) + ". Training stopped: its log would lose lines. The " +
-                  "checkpoints already saved are intact; continue with: attnres train --resume " +
-                  "--out " + cfg_.out_dir);
+      const bool saved = fs::exists(fs::path(cfg_.out_dir) / "latest");
+      throw Error(std::string(e.what()) + ". Training stopped: its log would lose lines. " +
+                  (saved ? "The checkpoints already saved are intact; continue with: attnres "
+                           "train --resume --out " +
+                               cfg_.out_dir
+                         : std::string("No checkpoint had been saved yet; free space and start "
+                                       "the run again")));
     }
   }
 
