@@ -165,6 +165,15 @@ TEST(Cli, BenchRunsEveryModeAndWritesJson) {
   ASSERT_EQ(nb.code, 0) << nb.out;
   EXPECT_FALSE(contains(nb.out, "0.000 ")) << nb.out;
   EXPECT_TRUE(contains(nb.out, "        -")) << nb.out;
+  // Issue 19: no single token decoded, no decode speed (it was printed and saved as 0.00).
+  CliRun nd =
+      run("bench --d-model 32 --n-layer 1 --n-head 2 --seq-len 8 --batch-size 1 --vocab 64 "
+          "--steps 1 --warmup 0 --decode-tokens 0 --modes prenorm --json " +
+          js);
+  ASSERT_EQ(nd.code, 0) << nd.out;
+  EXPECT_TRUE(contains(nd.out, "n/a")) << nd.out;
+  const auto j0 = nlohmann::json::parse(attnres::testing::slurp(js));
+  EXPECT_TRUE(j0["modes"][0]["decode_ms_per_token"].is_null()) << j0.dump();
   CliRun nt = run(args + " --modes full --torch /usr/bin/python3");
   EXPECT_EQ(nt.code, 1) << nt.out;
   EXPECT_TRUE(contains(nt.out, "include prenorm in --modes")) << nt.out;
@@ -407,6 +416,51 @@ TEST(Cli, OutOfMemoryNamesWhatAndHowBig) {
   EXPECT_TRUE(contains(r.out, "the activations of a micro-batch of 20000 x 1024 tokens need"))
       << r.out;
   EXPECT_TRUE(contains(r.out, "lower --batch-size or --seq-len")) << r.out;
+}
+
+// Issue 19, third hostile pass: what lost a run or told nothing.
+TEST(Cli, ThirdHostilePassLosesNothing) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const std::string model_opts =
+      " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2"
+      " --eval-every 0 --eval-batches 1 --sample-tokens 0";
+  const std::string tiny = " --data " + data + model_opts;
+  const fs::path run_dir = dir / "run";
+  const std::string out = " --out " + run_dir.string();
+  ASSERT_EQ(run("train" + tiny + out + " --steps 4").code, 0);
+  // --overwrite deleted the old run before finding that the new one could not start.
+  CliRun r =
+      run("train" + model_opts + out + " --steps 4 --overwrite --data " + (dir / "nope").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(fs::exists(run_dir / "latest")) << r.out;
+  EXPECT_TRUE(fs::exists(run_dir / "model.safetensors")) << r.out;
+  // A validation split too short for one window was found at the final evaluation, after the
+  // whole run had trained (and with --save-every 0, lost).
+  r = run("train" + tiny + " --val-fraction 0.0005 --steps 4 --out " + (dir / "short").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "the validation split has")) << r.out;
+  EXPECT_FALSE(contains(r.out, "step 4/4")) << r.out;
+  // A closed output pipe (| head) killed the run by SIGPIPE before it saved anything.
+  r = run("train" + tiny + " --log-every 1 --steps 300 --out " + (dir / "piped").string() +
+          " | head -c 1");
+  EXPECT_TRUE(fs::exists(dir / "piped" / "model.safetensors")) << r.out;
+  // generate stopped at the context without a word.
+  r = run("generate " + (run_dir / "model.safetensors").string() + " --prompt ab -n 100");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "note: generated 15 of the 100 tokens asked for")) << r.out;
+  // Weights 1e21 times a trained model's (finite): the squares overflow in RMSNorm, whose scale
+  // became 0, so every logit was 0 and eval reported the uniform loss ln 256 = 5.5452 as a result.
+  const std::string model = (run_dir / "model.safetensors").string();
+  attnres::Metadata meta;
+  auto m = attnres::load_model(model, &meta);
+  for (int64_t i = 0; i < m->layout().total(); i++) m->params()[i] *= 1e21f;
+  attnres::save_model(model, *m, meta);
+  r = run("eval " + model);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_FALSE(contains(r.out, "5.5452")) << r.out;
+  EXPECT_TRUE(contains(r.out, "is not finite")) << r.out;
 }
 
 }  // namespace

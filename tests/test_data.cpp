@@ -423,6 +423,28 @@ TEST(PrepareData, OutputDirInsideCorpusIsNotRead) {
   EXPECT_NE(r.fingerprint, q.fingerprint);
 }
 
+// Issue 19: a resumed run's tokenizer must be the one it trained with (another tokenizer.model
+// of the same vocabulary was loaded and the tokens rebuilt with it), and a model's tokenizer must
+// have its vocabulary (generate and inspect decoded with another run's file).
+TEST(PrepareData, TheRunsTokenizerOnly) {
+  TempDir d;
+  write_file_atomic(d.file("a.txt"), sample_text(20000));
+  DataOptions opt;
+  opt.corpus_path = d.file("a.txt");
+  opt.tokenizer = TokenizerKind::bpe;
+  opt.vocab_size = 400;
+  opt.out_dir = d.file("run");
+  const PreparedData p = prepare_data(opt);
+  opt.expect_tokenizer_fingerprint = p.tokenizer_fingerprint;
+  EXPECT_NO_THROW(prepare_data(opt));
+  opt.expect_tokenizer_fingerprint = "0123456789abcdef";
+  const std::string msg = error_of([&] { prepare_data(opt); });
+  EXPECT_NE(msg.find("is not the one this run was trained with"), std::string::npos) << msg;
+  EXPECT_NO_THROW(load_tokenizer("sentencepiece:tokenizer.model", d.file("run"), 400));
+  const std::string v = error_of([&] { load_tokenizer("byte", d.file("run"), 400); });
+  EXPECT_NE(v.find("has a vocabulary of 256, the model's is 400"), std::string::npos) << v;
+}
+
 TEST(PrepareData, Errors) {
   TempDir d;
   write_file_atomic(d.file("tiny.txt"), "abc");

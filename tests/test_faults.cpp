@@ -179,8 +179,8 @@ TEST(Faults, StopSignalsSaveACheckpointAndResumeExactly) {
   const int64_t steps = 2500;
   ASSERT_EQ(0, run_cli_to_end(train_args(dir / "c.txt", dir / "ref", steps, 0), dir / "ref.log"))
       << slurp(dir / "ref.log");
-  for (int sig : {SIGINT, SIGTERM}) {
-    const fs::path out = dir / (sig == SIGINT ? "int" : "term");
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {  // (SIGHUP: a closed terminal or SSH session)
+    const fs::path out = dir / (sig == SIGINT ? "int" : sig == SIGTERM ? "term" : "hup");
     const pid_t pid = spawn_cli(train_args(dir / "c.txt", out, steps, 0), out.string() + ".log");
     // Signal once training has logged a few steps (the run would take ~1 s more).
     ASSERT_TRUE(wait_until([&] { return metrics_lines(out) >= 2; }, 60))

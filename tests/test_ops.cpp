@@ -238,6 +238,24 @@ TEST(Ops, BackwardAccumulates) {
   for (int64_t i = 0; i < N * 2 * C; i++) EXPECT_NEAR(dh1[i], dh0[i] + 1.0f, 1e-5);
 }
 
+// Issue 19: a row whose squares overflow float has no RMS scale: NaN (the scale was 0, every
+// output 0, and a model of such weights reported the uniform loss ln V as its result). A large
+// row whose squares fit keeps its ordinary scale.
+TEST(Ops, RmsNormOfAnOverflowingRowIsNaN) {
+  const int64_t C = 4;
+  std::vector<float> g(C, 1.0f), out(2 * C), rstd(2);
+  std::vector<float> x = {3e19f, -3e19f, 1e19f, 0.0f, 1e18f, 1e18f, -1e18f, 1e18f};
+  ops::rmsnorm_forward(out.data(), rstd.data(), x.data(), g.data(), 2, C, 1e-5f);
+  EXPECT_TRUE(std::isnan(rstd[0]));
+  for (int64_t c = 0; c < C; c++) EXPECT_TRUE(std::isnan(out[c])) << c;
+  EXPECT_FLOAT_EQ(rstd[1], 1e-18f);
+  EXPECT_FLOAT_EQ(out[C], 1.0f);
+  std::vector<float> r(2);
+  ops::depth_rstd(r.data(), x.data(), 2, C, 1, 1e-5f);
+  EXPECT_TRUE(std::isnan(r[0]));
+  EXPECT_FLOAT_EQ(r[1], 1e-18f);
+}
+
 TEST(Ops, ScalarMixGradientAndDeterminism) {
   const int64_t S = 3, n = 50;
   std::vector<std::vector<float>> v = {randn(n, 1), randn(n, 2, 3.0), randn(n, 3, 0.1)};

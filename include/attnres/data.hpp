@@ -131,6 +131,9 @@ struct DataOptions {
   // Non-empty: the corpus must have this fingerprint (a resumed run's), checked before anything
   // is trained or written: another corpus would retrain the run's tokenizer under its weights.
   std::string expect_fingerprint;
+  // Non-empty: the tokenizer must have this fingerprint (a resumed run's), checked before the
+  // token cache is rebuilt with it.
+  std::string expect_tokenizer_fingerprint;
 };
 
 struct PreparedData {
@@ -141,6 +144,7 @@ struct PreparedData {
   std::vector<std::string> skipped;
   int64_t corpus_bytes = 0;
   std::string fingerprint;  // of the corpus text as read (hex FNV-1a 64; the files' order counts)
+  std::string tokenizer_fingerprint;  // of the tokenizer's model (hex FNV-1a 64)
   int64_t replaced_invalid_utf8 = 0;
   bool tokenizer_trained = false;  // false when an existing model for this corpus was reused
   bool cache_reused = false;       // false when tokens.bin was (re)built

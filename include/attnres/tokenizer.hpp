@@ -48,8 +48,10 @@ void train_sentencepiece(const std::string& text, int vocab_size, const std::str
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_path);
 
 // Loads the tokenizer for a checkpoint reference ("byte" or "sentencepiece:<file>", the file
-// resolved under base_dir); Error for an unknown reference or a missing model file.
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& ref, const std::string& base_dir);
+// resolved under base_dir); Error for an unknown reference or a missing model file, and, with
+// model_vocab > 0, for a tokenizer whose vocabulary is not the model's (another run's file).
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& ref, const std::string& base_dir,
+                                          int64_t model_vocab = 0);
 
 // Smallest vocab_size train_sentencepiece accepts for any text: 256 byte pieces + <unk>.
 constexpr int kMinSentencepieceVocab = 257;

@@ -64,6 +64,9 @@ struct TrainConfig {
   // The corpus text's fingerprint (PreparedData::fingerprint), recorded when a run starts: a
   // resume refuses another corpus. "" = not recorded (runs of older builds).
   std::string corpus_fingerprint;
+  // Its tokenizer's (PreparedData::tokenizer_fingerprint): a resume refuses another tokenizer.model
+  // of the same vocabulary. "" = not recorded.
+  std::string tokenizer_fingerprint;
   bool resume = false;
   // A new run into an out_dir that already holds a run (its train_config.json, latest,
   // checkpoints, metrics or model) replaces that run's files only with overwrite; without it, and

@@ -62,6 +62,23 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// Milliseconds per token of the timed single-token steps; null when none was timed
+// (--decode-tokens 0), never a made-up 0.
+json ms_per_token(const std::vector<double>& times) {
+  return times.empty() ? json(nullptr) : json(1e3 * median(times));
+}
+
+// A figure that may be null, printed as "n/a".
+std::string figure(const json& v, int width, int decimals) {
+  char b[32];
+  if (v.is_number()) {
+    std::snprintf(b, sizeof b, "%*.*f", width, decimals, v.get<double>());
+  } else {
+    std::snprintf(b, sizeof b, "%*s", width, "n/a");
+  }
+  return b;
+}
+
 ModelConfig bench_config(const BenchArgs& a, const std::string& mode) {
   ModelConfig c;
   c.n_layer = a.n_layer;
@@ -211,7 +228,7 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
           {"ops", ops},
           {"prefill_tokens", P},
           {"prefill_tokens_per_s", P / median(pre)},
-          {"decode_ms_per_token", 1e3 * median(dect)},
+          {"decode_ms_per_token", ms_per_token(dect)},
           {"activation_bytes", m.activation_bytes()},
           {"graph_replays", graph_replays},
           {"peak_rss_mib", ru.ru_maxrss / 1024.0}};
@@ -245,7 +262,7 @@ json inference_interleaved(const BenchArgs& a, const std::vector<std::string>& m
     }
   }
   std::vector<int32_t> next(M, tok[P]);
-  for (int64_t k = 0; k < std::max<int64_t>(a.decode_tokens, 1); k++) {
+  for (int64_t k = 0; k < a.decode_tokens; k++) {
     for (size_t i = 0; i < M; i++) {
       const auto t0 = Clock::now();
       const float* l = decs[i]->feed(&next[i], 1);
@@ -257,7 +274,7 @@ json inference_interleaved(const BenchArgs& a, const std::vector<std::string>& m
   for (size_t i = 0; i < M; i++) {
     out.push_back({{"mode", modes[i]},
                    {"prefill_tokens_per_s", P / median(pre[i])},
-                   {"decode_ms_per_token", 1e3 * median(dec[i])}});
+                   {"decode_ms_per_token", ms_per_token(dec[i])}});
   }
   return out;
 }
@@ -317,7 +334,7 @@ std::vector<std::string> split_list(const std::string& list) {
 // x / base, or "-" where there is no base to divide by (no PreNorm among the modes).
 std::string ratio_text(double x, const json* base, const char* key, int width) {
   char b[32];
-  if (base) {
+  if (base && (*base)[key].is_number()) {
     std::snprintf(b, sizeof b, "%*.3f", width, x / (*base)[key].get<double>());
   } else {
     std::snprintf(b, sizeof b, "%*s", width, "-");
@@ -404,12 +421,13 @@ void print_training(const json& rows, double ceiling, bool on_cpu) {
               "GFLOP/s", "%sgemm", "vs base", "peak MiB", "vs base", "prefill t/s", "decode ms/t");
   for (const auto& r : rows) {
     const double tps = r["tokens_per_s"], mem = r["peak_rss_mib"];
-    std::printf("%-9s %9.1f %9.0f %10.1f %7.1f%% %s %10.0f %s %11.0f %11.2f\n",
+    std::printf("%-9s %9.1f %9.0f %10.1f %7.1f%% %s %10.0f %s %11.0f %s\n",
                 r["mode"].get<std::string>().c_str(), 1e3 * r["step_s"].get<double>(), tps,
                 r["model_gflops"].get<double>(), 100.0 * r["model_gflops"].get<double>() / ceiling,
                 ratio_text(tps, base, "tokens_per_s", 9).c_str(), mem,
                 ratio_text(mem, base, "peak_rss_mib", 9).c_str(),
-                r["prefill_tokens_per_s"].get<double>(), r["decode_ms_per_token"].get<double>());
+                r["prefill_tokens_per_s"].get<double>(),
+                figure(r["decode_ms_per_token"], 11, 2).c_str());
   }
   if (!on_cpu) std::printf("(peak MiB: the host process's resident memory, not the device's)\n");
   std::printf("\nper-op time of one step, ms (forward / backward):\n%-20s", "op");
@@ -437,10 +455,12 @@ json print_inference(const BenchArgs& a, const std::vector<std::string>& modes) 
       "vs base");
   const json* b = prenorm_row(inf);
   for (const auto& r : inf) {
-    const double pt = r["prefill_tokens_per_s"], dm = r["decode_ms_per_token"];
-    std::printf("%-9s %12.0f %s %12.3f %s\n", r["mode"].get<std::string>().c_str(), pt,
-                ratio_text(pt, b, "prefill_tokens_per_s", 9).c_str(), dm,
-                ratio_text(dm, b, "decode_ms_per_token", 9).c_str());
+    const double pt = r["prefill_tokens_per_s"];
+    const json& dm = r["decode_ms_per_token"];
+    std::printf("%-9s %12.0f %s %s %s\n", r["mode"].get<std::string>().c_str(), pt,
+                ratio_text(pt, b, "prefill_tokens_per_s", 9).c_str(), figure(dm, 12, 3).c_str(),
+                dm.is_number() ? ratio_text(dm.get<double>(), b, "decode_ms_per_token", 9).c_str()
+                               : "        -");
   }
   std::fflush(stdout);
   return inf;

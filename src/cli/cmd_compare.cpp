@@ -402,6 +402,7 @@ bool run_compare(CompareArgs& a) {
       // As the run records them (train_config.json), so a kept run of another corpus is refused.
       c.data_path = fs::absolute(c.data_path).lexically_normal().string();
       c.corpus_fingerprint = data.fingerprint;
+      c.tokenizer_fingerprint = data.tokenizer_fingerprint;
       const fs::path dir =
           fs::path(a.out) / "runs" / safe_name(g.name) / ("seed" + std::to_string(c.seed));
       c.out_dir = dir.string();

@@ -46,10 +46,8 @@ void run_eval(const EvalArgs& a) {
   if (val_fraction < 0) val_fraction = 0.1;
   check(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
   auto it = meta.find("tokenizer");
-  auto tok = load_tokenizer(it == meta.end() ? "byte" : it->second, dir.string());
-  check(tok->vocab_size() == model->config().vocab_size,
-        "tokenizer vocabulary (" + std::to_string(tok->vocab_size()) +
-            ") does not match the model's (" + std::to_string(model->config().vocab_size) + ")");
+  auto tok = load_tokenizer(it == meta.end() ? "byte" : it->second, dir.string(),
+                            model->config().vocab_size);
   const Corpus corpus = read_corpus(data);
   const std::vector<int32_t> ids = tok->encode(corpus.text);
   const int64_t n = static_cast<int64_t>(ids.size());

@@ -28,7 +28,8 @@ void run_generate(const GenArgs& a) {
   auto model = load_model(a.model, &meta, 0, be);
   auto it = meta.find("tokenizer");
   auto tok = load_tokenizer(it == meta.end() ? "byte" : it->second,
-                            std::filesystem::path(a.model).parent_path().string());
+                            std::filesystem::path(a.model).parent_path().string(),
+                            model->config().vocab_size);
   // Exactly the prompt's tokens: no BOS or other token is added.
   const std::vector<int32_t> prompt = tok->encode(a.prompt);
   std::fputs(a.prompt.c_str(), stdout);
@@ -48,6 +49,14 @@ void run_generate(const GenArgs& a) {
     return true;
   });
   std::fputs("\n", stdout);
+  std::fflush(stdout);
+  if (static_cast<int64_t>(gen.size()) < a.max_new) {  // (the context filled up first)
+    std::fprintf(stderr,
+                 "note: generated %zu of the %lld tokens asked for: the model's context of %lld "
+                 "tokens is full (the prompt has %zu)\n",
+                 gen.size(), static_cast<long long>(a.max_new),
+                 static_cast<long long>(model->config().max_seq_len), prompt.size());
+  }
 }
 
 }  // namespace

@@ -116,7 +116,7 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
   if (a.sample_tokens > 0) {
     Metadata meta;
     auto model = load_model(r.model_path, &meta);
-    auto tok = load_tokenizer(meta.at("tokenizer"), cfg.out_dir);
+    auto tok = load_tokenizer(meta.at("tokenizer"), cfg.out_dir, model->config().vocab_size);
     SamplingConfig sc;
     sc.temperature = 0.8;
     sc.top_k = 40;
@@ -126,7 +126,11 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
     auto out = generate(*model, prompt, a.sample_tokens, sc, nullptr);
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), out.begin(), out.end());
-    std::printf("sample (temperature 0.8, top-k 40):\n----\n%s\n----\n", tok->decode(all).c_str());
+    const bool cut = static_cast<int64_t>(out.size()) < a.sample_tokens;  // the context is full
+    std::printf(
+        "sample (temperature 0.8, top-k 40%s):\n----\n%s\n----\n",
+        cut ? (", " + std::to_string(out.size()) + " tokens: the context is full").c_str() : "",
+        tok->decode(all).c_str());
   }
 }
 

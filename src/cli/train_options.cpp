@@ -21,7 +21,7 @@ namespace attnres::cli {
 namespace {
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_handling{false};  // a stop handler is installed
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1};
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGHUP};
 
 sigset_t stop_signal_set() {
   sigset_t set;
@@ -30,7 +30,7 @@ sigset_t stop_signal_set() {
   return set;
 }
 
-// The only thread that ever receives SIGINT/SIGTERM/SIGUSR1 (see start_signal_thread).
+// The only thread that ever receives SIGINT/SIGTERM/SIGUSR1/SIGHUP (see start_signal_thread).
 void signal_thread() {
   const sigset_t set = stop_signal_set();
   for (;;) {
@@ -71,6 +71,10 @@ const std::atomic<bool>* install_stop_handler() {
   // job after a few seconds: `kill -USR1 <mpirun pid>` stops a multi-process run with a
   // checkpoint) set the flag; a second one exits at once. Delivered by start_signal_thread's
   // thread.
+  // SIGHUP too: a closed terminal or SSH session stops the run with a checkpoint. And a closed
+  // output pipe (`| head`, a dead tee or SSH) must not kill the run: with SIGPIPE ignored the
+  // progress lines are lost and the run goes on to save its work.
+  std::signal(SIGPIPE, SIG_IGN);
   g_stop.store(false);
   g_handling.store(true);
   return &g_stop;

@@ -34,10 +34,11 @@ void apply_train_args(TrainArgs& a, const std::vector<std::string>& args);
 // not saved), pass.
 void check_resume_options(const CLI::App& s, const std::string& out_dir);
 
-// SIGINT/SIGTERM/SIGUSR1 set the returned flag (a second one exits at once); remove restores the
+// SIGINT/SIGTERM/SIGUSR1/SIGHUP set the returned flag (a second one exits at once), SIGPIPE is
+// ignored; remove restores the
 // default action (terminate).
-// Blocks SIGINT/SIGTERM/SIGUSR1 in every thread and starts the one thread that receives them;
-// main() calls it before any other thread exists. Without an installed stop handler a signal
+// Blocks SIGINT/SIGTERM/SIGUSR1/SIGHUP in every thread and starts the one thread that receives
+// them; main() calls it before any other thread exists. Without an installed stop handler a signal
 // terminates the process as by default.
 void start_signal_thread();
 const std::atomic<bool>* install_stop_handler();

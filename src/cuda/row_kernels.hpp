@@ -435,7 +435,7 @@ struct DepthRstd {
     const float* x = v + n * d + h * dh;
     float ss = 0.0f;
     for (int64_t c = 0; c < dh; c++) ss += x[c] * x[c];
-    rstd[idx] = 1.0f / ::sqrtf(ss / static_cast<float>(dh) + eps);
+    rstd[idx] = row::rms_scale(ss, dh, eps);
   }
 };
 

@@ -89,7 +89,7 @@ struct RmsNormForward {
     const float* x = f.inp + n * f.C;
     float ss = 0.0f;
     for (int64_t c = lane; c < f.C; c += kWarp) ss += x[c] * x[c];
-    const float r = 1.0f / ::sqrtf(warp_sum(ss) / static_cast<float>(f.C) + f.eps);
+    const float r = ops::row::rms_scale(warp_sum(ss), f.C, f.eps);
     if (f.rstd && lane == 0) f.rstd[n] = r;
     for (int64_t c = lane; c < f.C; c += kWarp) f.out[n * f.C + c] = x[c] * r * f.g[c];
   }
@@ -141,7 +141,7 @@ struct DepthRstd {  // row = n * H + h
     float ss = 0.0f;
     for (int64_t c = lane; c < dh; c += kWarp) ss += x[c] * x[c];
     ss = warp_sum(ss);
-    if (lane == 0) f.rstd[idx] = 1.0f / ::sqrtf(ss / static_cast<float>(dh) + f.eps);
+    if (lane == 0) f.rstd[idx] = ops::row::rms_scale(ss, dh, f.eps);
   }
 };
 

@@ -199,6 +199,13 @@ PreparedData prepare_data(const DataOptions& opt) {
     pd.tokenizer_path = model_path;
   }
   pd.tokenizer_ref = pd.tokenizer->ref();
+  pd.tokenizer_fingerprint = hex64(fnv1a64(pd.tokenizer->model_data()));
+  check(opt.expect_tokenizer_fingerprint.empty() ||
+            opt.expect_tokenizer_fingerprint == pd.tokenizer_fingerprint,
+        "the tokenizer '" + (pd.tokenizer_path.empty() ? pd.tokenizer_ref : pd.tokenizer_path) +
+            "' is not the one this run was trained with (it was replaced or retrained): "
+            "resuming would read the text as other tokens. Restore it from the checkpoint "
+            "(each checkpoints/step_N/ holds a copy), or start a new run");
   const int32_t vocab = pd.tokenizer->vocab_size();
   const uint64_t key = fnv1a64(pd.tokenizer->model_data(), fnv1a64(pd.tokenizer_ref, text_hash));
 

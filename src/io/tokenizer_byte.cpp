@@ -58,7 +58,9 @@ TokenizerKind parse_tokenizer_kind(const std::string& s) {
   throw Error("unknown tokenizer '" + printable(s) + "'; use byte or bpe");
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& ref, const std::string& base_dir) {
+namespace {
+
+std::unique_ptr<Tokenizer> load_by_ref(const std::string& ref, const std::string& base_dir) {
   if (ref == "byte") return make_byte_tokenizer();
   const std::string prefix = "sentencepiece:";
   if (ref.compare(0, prefix.size(), prefix) == 0) {
@@ -84,6 +86,21 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& ref, const std::str
   throw Error("unknown tokenizer reference '" + printable(ref) +
               "'; expected 'byte' or 'sentencepiece:<model file>' — the checkpoint may come from "
               "a newer version or be corrupt");
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& ref, const std::string& base_dir,
+                                          int64_t model_vocab) {
+  std::unique_ptr<Tokenizer> t = load_by_ref(ref, base_dir);
+  check(model_vocab <= 0 || t->vocab_size() == model_vocab,
+        "tokenizer '" + printable(ref) + "' in '" +
+            (base_dir.empty() ? std::string(".") : base_dir) + "' has a vocabulary of " +
+            std::to_string(t->vocab_size()) + ", the model's is " + std::to_string(model_vocab) +
+            ": it is not this model's tokenizer (restore the one saved with the checkpoint, "
+            "checkpoints/step_N/" +
+            ref.substr(ref.find(':') + 1) + ")");
+  return t;
 }
 
 }  // namespace attnres

@@ -125,7 +125,7 @@ void depth_rstd(float* rstd, const float* v, int64_t N, int64_t d, int64_t H, fl
     for (int64_t h = 0; h < H; h++) {
       const float* x = v + n * d + h * dh;
       const float ss = dotf(x, x, dh);
-      rstd[n * H + h] = 1.0f / std::sqrt(ss / static_cast<float>(dh) + eps);
+      rstd[n * H + h] = row::rms_scale(ss, dh, eps);
     }
   }
 }

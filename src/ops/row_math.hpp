@@ -22,11 +22,20 @@ namespace row {
 
 ATTNRES_HD inline float sigmoid(float a) { return 1.0f / (1.0f + ::expf(-a)); }
 
+// r = rsqrt(ss / C + eps) for a row of C values whose squares sum to ss. A row whose squares
+// overflow float (ss = inf) has no representable scale: NaN, not 0, which would make the row 0 and
+// the logits uniform (a loss of exactly ln V reported as a result); NaN reaches the loss, and every
+// check of it (a skipped step, eval's and generate's refusals).
+ATTNRES_HD inline float rms_scale(float ss, int64_t C, float eps) {
+  const float m = ss / static_cast<float>(C) + eps;
+  return m <= 3.40282347e38f ? 1.0f / ::sqrtf(m) : ::nanf("");
+}
+
 // ---- RMSNorm (SPEC 1) ----  y (C) = x (C) * r * g (C), r = rsqrt(mean(x^2) + eps); returns r.
 ATTNRES_HD inline float rmsnorm(float* y, const float* x, const float* g, int64_t C, float eps) {
   float ss = 0.0f;
   for (int64_t c = 0; c < C; c++) ss += x[c] * x[c];
-  const float r = 1.0f / ::sqrtf(ss / static_cast<float>(C) + eps);
+  const float r = rms_scale(ss, C, eps);
   for (int64_t c = 0; c < C; c++) y[c] = x[c] * r * g[c];
   return r;
 }

@@ -95,6 +95,22 @@ void write_failed(std::ostringstream& md, const nlohmann::json& an) {
   }
 }
 
+// The mean training speed of a configuration's finished runs, from the runs themselves (null
+// when none finished or none was timed), not from the stored aggregate.
+nlohmann::json tokens_per_s_of(const nlohmann::json& results, const std::string& group) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& run : results.value("runs", nlohmann::json::array())) {
+    if (!run.is_object() || run.value("group", std::string()) != group) continue;
+    if (run.value("status", std::string("ok")) != "ok") continue;
+    if (!run.contains("final_val_loss") || !run["final_val_loss"].is_number()) continue;
+    if (!run.contains("tokens_per_s") || !run["tokens_per_s"].is_number()) continue;
+    sum += run["tokens_per_s"].get<double>();
+    n++;
+  }
+  return n ? nlohmann::json(sum / n) : nlohmann::json();
+}
+
 }  // namespace
 
 void write_report(const std::string& run_dir) {
@@ -188,7 +204,7 @@ void write_report(const std::string& run_dir) {
          << " | " << n << (failed ? " (" + std::to_string(failed) + " failed)" : std::string())
          << " | " << (has ? fmt("%.2f", std::exp(st.at("mean").get<double>())) : std::string("n/a"))
          << " | " << diff << " | " << with_commas(g.at("params").get<int64_t>()) << " | "
-         << num(g.value("tokens_per_s_mean", nlohmann::json()), "%.0f") << " |\n";
+         << num(tokens_per_s_of(r, g.at("name").get<std::string>()), "%.0f") << " |\n";
     }
     write_best_per_mode(md, an);
     write_comparisons(md, an);

@@ -157,7 +157,7 @@ RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // (releases the lock)
 }
 
-std::string claim_out_dir(const std::string& out_dir, bool overwrite) {
+std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only) {
   const fs::path d = out_dir;
   auto present = [&](const char* n) { return fs::exists(fs::symlink_status(d / n)); };
   // Only what the engine wrote is ever deleted: regular files, and a checkpoints/ directory of
@@ -208,6 +208,7 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite) {
         "'" + out_dir + "' already holds a run (" + list(kept) +
             "); continue it with --resume, start this one in another --out, or pass --overwrite "
             "to delete that run and start again");
+  if (check_only) return "";
   for (const auto& v : {kept, stale}) {
     for (const std::string& n : v) fs::remove_all(d / n);
   }

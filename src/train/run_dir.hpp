@@ -62,7 +62,9 @@ class RunLock {
 // of a run that stopped before its first checkpoint (train_config.json, metrics.jsonl, an empty
 // checkpoints/ or a save's step_N.tmp) are replaced. Anything under those names that the engine
 // does not write (a directory named metrics.jsonl, a FIFO, a symlink) is an Error, never deleted.
-// Returns what it deleted, as a message ("" = nothing).
-std::string claim_out_dir(const std::string& out_dir, bool overwrite);
+// Returns what it deleted, as a message ("" = nothing). With check_only, it only checks (and
+// deletes nothing): the trainer checks first and deletes once the new run's inputs have been
+// read and found good, so that a new run that cannot start loses nothing of the old one.
+std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only = false);
 
 }  // namespace attnres

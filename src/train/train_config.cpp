@@ -87,6 +87,7 @@ std::string TrainConfig::to_json() const {
       {"out_dir", out_dir},
       {"data_dir", data_dir},
       {"corpus_fingerprint", corpus_fingerprint},
+      {"tokenizer_fingerprint", tokenizer_fingerprint},
   };
   return j.dump(2);
 }
@@ -136,6 +137,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     get("out_dir", c.out_dir);
     get("data_dir", c.data_dir);
     get("corpus_fingerprint", c.corpus_fingerprint);
+    get("tokenizer_fingerprint", c.tokenizer_fingerprint);
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training config JSON is invalid: ") + e.what());
   }

@@ -255,8 +255,7 @@ class Trainer {
     if (root_) {
       lock_ = std::make_unique<RunLock>(cfg_.out_dir);
       if (!cfg_.resume) {
-        const std::string note = claim_out_dir(cfg_.out_dir, cfg_.overwrite);
-        if (!note.empty()) msg(note);
+        claim_out_dir(cfg_.out_dir, cfg_.overwrite, /*check_only=*/true);  // (deleted in stage 5)
       }
     }
   }
@@ -269,10 +268,16 @@ class Trainer {
     dopt.vocab_size = cfg_.bpe_vocab;
     dopt.out_dir = cfg_.data_dir.empty() ? cfg_.out_dir : cfg_.data_dir;
     dopt.val_fraction = cfg_.val_fraction;
-    if (cfg_.resume) dopt.expect_fingerprint = cfg_.corpus_fingerprint;
+    if (cfg_.resume) {
+      dopt.expect_fingerprint = cfg_.corpus_fingerprint;
+      dopt.expect_tokenizer_fingerprint = cfg_.tokenizer_fingerprint;
+    }
     data_ = prepare_data_once(dopt, comm_);
     const PreparedData& d = data_;
-    if (!cfg_.resume) cfg_.corpus_fingerprint = d.fingerprint;
+    if (!cfg_.resume) {
+      cfg_.corpus_fingerprint = d.fingerprint;
+      cfg_.tokenizer_fingerprint = d.tokenizer_fingerprint;
+    }
     msg("data: " + std::to_string(d.files.size()) + " file(s), " + std::to_string(d.corpus_bytes) +
         " bytes; tokenizer " + d.tokenizer_ref + " (vocab " +
         std::to_string(d.tokenizer->vocab_size()) + "); " + std::to_string(d.train.size()) +
@@ -296,6 +301,12 @@ class Trainer {
           "the training split has " + std::to_string(d.train.size()) +
               " tokens, fewer than seq_len + 1 = " + std::to_string(cfg_.seq_len + 1) +
               "; use a larger corpus or a smaller --seq-len");
+    // (checked now: found at the final evaluation, it lost the whole run)
+    check(d.val.size() >= cfg_.seq_len + 1,
+          "the validation split has " + std::to_string(d.val.size()) +
+              " tokens, fewer than seq_len + 1 = " + std::to_string(cfg_.seq_len + 1) +
+              ", so no evaluation could run; raise --val-fraction, use a larger corpus or a "
+              "smaller --seq-len");
     comm_.require_same(fnv1a64(d.tokenizer->model_data(),
                                fnv1a64(d.tokenizer_ref + ":" + std::to_string(d.train.size()) +
                                        ":" + std::to_string(d.val.size()))),
@@ -415,6 +426,9 @@ class Trainer {
       prior_seconds_ = logged_seconds_at(fs::path(cfg_.out_dir) / "metrics.jsonl", start_);
       msg("resumed from " + dir + " at step " + std::to_string(start_));
     } else if (root_) {
+      // The new run's data, model and initial weights are good: only now is an old run deleted.
+      const std::string note = claim_out_dir(cfg_.out_dir, cfg_.overwrite);
+      if (!note.empty()) msg(note);
       write_file_atomic(cfg_path_.string(), cfg_text_);
     }
     comm_.require_same(replica_hash(*model_, *opt_),
