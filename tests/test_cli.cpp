@@ -31,6 +31,11 @@ bool contains(const std::string& s, const std::string& needle) {
   return s.find(needle) != std::string::npos;
 }
 
+// A model trained in a fraction of a second, no evaluation before the end, no sample.
+constexpr const char* kTinyModel =
+    " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 --eval-every 0"
+    " --eval-batches 1 --sample-tokens 0";
+
 std::string corpus(const fs::path& dir) {
   std::ofstream f(dir / "corpus.txt");
   for (int i = 0; i < 400; i++) {
@@ -257,8 +262,7 @@ TEST(Cli, SecondHostilePassIsRefusedClearly) {
   TempDir td;
   const fs::path dir = td.path;
   const std::string data = corpus(dir);
-  const std::string tiny = " --data " + data + " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16" +
-                           " --batch-size 2 --eval-every 0 --eval-batches 1 --sample-tokens 0";
+  const std::string tiny = " --data " + data + kTinyModel;
   auto refused = [](const CliRun& r, const std::string& needle) {
     EXPECT_GT(r.code, 0) << r.out;  // (-1: killed by a signal)
     EXPECT_NE(r.code, 2) << r.out;  // not an internal error
@@ -354,8 +358,7 @@ TEST(Cli, ResumeRefusesOptionsThatWouldBeDropped) {
   TempDir td;
   const fs::path dir = td.path;
   const std::string data = corpus(dir);
-  const std::string tiny = " --data " + data + " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16" +
-                           " --batch-size 2 --eval-every 0 --eval-batches 1 --sample-tokens 0";
+  const std::string tiny = " --data " + data + kTinyModel;
   const std::string out = " --out " + (dir / "run").string();
   ASSERT_EQ(run("train" + tiny + out + " --steps 4 --save-every 2").code, 0);
   std::ofstream(dir / "run" / "latest") << "step_00000002\n";
@@ -423,16 +426,13 @@ TEST(Cli, ThirdHostilePassLosesNothing) {
   TempDir td;
   const fs::path dir = td.path;
   const std::string data = corpus(dir);
-  const std::string model_opts =
-      " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2"
-      " --eval-every 0 --eval-batches 1 --sample-tokens 0";
-  const std::string tiny = " --data " + data + model_opts;
+  const std::string tiny = " --data " + data + kTinyModel;
   const fs::path run_dir = dir / "run";
   const std::string out = " --out " + run_dir.string();
   ASSERT_EQ(run("train" + tiny + out + " --steps 4").code, 0);
   // --overwrite deleted the old run before finding that the new one could not start.
-  CliRun r =
-      run("train" + model_opts + out + " --steps 4 --overwrite --data " + (dir / "nope").string());
+  CliRun r = run(std::string("train") + kTinyModel + out + " --steps 4 --overwrite --data " +
+                 (dir / "nope").string());
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(fs::exists(run_dir / "latest")) << r.out;
   EXPECT_TRUE(fs::exists(run_dir / "model.safetensors")) << r.out;

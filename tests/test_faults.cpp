@@ -349,6 +349,32 @@ TrainConfig tiny_config(const fs::path& dir) {
   return c;
 }
 
+// Trains c, asking it to stop once step `at` is done (as Ctrl-C would).
+TrainResult train_until_stopped_at(const TrainConfig& c, int64_t at) {
+  std::atomic<bool> stop{false};
+  TrainEvents ev;
+  ev.stop = &stop;
+  ev.on_step = [&](const StepInfo& s) {
+    if (s.step == at) stop = true;
+  };
+  return train(c, ev);
+}
+
+// Resumes the run in out_dir, which must be refused with an Error containing every needle.
+void expect_resume_refused(const std::string& out_dir, std::initializer_list<std::string> needles) {
+  TrainConfig rc;
+  rc.out_dir = out_dir;
+  rc.resume = true;
+  try {
+    train(rc, {});
+    ADD_FAILURE() << "expected the resume to be refused";
+  } catch (const Error& e) {
+    for (const std::string& n : needles) {
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
+  }
+}
+
 int64_t count_skipped(const fs::path& metrics) {
   std::ifstream f(metrics);
   std::string line;
@@ -416,31 +442,15 @@ TEST(Faults, PoisonedCheckpointIsDetectedOnResume) {
   write_corpus(dir / "c.txt");
   TrainConfig c = tiny_config(dir);
   c.max_bad_steps = 3;
-  std::atomic<bool> stop{false};
-  TrainEvents ev;
-  ev.stop = &stop;
-  ev.on_step = [&](const StepInfo& s) {
-    if (s.step == 4) stop = true;
-  };
-  ASSERT_TRUE(train(c, ev).interrupted);
+  ASSERT_TRUE(train_until_stopped_at(c, 4).interrupted);
   const fs::path ckpt = dir / "run" / "checkpoints" / "step_00000004" / "model.safetensors";
   Metadata meta;
   auto m = load_model(ckpt.string(), &meta);
   m->param("norm.weight")[0] = std::numeric_limits<float>::quiet_NaN();
   save_model(ckpt.string(), *m, meta);
-  TrainConfig rc;
-  rc.out_dir = c.out_dir;
-  rc.resume = true;
   // Refused on load, before any step (it used to train on, skip 4 steps as non-finite and stop
   // as diverged; with fewer than max_bad_steps left it saved NaN weights and exited 0).
-  try {
-    train(rc, {});
-    FAIL() << "expected the resume to be refused";
-  } catch (const Error& e) {
-    const std::string w = e.what();
-    EXPECT_NE(w.find("is unusable"), std::string::npos) << w;
-    EXPECT_NE(w.find("'norm.weight' holds 1 of"), std::string::npos) << w;
-  }
+  expect_resume_refused(c.out_dir, {"is unusable", "'norm.weight' holds 1 of"});
   EXPECT_EQ(count_skipped(dir / "run" / "metrics.jsonl"), 0);
   EXPECT_EQ(trim(slurp(dir / "run" / "latest")), "step_00000004");
 }
@@ -493,16 +503,7 @@ TEST(Faults, CheckpointStepMustMatchItsDirectory) {
   fs::copy_file(ck / "step_00000004" / "model.safetensors",
                 ck / "step_00000008" / "model.safetensors", fs::copy_options::overwrite_existing);
   write_file_atomic((dir / "run" / "latest").string(), "step_00000008\n");
-  TrainConfig rc;
-  rc.out_dir = c.out_dir;
-  rc.resume = true;
-  try {
-    train(rc, {});
-    FAIL() << "expected the resume to be refused";
-  } catch (const Error& e) {
-    const std::string w = e.what();
-    EXPECT_NE(w.find("step_00000008' says it was saved at step 4"), std::string::npos) << w;
-  }
+  expect_resume_refused(c.out_dir, {"step_00000008' says it was saved at step 4"});
 }
 
 // Issue 19, class C: --resume continues the run it names on the data and settings it started
@@ -514,23 +515,9 @@ TEST(Faults, ResumeRefusesAnotherCorpusOrAnEditedConfig) {
   const fs::path dir = td.path;
   write_corpus(dir / "c.txt");
   TrainConfig c = tiny_config(dir);
-  std::atomic<bool> stop{false};
-  TrainEvents ev;
-  ev.stop = &stop;
-  ev.on_step = [&](const StepInfo& s) {
-    if (s.step == 4) stop = true;
-  };
-  ASSERT_TRUE(train(c, ev).interrupted);
-  TrainConfig rc;
-  rc.out_dir = c.out_dir;
-  rc.resume = true;
+  ASSERT_TRUE(train_until_stopped_at(c, 4).interrupted);
   auto refused = [&](const std::string& needle) {
-    try {
-      train(rc, {});
-      ADD_FAILURE() << "expected the resume to be refused";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    expect_resume_refused(c.out_dir, {needle});
     EXPECT_EQ(trim(slurp(dir / "run" / "latest")), "step_00000004");
   };
   const std::string text = slurp(dir / "c.txt");
@@ -544,6 +531,9 @@ TEST(Faults, ResumeRefusesAnotherCorpusOrAnEditedConfig) {
   std::ofstream(cfg, std::ios::trunc) << j.dump(2);
   refused("is not the configuration checkpoint");
   std::ofstream(cfg, std::ios::trunc) << saved;
+  TrainConfig rc;
+  rc.out_dir = c.out_dir;
+  rc.resume = true;
   const TrainResult r = train(rc, {});
   EXPECT_FALSE(r.interrupted);
   EXPECT_EQ(r.steps_done, c.steps);
