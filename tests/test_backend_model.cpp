@@ -477,7 +477,9 @@ TEST_P(BackendRuns, DeviceStepMatchesTheHostStep) {
       // Against the CPU's norm on the same weights (step 0); later the CPU run has its own
       // weights (AdamW moved the smallest gradients' weights by about lr, whatever their rounding:
       // 1.0e-4 apart at step 3 on a Sapphire Rapids Xeon), so against this backend's host step.
-      if (step == 0) EXPECT_NEAR(r.norm, norm, 1e-4 * norm);
+      if (step == 0) {
+        EXPECT_NEAR(r.norm, norm, 1e-4 * norm);
+      }
       EXPECT_NEAR(r.norm, ref_norm, 1e-5 * ref_norm);
     }
     EXPECT_EQ(od.steps_taken(), 4);

@@ -44,6 +44,8 @@ constexpr uint64_t kFnv1a64Offset = 0xcbf29ce484222325ULL;
 
 // FNV-1a 64 of `data` continuing from `seed`, so fnv1a64(b, fnv1a64(a)) == fnv1a64(a + b).
 uint64_t fnv1a64(std::string_view data, uint64_t seed = kFnv1a64Offset);
+// v as 16 lowercase hex digits (the fingerprints in train_config.json and checkpoints).
+std::string hex64(uint64_t v);
 
 // ---------------------------------------------------------------------------------------------
 // Token cache

@@ -25,6 +25,10 @@ int open_regular_file(const std::string& path, int flags, const char* verb);
 // or not a regular file.
 std::string read_file(const std::string& path);
 
+// `path` made absolute against the working directory and normalised ("" stays ""): how a run
+// records its corpus, so that a resume from another directory reads the same one.
+std::string absolute_path(const std::string& path);
+
 // Appends lines to a log file (metrics.jsonl): each append is one write of whole lines, checked;
 // a failed or short write is an Error naming the file, the OS error and the fix. Opening drops a
 // torn last line (a line without its newline, left by a kill or a full disk mid-write), so the

@@ -400,7 +400,7 @@ bool run_compare(CompareArgs& a) {
       c.seed = b.seed + static_cast<uint64_t>(s);
       c.data_dir = data_dir;
       // As the run records them (train_config.json), so a kept run of another corpus is refused.
-      c.data_path = fs::absolute(c.data_path).lexically_normal().string();
+      c.data_path = absolute_path(c.data_path);
       c.corpus_fingerprint = data.fingerprint;
       c.tokenizer_fingerprint = data.tokenizer_fingerprint;
       const fs::path dir =

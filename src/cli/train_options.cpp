@@ -112,10 +112,6 @@ void differing(const nlohmann::json& saved, const nlohmann::json& given, const s
   }
 }
 
-std::string absolute_path(const std::string& p) {
-  return p.empty() ? p : std::filesystem::absolute(p).lexically_normal().string();
-}
-
 }  // namespace
 
 void check_resume_options(const CLI::App& s, const std::string& out_dir) {

@@ -128,12 +128,6 @@ std::vector<int32_t> encode_parallel(const Tokenizer& tok, std::string_view text
 
 namespace {
 
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
-  return buf;
-}
-
 // Reads a small text file, returning "" if it does not exist or cannot be read.
 std::string read_if_exists(const std::string& path) {
   std::error_code ec;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "attnres/error.hpp"
@@ -108,6 +109,10 @@ std::string join_path(const std::string& dir, const std::string& rel) {
   if (!rel.empty() && rel.front() == '/') return rel;
   if (dir.back() == '/') return dir + rel;
   return dir + "/" + rel;
+}
+
+std::string absolute_path(const std::string& path) {
+  return path.empty() ? path : std::filesystem::absolute(path).lexically_normal().string();
 }
 
 std::string read_file(const std::string& path) {

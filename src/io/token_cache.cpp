@@ -1,5 +1,7 @@
 // token_cache.cpp — FNV-1a hashing and the mmapped token cache file.
 #include <bit>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 
 #include "attnres/data.hpp"
@@ -14,6 +16,12 @@ namespace {
 constexpr char kMagic[8] = {'A', 'R', 'T', 'O', 'K', 'C', 'C', 'H'};
 constexpr char kRebuild[] = "; delete it to rebuild it from the corpus";
 }  // namespace
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
 
 uint64_t fnv1a64(std::string_view data, uint64_t seed) {
   uint64_t h = seed;

@@ -67,9 +67,7 @@ std::string mflops_text(double flops) {
 std::string config_fingerprint(const std::string& text) {
   nlohmann::json j = parse_json(text);
   j.erase("out_dir");
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a64(j.dump())));
-  return buf;
+  return hex64(fnv1a64(j.dump()));
 }
 
 std::string format_mib(int64_t bytes) {
@@ -206,9 +204,7 @@ class Trainer {
           "and --resume continues the run in --out; give one of them");
     cfg_ = in_;
     cfg_path_ = fs::path(cfg_.out_dir) / "train_config.json";
-    if (!cfg_.resume && !cfg_.data_path.empty()) {  // (a resume from another directory finds it)
-      cfg_.data_path = fs::absolute(cfg_.data_path).lexically_normal().string();
-    }
+    if (!cfg_.resume) cfg_.data_path = absolute_path(cfg_.data_path);
     if (cfg_.resume) {
       check(fs::exists(cfg_path_), "cannot resume: '" + cfg_path_.string() +
                                        "' does not exist; start the run without --resume");
