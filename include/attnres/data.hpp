@@ -128,6 +128,9 @@ struct DataOptions {
   std::string corpus_path;
   TokenizerKind tokenizer = TokenizerKind::byte;
   int32_t vocab_size = 4096;  // only for bpe
+  // bpe: this SentencePiece model file (e.g. an imported Hugging Face model's) instead of one
+  // trained on the corpus; copied into out_dir as tokenizer.model. "" = train one.
+  std::string tokenizer_model;
   std::string out_dir;        // where tokenizer.model and tokens.bin are written (created)
   double val_fraction = 0.1;  // the last val_fraction of the tokens is the validation split
   // Non-empty: the corpus must have this fingerprint (a resumed run's), checked before anything

@@ -31,6 +31,9 @@ struct TrainConfig {
   std::string data_path;  // UTF-8 text file or directory of them
   TokenizerKind tokenizer = TokenizerKind::byte;
   int32_t bpe_vocab = 4096;
+  // bpe: a SentencePiece model used instead of training one on the corpus (absolute path;
+  // `train --tokenizer-model`, or the tokenizer of an --init-from checkpoint). "" = train one.
+  std::string tokenizer_model;
   double val_fraction = 0.1;
   // model (vocab_size and max_seq_len are filled in from the tokenizer and seq_len)
   ModelConfig model;

@@ -319,6 +319,7 @@ PreparedData prepare_compare_data(const CompareArgs& a) {
   dopt.corpus_path = a.base.cfg.data_path;
   dopt.tokenizer = a.base.cfg.tokenizer;
   dopt.vocab_size = a.base.cfg.bpe_vocab;
+  dopt.tokenizer_model = a.base.cfg.tokenizer_model;
   dopt.out_dir = data_dir;
   dopt.val_fraction = a.base.cfg.val_fraction;
   std::printf("preparing data: %s (tokenizer %s)\n", dopt.corpus_path.c_str(),

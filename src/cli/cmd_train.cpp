@@ -225,6 +225,7 @@ void add_train(CLI::App& app) {
       "--batch-size and --grad-accum. See README, \"Multi-process training (MPI)\".");
   s->callback([a, d, s] {
     if (a->cfg.resume) check_resume_options(*s, a->cfg.out_dir);
+    if (!a->cfg.resume && !a->cfg.init_from.empty()) apply_init_from_defaults(*s, *a);
     run_train(*a, *d);
   });
 }

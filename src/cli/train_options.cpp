@@ -14,6 +14,8 @@
 
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
+#include "attnres/safetensors.hpp"
+#include "attnres/tokenizer.hpp"
 #include "cli/commands.hpp"
 
 namespace attnres::cli {
@@ -66,6 +68,11 @@ void start_signal_thread() {
 
 TrainArgs::TrainArgs() { cfg.data_path = kDefaultCorpus; }
 
+void TrainArgs::finalize() {
+  cfg.model.tied = !untied;
+  if (!cfg.tokenizer_model.empty()) cfg.tokenizer_model = absolute_path(cfg.tokenizer_model);
+}
+
 const std::atomic<bool>* install_stop_handler() {
   // SIGINT/SIGTERM, and SIGUSR1 (mpirun forwards it to every rank while SIGINT/SIGTERM kill the
   // job after a few seconds: `kill -USR1 <mpirun pid>` stops a multi-process run with a
@@ -112,7 +119,55 @@ void differing(const nlohmann::json& saved, const nlohmann::json& given, const s
   }
 }
 
+// Every training option given on s (the command line or --config), as "--name=value".
+std::vector<std::string> given_train_options(const CLI::App& s) {
+  CLI::App names;
+  TrainArgs unused;
+  add_train_options(&names, unused);
+  std::vector<std::string> given;
+  for (const CLI::Option* o : names.get_options()) {
+    const CLI::Option* mine = s.get_option_no_throw(o->get_name());
+    if (mine == nullptr || mine->count() == 0) continue;
+    for (const std::string& v : mine->results()) given.push_back(o->get_name() + "=" + v);
+  }
+  return given;
+}
+
 }  // namespace
+
+void apply_init_from_defaults(const CLI::App& s, TrainArgs& a) {
+  const std::string& path = a.cfg.init_from;
+  const SafetensorsReader r = SafetensorsReader::open(path);
+  auto cfg = r.metadata().find("config");
+  if (cfg == r.metadata().end()) return;  // (plain weights: the options say what model they fit)
+  TrainArgs probe;
+  try {
+    probe.cfg.model = ModelConfig::from_json(cfg->second);
+    probe.cfg.model.validate();
+  } catch (const Error& e) {
+    throw Error("--init-from '" + path + "': " + e.what());
+  }
+  probe.untied = !probe.cfg.model.tied;
+  if (auto tok = r.metadata().find("tokenizer"); tok != r.metadata().end()) {
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    // (checked as eval would load it: a plain file beside the checkpoint, of its vocabulary)
+    auto t = load_tokenizer(tok->second, dir, probe.cfg.model.vocab_size);
+    if (t->model_data().empty()) {
+      probe.cfg.tokenizer = TokenizerKind::byte;
+    } else {
+      probe.cfg.tokenizer = TokenizerKind::bpe;
+      const std::string& ref = tok->second;  // "sentencepiece:<file>", checked by load_tokenizer
+      probe.cfg.tokenizer_model = join_path(dir.empty() ? "." : dir, ref.substr(ref.find(':') + 1));
+    }
+  }
+  apply_train_args(probe, given_train_options(s));
+  probe.finalize();
+  a.cfg.model = probe.cfg.model;
+  a.untied = probe.untied;
+  a.cfg.tokenizer = probe.cfg.tokenizer;
+  a.cfg.tokenizer_model = probe.cfg.tokenizer_model;
+  a.cfg.bpe_vocab = probe.cfg.bpe_vocab;
+}
 
 void check_resume_options(const CLI::App& s, const std::string& out_dir) {
   const std::string path = (std::filesystem::path(out_dir) / "train_config.json").string();
@@ -124,15 +179,7 @@ void check_resume_options(const CLI::App& s, const std::string& out_dir) {
   }
   const TrainConfig saved = probe.cfg;
   probe.untied = !saved.model.tied;
-  CLI::App names;
-  TrainArgs unused;
-  add_train_options(&names, unused);
-  std::vector<std::string> given;
-  for (const CLI::Option* o : names.get_options()) {
-    const CLI::Option* mine = s.get_option_no_throw(o->get_name());
-    if (mine == nullptr || mine->count() == 0) continue;
-    for (const std::string& v : mine->results()) given.push_back(o->get_name() + "=" + v);
-  }
+  const std::vector<std::string> given = given_train_options(s);
   if (given.empty()) return;
   apply_train_args(probe, given);
   probe.finalize();
@@ -160,6 +207,17 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
   add_enum_option(s, "--tokenizer", c.tokenizer, parse_tokenizer_kind,
                   "byte | bpe (SentencePiece BPE trained on the corpus)", {"byte", "bpe"});
   s->add_option("--vocab-size", c.bpe_vocab, "BPE vocabulary size")->capture_default_str();
+  // (implies bpe unless --tokenizer is given too: then validate() refuses byte)
+  s->add_option_function<std::string>(
+       "--tokenizer-model",
+       [&c, s](const std::string& v) {
+         c.tokenizer_model = v;
+         if (s->get_option("--tokenizer")->count() == 0) c.tokenizer = TokenizerKind::bpe;
+       },
+       "A SentencePiece model (e.g. a Hugging Face model's tokenizer.model) to use instead of "
+       "training one; implies --tokenizer bpe. Default with --init-from: that checkpoint's "
+       "tokenizer")
+      ->check(CLI::ExistingFile);
   s->add_option("--val-fraction", c.val_fraction, "Held-out fraction of the tokens")
       ->capture_default_str();
   add_enum_option(s, "--device", c.device, parse_device,

@@ -17,7 +17,7 @@ struct TrainArgs {
   int64_t sample_tokens = 200;
   std::string prompt = "The ";
   // Applies the flags that are not TrainConfig fields (call before using cfg).
-  void finalize() { cfg.model.tied = !untied; }
+  void finalize();
 };
 
 // Registers every data, model, residual, optimiser and evaluation option on s, bound to a.
@@ -33,6 +33,11 @@ void apply_train_args(TrainArgs& a, const std::vector<std::string>& args);
 // value. The same values, and the options of how to run (--device, --precision, --cuda-graphs:
 // not saved), pass.
 void check_resume_options(const CLI::App& s, const std::string& out_dir);
+
+// A new run from --init-from CKPT takes the checkpoint's model (sizes, norms, RoPE, residual
+// mode) and its tokenizer (byte, or its SentencePiece model as --tokenizer-model) for every
+// option not given on s; the given ones win. A checkpoint without a config changes nothing.
+void apply_init_from_defaults(const CLI::App& s, TrainArgs& a);
 
 // SIGINT/SIGTERM/SIGUSR1/SIGHUP set the returned flag (a second one exits at once), SIGPIPE is
 // ignored; remove restores the

@@ -177,7 +177,14 @@ PreparedData prepare_data(const DataOptions& opt) {
     // Identifies what the model was trained from; bump "v1" if training settings change.
     const std::string train_key =
         hex64(fnv1a64("spm-bpe-v1:vocab=" + std::to_string(opt.vocab_size), text_hash));
-    if (read_if_exists(key_path) == train_key) {
+    if (!opt.tokenizer_model.empty()) {
+      // A given model: checked, then copied in (its key says it was not trained on this corpus).
+      const std::string given = read_file(opt.tokenizer_model);
+      load_sentencepiece(opt.tokenizer_model);
+      if (read_if_exists(model_path) != given) write_file_atomic(model_path, given);
+      write_file_atomic(key_path, "given:" + hex64(fnv1a64(given)));
+      pd.tokenizer = load_sentencepiece(model_path);
+    } else if (read_if_exists(key_path) == train_key) {
       try {
         pd.tokenizer = load_sentencepiece(model_path);
       } catch (const Error&) {

@@ -11,6 +11,9 @@ void TrainConfig::validate() const {
   auto need = [](bool ok, const std::string& m) { check(ok, "invalid training setting: " + m); };
   need(bpe_vocab >= 64 && bpe_vocab <= 1000000, "--vocab-size must be in [64, 1000000]");
   need(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
+  need(tokenizer_model.empty() || tokenizer == TokenizerKind::bpe,
+       "--tokenizer-model (a SentencePiece model, also taken from an --init-from checkpoint) "
+       "reads text as BPE pieces: drop --tokenizer byte");
   need(batch_size >= 1 && batch_size <= 1 << 20, "--batch-size must be in [1, 1048576]");
   need(seq_len >= 1 && seq_len <= 1 << 20, "--seq-len must be in [1, 1048576]");
   need(grad_accum >= 1 && grad_accum <= 1 << 20, "--grad-accum must be in [1, 1048576]");
@@ -89,6 +92,7 @@ std::string TrainConfig::to_json() const {
       {"corpus_fingerprint", corpus_fingerprint},
       {"tokenizer_fingerprint", tokenizer_fingerprint},
   };
+  if (!tokenizer_model.empty()) j["tokenizer_model"] = tokenizer_model;  // (absent in older runs)
   return j.dump(2);
 }
 
@@ -138,6 +142,7 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     get("data_dir", c.data_dir);
     get("corpus_fingerprint", c.corpus_fingerprint);
     get("tokenizer_fingerprint", c.tokenizer_fingerprint);
+    get("tokenizer_model", c.tokenizer_model);
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training config JSON is invalid: ") + e.what());
   }

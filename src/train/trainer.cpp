@@ -263,6 +263,12 @@ class Trainer {
     dopt.tokenizer = cfg_.tokenizer;
     dopt.vocab_size = cfg_.bpe_vocab;
     dopt.out_dir = cfg_.data_dir.empty() ? cfg_.out_dir : cfg_.data_dir;
+    // A given tokenizer is copied in when the run starts; a resume reads the run's own copy (the
+    // original may have moved; the fingerprint check below catches a replaced copy).
+    if (!cfg_.tokenizer_model.empty()) {
+      dopt.tokenizer_model =
+          cfg_.resume ? join_path(dopt.out_dir, "tokenizer.model") : cfg_.tokenizer_model;
+    }
     dopt.val_fraction = cfg_.val_fraction;
     if (cfg_.resume) {
       dopt.expect_fingerprint = cfg_.corpus_fingerprint;

@@ -1,0 +1,386 @@
+// Hugging Face interop (issue 20), with transformers itself as the oracle: the fixtures under
+// tests/fixtures/hf/ are random LlamaForCausalLM models saved by save_pretrained with their
+// logits (tools/gen_hf_fixtures.py); these tests need no Python.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/error.hpp"
+#include "attnres/interop.hpp"
+#include "attnres/safetensors.hpp"
+#include "attnres/tokenizer.hpp"
+#include "test_util.hpp"
+
+namespace fs = std::filesystem;
+using namespace attnres;
+using attnres::testing::TempDir;
+
+namespace {
+
+std::string fixture(const std::string& name) {
+  return std::string(ATTNRES_FIXTURE_DIR) + "/hf/" + name;
+}
+
+struct Expected {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  int64_t B = 0, T = 0;
+};
+
+Expected expected(const std::string& name) {
+  SafetensorsReader r = SafetensorsReader::open(fixture(name) + "/expected.safetensors");
+  EXPECT_EQ(r.metadata().at("fixture_version"), "1");
+  Expected e;
+  e.tokens = r.read_i32("tokens");
+  e.logits = r.read_f32("logits");
+  e.B = r.info("tokens").shape[0];
+  e.T = r.info("tokens").shape[1];
+  return e;
+}
+
+std::vector<float> logits_of(Model& m, const Expected& e) {
+  m.forward(e.tokens.data(), nullptr, e.B, e.T);
+  return std::vector<float>(m.logits(), m.logits() + e.logits.size());
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); i++) {
+    d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  }
+  return d;
+}
+
+HfImportOptions mode(ResidualMode m, int64_t block_size = 4) {
+  HfImportOptions o;
+  o.residual.mode = m;
+  o.residual.block_size = block_size;
+  return o;
+}
+
+// A copy of a fixture directory that a test may edit.
+std::string copy_fixture(const TempDir& t, const std::string& name) {
+  const std::string dst = t.file(name);
+  fs::copy(fixture(name), dst, fs::copy_options::recursive);
+  return dst;
+}
+
+nlohmann::json read_json(const std::string& p) { return nlohmann::json::parse(std::ifstream(p)); }
+void write_json(const std::string& p, const nlohmann::json& j) { std::ofstream(p) << j.dump(2); }
+
+// import_hf's Error message for `dir`, or "" when it imports.
+std::string import_error(const std::string& dir, ResidualMode m = ResidualMode::prenorm) {
+  try {
+    import_hf(dir, mode(m));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// The PreNorm import computes transformers' logits: GQA, an untied head and rope_theta 500000
+// in float32; a tied head and sharded bfloat16 weights in the other fixture.
+TEST(ImportHf, LogitsMatchTransformers) {
+  for (const char* name : {"llama_gqa", "llama_tied_bf16"}) {
+    SCOPED_TRACE(name);
+    const Expected e = expected(name);
+    HfImport im = import_hf(fixture(name), mode(ResidualMode::prenorm));
+    const ModelConfig& c = im.model->config();
+    EXPECT_EQ(c.n_layer, 3);
+    EXPECT_EQ(c.n_kv_head, std::string(name) == "llama_gqa" ? 2 : 4);
+    EXPECT_EQ(c.tied, std::string(name) == "llama_tied_bf16");
+    EXPECT_EQ(im.source.weights_dtype, std::string(name) == "llama_gqa" ? "F32" : "BF16");
+    EXPECT_EQ(im.source.shards.size(), std::string(name) == "llama_gqa" ? 1u : 5u);
+    EXPECT_EQ(im.source.tokenizer_pieces, 320);
+    EXPECT_LT(max_abs_diff(logits_of(*im.model, e), e.logits), 1e-4);
+  }
+}
+
+// Upcycled to Full or Block AttnRes (zero queries, unit key gains), the model computes the
+// PreNorm function: to float rounding where the RMSNorm epsilon is negligible (1e-12), and
+// measurably off where it is not (1e-5 against this random model's small hidden states), which
+// the import's probe reports.
+TEST(ImportHf, UpcycledModelsComputeThePrenormFunction) {
+  const Expected e = expected("llama_tied_bf16");
+  for (auto [m, S] : {std::pair{ResidualMode::full, 1},
+                      {ResidualMode::block, 2},
+                      {ResidualMode::block, 4},
+                      {ResidualMode::block, 6}}) {
+    SCOPED_TRACE(std::string(to_string(m)) + " S=" + std::to_string(S));
+    HfImport im = import_hf(fixture("llama_tied_bf16"), mode(m, S));
+    EXPECT_LT(max_abs_diff(logits_of(*im.model, e), e.logits), 1e-4);
+    EXPECT_LT(im.probe_max_diff, 1e-5);
+    EXPECT_GT(im.probe_max_logit, 0.1);
+    EXPECT_EQ(im.probe_tokens, 32);
+  }
+  HfImport pre = import_hf(fixture("llama_gqa"), mode(ResidualMode::prenorm));
+  EXPECT_LT(pre.probe_max_diff, 0);  // not measured for a PreNorm import
+  HfImport full = import_hf(fixture("llama_gqa"), mode(ResidualMode::full));
+  EXPECT_GT(full.probe_max_diff, 1e-3);
+  EXPECT_LT(full.probe_max_diff, 0.1 * full.probe_max_logit);
+}
+
+TEST(ImportHf, TensorNamesMapBothWays) {
+  EXPECT_EQ(hf_tensor_name("tok_embeddings.weight"), "model.embed_tokens.weight");
+  EXPECT_EQ(hf_tensor_name("layers.11.attention.wk.weight"),
+            "model.layers.11.self_attn.k_proj.weight");
+  EXPECT_EQ(hf_tensor_name("layers.0.feed_forward.w1.weight"),
+            "model.layers.0.mlp.gate_proj.weight");
+  EXPECT_EQ(hf_tensor_name("layers.0.feed_forward.w3.weight"), "model.layers.0.mlp.up_proj.weight");
+  EXPECT_EQ(hf_tensor_name("layers.0.ffn_norm.weight"),
+            "model.layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(hf_tensor_name("output.weight"), "lm_head.weight");
+  EXPECT_EQ(hf_tensor_name("layers.0.res.query"), "");
+}
+
+// Every config.json setting the engine would not compute exactly is refused, naming the file and
+// the key.
+TEST(ImportHf, UnsupportedConfigsAreRefusedByName) {
+  TempDir t;
+  const std::string dir = copy_fixture(t, "llama_gqa");
+  const std::string cfg = dir + "/config.json";
+  const nlohmann::json good = read_json(cfg);
+  struct Case {
+    const char* key;
+    nlohmann::json value;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"model_type", "gpt2", "model_type 'gpt2' is not supported"},
+      {"architectures", nlohmann::json::array({"Qwen2ForCausalLM"}), "Qwen2ForCausalLM"},
+      {"attention_bias", true, "attention_bias"},
+      {"mlp_bias", true, "mlp_bias"},
+      {"sliding_window", 4096, "sliding-window"},
+      {"num_local_experts", 8, "mixture of experts"},
+      {"hidden_act", "gelu", "hidden_act 'gelu'"},
+      {"head_dim", 16, "head_dim 16"},
+      {"rope_parameters", {{"rope_type", "llama3"}, {"rope_theta", 5e5}}, "rope_type 'llama3'"},
+      {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_type 'linear'"},
+      {"hidden_size", "32", "'hidden_size' must be an integer"},
+      {"num_hidden_layers", nullptr, "num_hidden_layers"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.key);
+    nlohmann::json j = good;
+    if (c.value.is_null()) {
+      j.erase(c.key);
+    } else {
+      j[c.key] = c.value;
+    }
+    write_json(cfg, j);
+    const std::string err = import_error(dir);
+    EXPECT_NE(err.find(c.expect), std::string::npos) << err;
+    EXPECT_NE(err.find("config.json"), std::string::npos) << err;
+  }
+  write_json(cfg, good);
+  EXPECT_EQ(import_error(dir), "");
+}
+
+// Weights that disagree with config.json, missing or foreign shards and tensors, non-finite
+// values, other weight formats and tokenizers: each an Error naming the file.
+TEST(ImportHf, BadWeightsAndTokenizersAreRefusedByName) {
+  TempDir t;
+  {  // a shape that disagrees with config.json
+    const std::string dir = copy_fixture(t, "llama_gqa");
+    nlohmann::json j = read_json(dir + "/config.json");
+    j["intermediate_size"] = 96;
+    write_json(dir + "/config.json", j);
+    const std::string err = import_error(dir);
+    EXPECT_NE(err.find("mlp.gate_proj.weight"), std::string::npos) << err;
+    EXPECT_NE(err.find("has shape [80,32] but config.json needs [96,32]"), std::string::npos)
+        << err;
+    fs::remove_all(dir);
+  }
+  {  // untied in config.json, but the file has no head
+    const std::string dir = copy_fixture(t, "llama_tied_bf16");
+    nlohmann::json j = read_json(dir + "/config.json");
+    j["tie_word_embeddings"] = false;
+    write_json(dir + "/config.json", j);
+    EXPECT_NE(import_error(dir).find("no tensor 'lm_head.weight'"), std::string::npos);
+    fs::remove_all(dir);
+  }
+  {  // a missing shard, and a shard name that leaves the directory
+    const std::string dir = copy_fixture(t, "llama_tied_bf16");
+    fs::remove(dir + "/model-00003-of-00005.safetensors");
+    std::string err = import_error(dir);
+    EXPECT_NE(err.find("model-00003-of-00005.safetensors' named by"), std::string::npos) << err;
+    EXPECT_NE(err.find("is missing"), std::string::npos) << err;
+    nlohmann::json j = read_json(dir + "/model.safetensors.index.json");
+    j["weight_map"]["model.norm.weight"] = "../../etc/passwd";
+    write_json(dir + "/model.safetensors.index.json", j);
+    err = import_error(dir);
+    EXPECT_NE(err.find("not a file name in the model directory"), std::string::npos) << err;
+    fs::remove_all(dir);
+  }
+  const std::string dir = copy_fixture(t, "llama_gqa");
+  const std::string weights = dir + "/model.safetensors";
+  const std::string original = attnres::testing::slurp(weights);
+  SafetensorsReader r = SafetensorsReader::open(fixture("llama_gqa") + "/model.safetensors");
+  std::map<std::string, std::vector<float>> ts;
+  for (const std::string& n : r.names()) ts[n] = r.read_f32(n);
+  auto rewrite = [&](const std::map<std::string, std::vector<float>>& m) {
+    SafetensorsWriter w;
+    for (const auto& [n, v] : m) {
+      std::vector<int64_t> shape = {static_cast<int64_t>(v.size())};
+      if (r.has(n)) shape = r.info(n).shape;
+      w.add_f32(n, shape, v.data());
+    }
+    w.write(weights);
+  };
+  {  // a bias, a foreign tensor, a NaN
+    auto m = ts;
+    m["model.layers.0.self_attn.q_proj.bias"] = std::vector<float>(32, 0.0f);
+    rewrite(m);
+    EXPECT_NE(import_error(dir).find("biases are not supported"), std::string::npos);
+    m = ts;
+    m["model.layers.0.mlp.router.weight"] = std::vector<float>(8, 0.0f);
+    rewrite(m);
+    EXPECT_NE(import_error(dir).find("'model.layers.0.mlp.router.weight', which a Llama model"),
+              std::string::npos);
+    m = ts;
+    m["model.layers.1.self_attn.v_proj.weight"][5] = std::nanf("");
+    rewrite(m);
+    const std::string err = import_error(dir);
+    EXPECT_NE(err.find("v_proj.weight' in '"), std::string::npos) << err;
+    EXPECT_NE(err.find("1 non-finite"), std::string::npos) << err;
+    m = ts;
+    m["model.layers.0.self_attn.rotary_emb.inv_freq"] = std::vector<float>(4, 1.0f);
+    rewrite(m);
+    EXPECT_EQ(import_error(dir), "");  // RoPE's tables are recomputed
+  }
+  std::ofstream(weights, std::ios::binary) << original;
+  {  // a tokenizer of another vocabulary; none; only a tokenizer.json
+    train_sentencepiece(std::string(2000, 'a') + " hello world, the quick brown fox\n", 300,
+                        dir + "/tokenizer.model");
+    std::string err = import_error(dir);
+    EXPECT_NE(err.find("has 300 pieces but config.json's vocab_size is 320"), std::string::npos)
+        << err;
+    fs::remove(dir + "/tokenizer.model");
+    EXPECT_NE(import_error(dir).find("has no SentencePiece tokenizer.model"), std::string::npos);
+    std::ofstream(dir + "/tokenizer.json") << "{}";
+    err = import_error(dir);
+    EXPECT_NE(err.find("byte-level BPE"), std::string::npos) << err;
+  }
+  {  // PyTorch pickles only
+    fs::remove(weights);
+    std::ofstream(dir + "/pytorch_model.bin") << "x";
+    EXPECT_NE(import_error(dir).find("safe_serialization=True"), std::string::npos);
+  }
+}
+
+// The CLI writes the checkpoint and its tokenizer, which eval and generate then use; on any
+// failure it writes nothing; it never replaces an existing checkpoint without --overwrite, nor
+// another model's tokenizer.
+TEST(ImportHf, CliWritesACheckpointOrNothing) {
+  using attnres::testing::run_cli;
+  TempDir t;
+  const std::string out = t.file("m/model.safetensors");
+  auto r = run_cli("import-hf " + fixture("llama_gqa") + " --out " + out + " --residual block " +
+                   "--block-layers 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("upcycled"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("blocks of 2 sublayers = 1 layers"), std::string::npos) << r.out;
+  Metadata meta;
+  auto m = load_model(out, &meta);
+  EXPECT_EQ(m->config().residual.mode, ResidualMode::block);
+  EXPECT_EQ(m->config().residual.block_size, 2);
+  EXPECT_EQ(meta.at("tokenizer"), "sentencepiece:tokenizer.model");
+  EXPECT_EQ(attnres::testing::slurp(t.file("m/tokenizer.model")),
+            attnres::testing::slurp(fixture("llama_gqa") + "/tokenizer.model"));
+  r = run_cli("generate " + out + " --prompt 'To be' -n 8 --seed 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  // Refusals: --out exists; another tokenizer beside --out; a bad directory (nothing written).
+  r = run_cli("import-hf " + fixture("llama_gqa") + " --out " + out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("pass --overwrite"), std::string::npos) << r.out;
+  fs::create_directory(t.file("k"));
+  std::ofstream(t.file("k/tokenizer.model")) << "another model's tokenizer";
+  r = run_cli("import-hf " + fixture("llama_tied_bf16") + " --out " +
+              t.file("k/model.safetensors"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("is another tokenizer"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(t.file("k/model.safetensors")));
+  EXPECT_EQ(attnres::testing::slurp(t.file("k/tokenizer.model")), "another model's tokenizer");
+  const std::string bad = copy_fixture(t, "llama_gqa");
+  fs::remove(bad + "/model.safetensors");
+  r = run_cli("import-hf " + bad + " --out " + t.file("n/model.safetensors"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("error: "), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(t.file("n")));
+  r = run_cli("import-hf " + fixture("llama_gqa") + " --out " + out + " --overwrite");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(load_model(out)->config().residual.mode, ResidualMode::prenorm);
+  r = run_cli("import-hf " + fixture("llama_gqa") + " --out x --block-layers 2");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--block-layers is an option of --residual block"), std::string::npos);
+}
+
+namespace {
+
+// A small English corpus (the fixtures' tokenizers were trained on these words).
+std::string write_corpus(const TempDir& t) {
+  const std::vector<std::string> lines = {
+      "To be, or not to be, that is the question:",     "whether 'tis nobler in the mind to suffer",
+      "the slings and arrows of outrageous fortune,",   "or to take arms against a sea of troubles",
+      "and by opposing end them. To die, to sleep;",    "no more; and by a sleep to say we end",
+      "the heart-ache and the thousand natural shocks", "that flesh is heir to."};
+  std::string text;
+  attnres::Rng rng(7);
+  for (int i = 0; i < 3000; i++) text += lines[rng.next_u64() % lines.size()] + "\n";
+  std::ofstream(t.file("corpus.txt")) << text;
+  return t.file("corpus.txt");
+}
+
+double eval_loss(const std::string& model, const std::string& corpus) {
+  auto r = attnres::testing::run_cli("eval " + model + " --data " + corpus + " --seq-len 32");
+  EXPECT_EQ(r.code, 0) << r.out;
+  const size_t at = r.out.find("| loss ");
+  return at == std::string::npos ? 1e9 : std::stod(r.out.substr(at + 7));
+}
+
+}  // namespace
+
+// `train --init-from` an imported model: it takes the checkpoint's architecture and tokenizer
+// (no model options given), lowers the loss, and a resume reads the run's own tokenizer copy.
+TEST(ImportHf, InitFromContinuesTrainingAnImportedModel) {
+  using attnres::testing::run_cli;
+  TempDir t;
+  const std::string corpus = write_corpus(t);
+  const std::string hf = copy_fixture(t, "llama_gqa");
+  auto r = run_cli("import-hf " + hf + " --out " + t.file("imp/model.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double before = eval_loss(t.file("imp/model.safetensors"), corpus);
+  r = run_cli("train --init-from " + t.file("imp/model.safetensors") + " --data " + corpus +
+              " --steps 40 --batch-size 4 --seq-len 32 --lr 3e-3 --warmup 5 --eval-every 0 "
+              "--sample-tokens 0 --out " +
+              t.file("run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokenizer sentencepiece:tokenizer.model (vocab 320)"), std::string::npos)
+      << r.out;
+  Metadata meta;
+  auto m = load_model(t.file("run/model.safetensors"), &meta);
+  EXPECT_EQ(m->config().n_kv_head, 2);
+  EXPECT_FALSE(m->config().tied);
+  EXPECT_EQ(m->config().norm_eps, 1e-5);
+  EXPECT_EQ(m->config().rope_theta, 500000.0);
+  EXPECT_EQ(attnres::testing::slurp(t.file("run/tokenizer.model")),
+            attnres::testing::slurp(hf + "/tokenizer.model"));
+  const double after = eval_loss(t.file("run/model.safetensors"), corpus);
+  std::printf("eval loss: imported %.4f, after 40 steps %.4f\n", before, after);
+  EXPECT_LT(after, before - 0.5);
+  // The imported model's directory is gone: a resume reads the run's copy of its tokenizer.
+  fs::remove_all(t.file("imp"));
+  r = run_cli("train --resume --out " + t.file("run"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  // --tokenizer byte contradicts the checkpoint's SentencePiece tokenizer.
+  r = run_cli("train --init-from " + t.file("run/model.safetensors") + " --tokenizer byte --data " +
+              corpus + " --steps 2 --out " + t.file("run2"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("drop --tokenizer byte"), std::string::npos) << r.out;
+}
