@@ -16,6 +16,7 @@
 #include <string>
 
 #include "test_util.hpp"
+#include "train/run_dir.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -303,6 +304,32 @@ TEST(Compare, KeptRunsMustHaveTheCommandsSettings) {
   EXPECT_EQ(run(cmd + " --steps 10", &log), 1) << log;
   EXPECT_NE(log.find("other settings than this command's (corpus_fingerprint differ)"),
             std::string::npos)
+      << log;
+}
+
+// Fourth hostile pass: one comparison per --out. A second one deleted the first's unfinished
+// runs while they trained (neither had a checkpoint yet), and both wrote results.json.
+TEST(Compare, OneComparisonPerDirectory) {
+  TempDir td;
+  const std::string data = corpus(fs::path(td.path));
+  const fs::path out = fs::path(td.path) / "cmp";
+  fs::create_directories(out);
+  std::string log;
+  {
+    const attnres::RunLock other(out.string());  // (as a running comparison holds it)
+    EXPECT_EQ(run("compare --preset tiny --modes prenorm --seeds 1 --steps 5 --no-plots --data " +
+                      data + " --out " + out.string(),
+                  &log),
+              1);
+    EXPECT_NE(log.find("another attnres process (pid " + std::to_string(::getpid()) + ")"),
+              std::string::npos)
+        << log;
+    EXPECT_FALSE(fs::exists(out / "results.json"));
+  }
+  EXPECT_EQ(run("compare --preset tiny --modes prenorm --seeds 1 --steps 5 --no-plots --data " +
+                    data + " --out " + out.string(),
+                &log),
+            0)
       << log;
 }
 

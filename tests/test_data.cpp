@@ -421,6 +421,33 @@ TEST(PrepareData, OutputDirInsideCorpusIsNotRead) {
   EXPECT_TRUE(contains(r.skipped, "old (an attnres run directory, excluded)"));
   EXPECT_EQ(r.files.size(), 2u);  // a.txt and texts/train_config.json
   EXPECT_NE(r.fingerprint, q.fingerprint);
+  // Fourth hostile pass: a comparison directory in the corpus is not read either; the run's own
+  // directory as the corpus (--data D --out D: a run that could never be resumed) and a run's
+  // directory as the corpus are refused.
+  fs::create_directories(d.file("corpus/cmp/runs"));
+  write_file_atomic(d.file("corpus/cmp/results.json"), "{}\n");
+  EXPECT_TRUE(contains(prepare_data(opt).skipped, "cmp (an attnres comparison directory"));
+  DataOptions same = opt;
+  same.out_dir = d.file("corpus");
+  try {
+    prepare_data(same);
+    ADD_FAILURE() << "--data D --out D was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is the run's output directory (--out)"),
+              std::string::npos)
+        << e.what();
+  }
+  DataOptions run_as_corpus = opt;
+  run_as_corpus.corpus_path = d.file("corpus/old");
+  run_as_corpus.out_dir = d.file("elsewhere");
+  try {
+    prepare_data(run_as_corpus);
+    ADD_FAILURE() << "a run directory was read as a corpus";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is an attnres run directory, not text"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Issue 19: a resumed run's tokenizer must be the one it trained with (another tokenizer.model

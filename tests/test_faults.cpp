@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "attnres/backend.hpp"
 #include "attnres/checkpoint.hpp"
 #include "attnres/error.hpp"
 #include "attnres/train.hpp"
@@ -601,6 +602,143 @@ TEST(Faults, RunDirectoriesHaveOneOwner) {
     }
   }
   EXPECT_EQ(slurp(dir / "run" / "metrics.jsonl" / "sub" / "x"), "precious");
+}
+
+// Fourth hostile pass (issue 19): the files of one checkpoint belong together. An optimizer
+// state of another step (or run) in the checkpoint `latest` names was resumed without a word, and
+// the run diverged from the uninterrupted one; another run's tokenizer.model of the same
+// vocabulary beside a model made eval and generate read the text as other tokens.
+TEST(Faults, CheckpointFilesMustBelongTogether) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.save_every = 4;
+  c.keep_checkpoints = 3;
+  c.tokenizer = TokenizerKind::bpe;
+  c.bpe_vocab = 300;
+  ASSERT_TRUE(train_until_stopped_at(c, 8).interrupted);
+  const fs::path ck = dir / "run" / "checkpoints";
+  const std::string good = slurp(ck / "step_00000008" / "optimizer.safetensors");
+  fs::copy_file(ck / "step_00000004" / "optimizer.safetensors",
+                ck / "step_00000008" / "optimizer.safetensors",
+                fs::copy_options::overwrite_existing);
+  expect_resume_refused(c.out_dir, {"step_00000008/optimizer.safetensors' was not saved with",
+                                    "its step is 4, the model's 8"});
+  std::ofstream(ck / "step_00000008" / "optimizer.safetensors", std::ios::trunc) << good;
+  TrainConfig rc;
+  rc.out_dir = c.out_dir;
+  rc.resume = true;
+  const TrainResult r = train(rc, {});
+  ASSERT_EQ(r.steps_done, c.steps);
+  // The final model and each checkpoint record their tokenizer's fingerprint.
+  Metadata meta;
+  auto m = load_model(r.model_path, &meta);
+  EXPECT_NO_THROW(load_checkpoint_tokenizer(meta, r.model_path, m->config().vocab_size));
+  std::string other = slurp(dir / "c.txt");  // (the same characters, other merges)
+  std::reverse(other.begin(), other.end());
+  train_sentencepiece(other, 300, (dir / "run" / "tokenizer.model").string());
+  try {
+    load_checkpoint_tokenizer(meta, r.model_path, m->config().vocab_size);
+    ADD_FAILURE() << "another tokenizer of the same vocabulary was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not the one"), std::string::npos) << e.what();
+  }
+}
+
+// Fourth hostile pass: the engine never follows a symlink where it writes its own files. A
+// `.lock` linked to a user's file had it truncated and overwritten with a pid; a linked
+// metrics.jsonl on --resume had its target's last line cut as a "torn line".
+TEST(Faults, SymlinksWhereTheEngineWritesAreRefused) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  std::ofstream(dir / "precious.txt") << "line one\nno newline at the end";
+  TrainConfig c = tiny_config(dir);
+  fs::create_directories(dir / "run");
+  fs::create_symlink(dir / "precious.txt", dir / "run" / ".lock");
+  try {
+    train(c, {});
+    ADD_FAILURE() << "a symlinked .lock was followed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a symbolic link"), std::string::npos) << e.what();
+  }
+  fs::remove(dir / "run" / ".lock");
+  ASSERT_TRUE(train_until_stopped_at(c, 4).interrupted);
+  fs::remove(dir / "run" / "metrics.jsonl");
+  fs::create_symlink(dir / "precious.txt", dir / "run" / "metrics.jsonl");
+  expect_resume_refused(c.out_dir, {"metrics.jsonl", "is a symbolic link"});
+  EXPECT_EQ(slurp(dir / "precious.txt"), "line one\nno newline at the end");
+}
+
+// Fourth hostile pass: a new run with --overwrite that fails before it may delete the old run
+// (here an --init-from of another size) leaves the old run's tokenizer.model as it was; it had
+// replaced it with its own, and the old model then evaluated with the wrong pieces.
+TEST(Faults, FailedOverwriteKeepsTheOldRunsTokenizer) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.tokenizer = TokenizerKind::bpe;
+  c.bpe_vocab = 300;
+  ASSERT_FALSE(train(c, {}).interrupted);
+  const std::string tok = slurp(dir / "run" / "tokenizer.model");
+  const std::string key = slurp(dir / "run" / "tokenizer.model.trainkey");
+  std::string other = slurp(dir / "c.txt");
+  std::reverse(other.begin(), other.end());
+  std::ofstream(dir / "d.txt") << other;
+  TrainConfig bad = c;
+  bad.data_path = (dir / "d.txt").string();
+  bad.overwrite = true;
+  bad.model.d_model = 32;
+  bad.init_from = (dir / "run" / "model.safetensors").string();
+  EXPECT_THROW(train(bad, {}), Error);
+  EXPECT_EQ(slurp(dir / "run" / "tokenizer.model"), tok);
+  EXPECT_EQ(slurp(dir / "run" / "tokenizer.model.trainkey"), key);
+  Metadata meta;
+  auto m = load_model((dir / "run" / "model.safetensors").string(), &meta);
+  EXPECT_NO_THROW(load_checkpoint_tokenizer(meta, (dir / "run" / "model.safetensors").string(),
+                                            m->config().vocab_size));
+}
+
+// Fourth hostile pass: a resume continues as the run computed. `--device`, `--precision`,
+// `--cuda-graphs` and `--attnres-two-phase 0` were recorded nowhere, so the printed resume
+// command continued a cuda-host run on the CPU (and a one-phase Block run in two phases), and
+// every weight differed from the uninterrupted run's. Changing the device on purpose says so.
+TEST(Faults, ResumeContinuesHowTheRunComputed) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.steps = 8;
+  c.model.residual.mode = ResidualMode::block;
+  c.model.residual.block_size = 2;
+  c.model.residual.two_phase = false;
+  c.device = Device::cuda_host;
+  c.out_dir = (dir / "whole").string();
+  ASSERT_FALSE(train(c, {}).interrupted);
+  c.out_dir = (dir / "part").string();
+  ASSERT_TRUE(train_until_stopped_at(c, 4).interrupted);
+  const nlohmann::json saved = nlohmann::json::parse(slurp(dir / "part" / "train_config.json"));
+  EXPECT_EQ(saved.at("runtime").at("device"), "cuda-host");
+  EXPECT_EQ(saved.at("model").at("attnres_two_phase"), false);
+  fs::copy(dir / "part", dir / "part2", fs::copy_options::recursive);
+  fs::remove(dir / "part2" / ".lock");
+  const std::vector<std::string> resume = {
+      "train", "--resume", "--out", (dir / "part").string(), "--sample-tokens", "0"};
+  ASSERT_EQ(0, run_cli_to_end(resume, dir / "resume.log")) << slurp(dir / "resume.log");
+  EXPECT_EQ(slurp(dir / "resume.log").find("note: the run trained with"), std::string::npos)
+      << slurp(dir / "resume.log");
+  expect_same_weights(dir / "whole" / "model.safetensors", dir / "part" / "model.safetensors");
+  ASSERT_EQ(0, run_cli_to_end({"train", "--resume", "--out", (dir / "part2").string(),
+                               "--sample-tokens", "0", "--device", "cpu"},
+                              dir / "resume2.log"))
+      << slurp(dir / "resume2.log");
+  EXPECT_NE(slurp(dir / "resume2.log")
+                .find("note: the run trained with --device cuda-host --precision fp32 and "
+                      "continues with --device cpu --precision fp32"),
+            std::string::npos)
+      << slurp(dir / "resume2.log");
 }
 
 }  // namespace

@@ -37,10 +37,15 @@ struct TempDir {
   std::string file(const std::string& name) const { return path + "/" + name; }
 };
 
-// The whole content of a file ("" if it cannot be read).
+// The whole content of a file ("" if it cannot be read). A read error, e.g. /proc/PID/environ of
+// a process that ended meanwhile (ESRCH), throws from libstdc++'s filebuf: "" too.
 inline std::string slurp(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
+  try {
+    std::ifstream f(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), {});
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 
 #ifdef ATTNRES_CLI_PATH

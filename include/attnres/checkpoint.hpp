@@ -14,6 +14,7 @@
 #include "attnres/model.hpp"
 #include "attnres/optim.hpp"
 #include "attnres/safetensors.hpp"
+#include "attnres/tokenizer.hpp"
 
 namespace attnres {
 
@@ -54,6 +55,17 @@ Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt)
 // Throws Error "<what>: tensor 'T' holds N of M non-finite values (NaN or Inf); <fix>" for the
 // first tensor of the model's weights with a NaN or Inf (the trainer, before each save).
 void check_weights_finite(const Model& model, const std::string& what, const std::string& fix);
+
+// Metadata key of the fingerprint (hex FNV-1a 64 of the model file) of the tokenizer a
+// checkpoint was saved with.
+inline constexpr const char* kTokenizerHashKey = "tokenizer_fnv1a64";
+
+// The tokenizer of a checkpoint at `path` with metadata `meta`: its "tokenizer" reference
+// ("byte" when absent) resolved beside the checkpoint, of the model's vocabulary, and, when the
+// metadata records its fingerprint, that very tokenizer (another run's tokenizer.model of the
+// same vocabulary read the text as other tokens). Error naming the file and the fix.
+std::unique_ptr<Tokenizer> load_checkpoint_tokenizer(const Metadata& meta, const std::string& path,
+                                                     int64_t vocab_size);
 
 // The training step a checkpoint's metadata records (key "step"): decimal digits in
 // [0, max_step], else an Error naming `path`.

@@ -31,6 +31,7 @@
 #include "experiment/host_info.hpp"
 #include "experiment/run_record.hpp"
 #include "report/analysis.hpp"
+#include "train/run_dir.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -381,6 +382,10 @@ bool run_compare(CompareArgs& a) {
   const std::vector<std::string> modes = parse_modes(a);
   check(a.seeds >= 1 && a.seeds <= 100, "--seeds must be in [1, 100]");
   std::vector<Group> groups = make_groups(a, modes, sweep_combos(a));
+  // One comparison per directory: a second one deleted the first's unfinished runs while they
+  // trained, and both wrote results.json.
+  fs::create_directories(a.out);
+  const RunLock lock(a.out);
   const PreparedData data = prepare_compare_data(a);
   const std::string data_dir = (fs::path(a.out) / "data").string();
   const int64_t vocab = data.tokenizer->vocab_size();

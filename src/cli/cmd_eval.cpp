@@ -45,9 +45,7 @@ void run_eval(const EvalArgs& a) {
   check(!data.empty(), "no --data given and no train_config.json beside '" + a.model + "'");
   if (val_fraction < 0) val_fraction = 0.1;
   check(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
-  auto it = meta.find("tokenizer");
-  auto tok = load_tokenizer(it == meta.end() ? "byte" : it->second, dir.string(),
-                            model->config().vocab_size);
+  auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
   const Corpus corpus = read_corpus(data);
   const std::vector<int32_t> ids = tok->encode(corpus.text);
   const int64_t n = static_cast<int64_t>(ids.size());

@@ -26,10 +26,7 @@ void run_generate(const GenArgs& a) {
   std::shared_ptr<Backend> be = open_backend(a.dev);
   Metadata meta;
   auto model = load_model(a.model, &meta, 0, be);
-  auto it = meta.find("tokenizer");
-  auto tok = load_tokenizer(it == meta.end() ? "byte" : it->second,
-                            std::filesystem::path(a.model).parent_path().string(),
-                            model->config().vocab_size);
+  auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
   // Exactly the prompt's tokens: no BOS or other token is added.
   const std::vector<int32_t> prompt = tok->encode(a.prompt);
   std::fputs(a.prompt.c_str(), stdout);

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "attnres/checkpoint.hpp"
+#include "attnres/data.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/interop.hpp"
@@ -81,7 +82,8 @@ void run_import(ImportArgs& a) {
   check(!ec, "cannot create the directory of --out '" + a.out + "': " + ec.message());
   const bool wrote_tok = place_tokenizer(im.source.tokenizer_model, a.out);
   Metadata meta{{"tokenizer", "sentencepiece:tokenizer.model"},
-                {"source", "huggingface:" + absolute_path(a.dir)}};
+                {"source", "huggingface:" + absolute_path(a.dir)},
+                {kTokenizerHashKey, hex64(fnv1a64(read_file(im.source.tokenizer_model)))}};
   try {
     save_model(a.out, *im.model, meta);
   } catch (...) {

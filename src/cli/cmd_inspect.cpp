@@ -26,9 +26,7 @@ void run_inspect(const InspectArgs& a) {
   Metadata meta;
   auto model = load_model(a.model, &meta);
   const fs::path dir = fs::path(a.model).parent_path();
-  auto it = meta.find("tokenizer");
-  auto tok = load_tokenizer(it == meta.end() ? "byte" : it->second, dir.string(),
-                            model->config().vocab_size);
+  auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
   const int64_t T_max = model->config().max_seq_len;
   const int64_t want = a.tokens > 0 ? std::min(a.tokens, T_max) : T_max;
   std::vector<int32_t> ids;

@@ -116,7 +116,7 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
   if (a.sample_tokens > 0) {
     Metadata meta;
     auto model = load_model(r.model_path, &meta);
-    auto tok = load_tokenizer(meta.at("tokenizer"), cfg.out_dir, model->config().vocab_size);
+    auto tok = load_checkpoint_tokenizer(meta, r.model_path, model->config().vocab_size);
     SamplingConfig sc;
     sc.temperature = 0.8;
     sc.top_k = 40;
@@ -224,7 +224,10 @@ void add_train(CLI::App& app) {
       "sequences through them (1F1B); losses and weights match a 1-process run with the same\n"
       "--batch-size and --grad-accum. See README, \"Multi-process training (MPI)\".");
   s->callback([a, d, s] {
-    if (a->cfg.resume) check_resume_options(*s, a->cfg.out_dir);
+    if (a->cfg.resume) {
+      check_resume_options(*s, a->cfg.out_dir);
+      apply_saved_runtime(*s, *a);
+    }
     if (!a->cfg.resume && !a->cfg.init_from.empty()) apply_init_from_defaults(*s, *a);
     run_train(*a, *d);
   });

@@ -12,6 +12,7 @@
 #include <functional>
 #include <new>
 #include <string>
+#include <system_error>
 
 #include "attnres/cuda.hpp"
 #include "attnres/dist.hpp"
@@ -82,6 +83,50 @@ void check_inputs_before_parsing(int argc, char** argv) {
     attnres::check(end != e && n >= 1 && n <= kMaxThreads,
                    "OMP_NUM_THREADS='" + std::string(e) + "' must be a thread count in [1, " +
                        std::to_string(kMaxThreads) + "]; unset it or use --threads");
+  }
+}
+
+// The message and exit code of the exception being handled: 1 for what the user can fix (an
+// Error, out of memory, a path, a thread that could not start), 2 for an internal error.
+int report_exception() {
+  try {
+    throw;
+  } catch (const attnres::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "\nerror: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "\nerror: out of memory: the model, the batch or the sequences need more memory "
+                 "than this process can get; lower --batch-size, --seq-len, --d-model or "
+                 "--n-layer (or raise ulimit -v). Checkpoints already saved are intact.\n");
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "\nerror: %s; check the path (a directory cannot be made under a "
+                 "file, on a read-only disk or without permission)\n",
+                 e.what());
+    return 1;
+  } catch (const std::system_error& e) {
+    // A thread that could not be started (EAGAIN: address space or process limits).
+    std::fflush(stdout);
+    if (e.code() == std::errc::resource_unavailable_try_again) {
+      std::fprintf(stderr,
+                   "\nerror: could not start a thread (%s): the process is out of memory or "
+                   "threads (ulimit -v, ulimit -u); raise the limit\n",
+                   e.what());
+      return 1;
+    }
+    std::fprintf(stderr, "\ninternal error: %s\n(please report this with the command you ran)\n",
+                 e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "\ninternal error: %s\n(please report this with the command you ran)\n",
+                 e.what());
+    return 2;
   }
 }
 
@@ -169,29 +214,8 @@ int run_main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const attnres::Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "\nerror: %s\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fflush(stdout);
-    std::fprintf(stderr,
-                 "\nerror: out of memory: the model, the batch or the sequences need more memory "
-                 "than this process can get; lower --batch-size, --seq-len, --d-model or "
-                 "--n-layer (or raise ulimit -v). Checkpoints already saved are intact.\n");
-    return 1;
-  } catch (const std::filesystem::filesystem_error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr,
-                 "\nerror: %s; check the path (a directory cannot be made under a "
-                 "file, on a read-only disk or without permission)\n",
-                 e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "\ninternal error: %s\n(please report this with the command you ran)\n",
-                 e.what());
-    return 2;
+  } catch (...) {
+    return report_exception();
   }
   return 0;
 }
@@ -201,9 +225,7 @@ int run_main(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run_main(argc, argv);
-  } catch (const std::exception& e) {  // setting up the commands failed (e.g. out of memory)
-    std::fprintf(stderr, "internal error: %s\n(please report this with the command you ran)\n",
-                 e.what());
-    return 2;
+  } catch (...) {  // setting up the commands failed (e.g. out of memory, no thread)
+    return report_exception();
   }
 }

@@ -169,6 +169,23 @@ void apply_init_from_defaults(const CLI::App& s, TrainArgs& a) {
   a.cfg.bpe_vocab = probe.cfg.bpe_vocab;
 }
 
+void apply_saved_runtime(const CLI::App& s, TrainArgs& a) {
+  TrainConfig saved;
+  try {
+    saved = TrainConfig::from_json(
+        read_file((std::filesystem::path(a.cfg.out_dir) / "train_config.json").string()));
+  } catch (const Error&) {
+    return;  // (missing or corrupt: the resume itself says so, naming the file)
+  }
+  auto given = [&](const char* name) {
+    const CLI::Option* o = s.get_option_no_throw(name);
+    return o != nullptr && o->count() > 0;
+  };
+  if (!given("--device")) a.cfg.device = saved.device;
+  if (!given("--precision")) a.cfg.precision = saved.precision;
+  if (!given("--cuda-graphs")) a.cfg.cuda_graphs = saved.cuda_graphs;
+}
+
 void check_resume_options(const CLI::App& s, const std::string& out_dir) {
   const std::string path = (std::filesystem::path(out_dir) / "train_config.json").string();
   TrainArgs probe;
@@ -190,8 +207,11 @@ void check_resume_options(const CLI::App& s, const std::string& out_dir) {
   p.model.resolve();
   nlohmann::json had = nlohmann::json::parse(saved.to_json());
   had["data_path"] = absolute_path(saved.data_path);
+  nlohmann::json now = nlohmann::json::parse(p.to_json());
+  had.erase("runtime");  // (--device, --precision, --cuda-graphs may change)
+  now.erase("runtime");
   std::string diff;
-  differing(had, nlohmann::json::parse(p.to_json()), "", diff);
+  differing(had, now, "", diff);
   check(diff.empty(), "--resume continues the run in '" + out_dir +
                           "' with the settings it started with ('" + path +
                           "'), and these options given now differ from them: " + diff +

@@ -34,6 +34,10 @@ void apply_train_args(TrainArgs& a, const std::vector<std::string>& args);
 // not saved), pass.
 void check_resume_options(const CLI::App& s, const std::string& out_dir);
 
+// On --resume, --device, --precision and --cuda-graphs not given on s are the run's own (its
+// train_config.json "runtime"), so the printed resume command continues the run as it started.
+void apply_saved_runtime(const CLI::App& s, TrainArgs& a);
+
 // A new run from --init-from CKPT takes the checkpoint's model (sizes, norms, RoPE, residual
 // mode) and its tokenizer (byte, or its SentencePiece model as --tokenizer-model) for every
 // option not given on s; the given ones win. A checkpoint without a config changes nothing.

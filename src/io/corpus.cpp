@@ -70,6 +70,22 @@ std::string reason(const std::string& path, const std::string& why) {
   return path + " (" + why + ")";
 }
 
+// What attnres wrote in directory p, if it is one of its outputs: "an attnres run directory"
+// (train_config.json with a log or checkpoints), "an attnres comparison directory"
+// (results.json of compare or scale); nullptr for anything else.
+const char* attnres_output(const fs::path& p) {
+  std::error_code ec;
+  if (fs::exists(p / "train_config.json", ec) &&
+      (fs::exists(p / "metrics.jsonl", ec) || fs::exists(p / "checkpoints", ec) ||
+       fs::exists(p / "latest", ec))) {
+    return "an attnres run directory";
+  }
+  if (fs::exists(p / "results.json", ec) && fs::is_directory(p / "runs", ec)) {
+    return "an attnres comparison directory";
+  }
+  return nullptr;
+}
+
 // Depth-first walk in sorted name order; regular files and symlinks to files become entries,
 // everything else is recorded in `skipped`.
 void walk(const fs::path& dir, const std::string& exclude, std::vector<Entry>& out,
@@ -115,10 +131,9 @@ void walk(const fs::path& dir, const std::string& exclude, std::vector<Entry>& o
         skipped.push_back(reason(ps, "output directory, excluded"));
         continue;
       }
-      // Another attnres run (its log, configuration and `latest` are text, not corpus).
-      if (fs::exists(p / "train_config.json", ec) &&
-          (fs::exists(p / "metrics.jsonl", ec) || fs::exists(p / "checkpoints", ec))) {
-        skipped.push_back(reason(ps, "an attnres run directory, excluded"));
+      // Another attnres run or comparison (its logs and configurations are text, not corpus).
+      if (const char* kind = attnres_output(p)) {
+        skipped.push_back(reason(ps, std::string(kind) + ", excluded"));
         continue;
       }
       walk(p, exclude, out, skipped);
@@ -160,6 +175,21 @@ int64_t append_sanitized_utf8(std::string_view in, std::string& out) {
 }
 
 Corpus read_corpus(const std::string& path, const std::string& exclude_dir) {
+  {
+    std::error_code e1;
+    check(exclude_dir.empty() || !fs::is_directory(path, e1) ||
+              !fs::equivalent(path, exclude_dir, e1),
+          "the corpus directory '" + path +
+              "' is the run's output directory (--out): the run would read its own log, "
+              "configuration and checkpoints as text; put the corpus and the run in different "
+              "directories");
+    if (fs::is_directory(path, e1)) {
+      if (const char* kind = attnres_output(path)) {
+        throw Error("the corpus directory '" + path + "' is " + kind +
+                    ", not text to train on; give the directory of the text files");
+      }
+    }
+  }
   Corpus c;
   std::error_code ec;
   fs::file_status st = fs::status(path, ec);

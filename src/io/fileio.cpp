@@ -73,8 +73,18 @@ int open_regular_file(const std::string& path, int flags, const char* verb) {
   int fd = ::open(path.c_str(), flags | O_CLOEXEC | O_NONBLOCK, 0666);
   if (fd < 0) {
     int err = errno;
-    throw Error(std::string("cannot ") + verb + " '" + path + "': " + errno_text(err) +
-                (err == ENOENT ? "; check the path" : "; check the file's permissions"));
+    if (err == ELOOP && (flags & O_NOFOLLOW)) {
+      throw Error(std::string("cannot ") + verb + " '" + path +
+                  "': it is a symbolic link, which the engine does not follow for a file it "
+                  "writes itself (it would change the link's target); remove the link");
+    }
+    const char* fix = err == ENOENT                   ? "; check the path"
+                      : err == EACCES || err == EPERM ? "; check the file's permissions"
+                      : err == EROFS                  ? "; the file system is read-only"
+                      : err == EMFILE || err == ENFILE
+                          ? "; too many open files: raise the limit (ulimit -n)"
+                          : "";
+    throw Error(std::string("cannot ") + verb + " '" + path + "': " + errno_text(err) + fix);
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -331,7 +341,7 @@ void AppendFile::close() noexcept {
 int64_t AppendFile::open(const std::string& path) {
   close();
   path_ = path;
-  fd_ = open_regular_file(path, O_RDWR | O_CREAT, "append to");
+  fd_ = open_regular_file(path, O_RDWR | O_CREAT | O_NOFOLLOW, "append to");
   struct stat st {};
   (void)::fstat(fd_, &st);
   // Drop a torn last line: find the last newline in the file's tail and cut after it.

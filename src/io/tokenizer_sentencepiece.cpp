@@ -7,7 +7,15 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -166,6 +174,80 @@ long long number_after(const std::string& msg, const std::string& key) {
   return std::stoll(msg.substr(p, 18));
 }
 
+// SentencePiece's trainer runs its work on threads of its own; an exception there (std::bad_alloc
+// under `ulimit -v`) cannot be caught and aborted the whole process. So it trains in a child
+// process: the child sends back 'M' + the serialized model or 'E' + the trainer's status, and a
+// child that dies (of SIGABRT, or is killed) becomes an Error here.
+struct TrainOutcome {
+  bool ok = false;
+  std::string payload;  // the model, or the status message
+};
+
+TrainOutcome train_in_child(const std::function<sentencepiece::util::Status(std::string*)>& fn) {
+  int fds[2];
+  check(::pipe2(fds, O_CLOEXEC) == 0,
+        "cannot train the BPE tokenizer: pipe failed: " + errno_text(errno));
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw Error("cannot train the BPE tokenizer: fork failed (" + errno_text(err) +
+                "); the process is out of memory or processes (ulimit -v / -u)");
+  }
+  if (pid == 0) {  // the child: no output of its own (an abort message would be noise)
+    ::close(fds[0]);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) ::dup2(null, 2);
+    std::string out;
+    try {
+      std::string model;
+      const sentencepiece::util::Status st = fn(&model);
+      out = st.ok() ? "M" + model : "E" + st.ToString();
+    } catch (const std::exception& e) {
+      out = std::string("E") + e.what();
+    }
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::write(fds[1], out.data() + done, out.size() - done);
+      if (n <= 0 && errno != EINTR) ::_exit(3);
+      if (n > 0) done += static_cast<size_t>(n);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n > 0) {
+      got.append(buf, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  const bool exited_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (!exited_ok || got.empty()) {
+    const std::string how = WIFSIGNALED(status)
+                                ? "was killed by signal " + std::to_string(WTERMSIG(status)) +
+                                      (WTERMSIG(status) == SIGABRT
+                                           ? " (SIGABRT: almost always out of memory, e.g. under "
+                                             "ulimit -v)"
+                                           : std::string())
+                                : "exited with status " + std::to_string(WEXITSTATUS(status));
+    const bool abort = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+    throw Error(std::string(abort ? "out of memory: " : "") +
+                "training the BPE tokenizer failed: its process " + how +
+                "; raise the memory limit, or use a smaller corpus or --vocab-size, or "
+                "--tokenizer byte");
+  }
+  return {got[0] == 'M', got.substr(1)};
+}
+
 }  // namespace
 
 void train_sentencepiece(const std::string& text, int vocab_size, const std::string& model_path) {
@@ -203,16 +285,18 @@ void train_sentencepiece(const std::string& text, int vocab_size, const std::str
       {"hard_vocab_limit", "true"},
   };
 
-  std::string model;
-  sentencepiece::util::Status st;
+  TrainOutcome outcome;
   {
     QuietLogs quiet;  // also serialises training: the trainer uses process-global state
-    sentencepiece::SetRandomGeneratorSeed(1234);
-    ViewIterator it(&sentences);
-    st = sentencepiece::SentencePieceTrainer::Train(kwargs, &it, &model);
+    outcome = train_in_child([&](std::string* model) {
+      sentencepiece::SetRandomGeneratorSeed(1234);
+      ViewIterator it(&sentences);
+      return sentencepiece::SentencePieceTrainer::Train(kwargs, &it, model);
+    });
   }
-  if (!st.ok()) {
-    std::string msg = st.ToString();
+  const std::string& model = outcome.payload;
+  if (!outcome.ok) {
+    const std::string& msg = outcome.payload;
     if (msg.find("too high") != std::string::npos) {
       long long max_v = number_after(msg, "<=");
       throw Error("BPE vocab size " + std::to_string(vocab_size) +

@@ -3,9 +3,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
+#include "attnres/data.hpp"
 #include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
 
 namespace attnres {
 
@@ -47,6 +50,25 @@ int64_t metadata_count(const std::string& v, int64_t max, const std::string& wha
 }
 
 }  // namespace
+
+std::unique_ptr<Tokenizer> load_checkpoint_tokenizer(const Metadata& meta, const std::string& path,
+                                                     int64_t vocab_size) {
+  auto ref = meta.find("tokenizer");
+  const std::string r = ref == meta.end() ? "byte" : ref->second;
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  auto tok = load_tokenizer(r, dir, vocab_size);
+  auto want = meta.find(kTokenizerHashKey);
+  if (want != meta.end()) {
+    const std::string got = hex64(fnv1a64(tok->model_data()));
+    check(got == want->second,
+          "tokenizer '" + join_path(dir.empty() ? "." : dir, r.substr(r.find(':') + 1)) +
+              "' is not the one '" + path + "' was saved with (fingerprint " + got + ", the " +
+              "checkpoint's " + want->second +
+              "): another tokenizer of the same vocabulary would read the text as other tokens. "
+              "Restore the checkpoint's own copy (each checkpoints/step_N/ of its run holds one)");
+  }
+  return tok;
+}
 
 int64_t checkpoint_step(const Metadata& meta, int64_t max_step, const std::string& path) {
   auto it = meta.find("step");

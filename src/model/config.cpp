@@ -90,6 +90,8 @@ std::string ModelConfig::to_json() const {
     j["attnres_window"] = residual.window;
     if (residual.key_eps > 0) j["attnres_key_eps"] = residual.key_eps;  // absent: norm_eps
     if (residual.temperature != 1) j["attnres_temperature"] = residual.temperature;  // absent: 1
+    // Not the function, but its rounding: a resume or a kept comparison run must compute alike.
+    if (!residual.two_phase) j["attnres_two_phase"] = false;  // absent: true
   }
   return j.dump();
 }
@@ -160,6 +162,7 @@ ModelConfig ModelConfig::from_json(const std::string& text) {
   if (read_json_field(j, "attnres_query", name, what)) c.residual.query = parse_depth_query(name);
   read_json_field(j, "attnres_key_eps", c.residual.key_eps, what);
   read_json_field(j, "attnres_temperature", c.residual.temperature, what);
+  read_json_field(j, "attnres_two_phase", c.residual.two_phase, what);
   return c;
 }
 

@@ -37,12 +37,13 @@ void fsync_dir(const std::string& dir) {
 }  // namespace
 
 RunDir::RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref,
-               std::string tokenizer_path, std::string config_hash)
+               std::string tokenizer_path, std::string config_hash, std::string tokenizer_hash)
     : out_dir_(std::move(out_dir)),
       keep_(keep),
       tokenizer_ref_(std::move(tokenizer_ref)),
       tokenizer_path_(std::move(tokenizer_path)),
-      config_hash_(std::move(config_hash)) {}
+      config_hash_(std::move(config_hash)),
+      tokenizer_hash_(std::move(tokenizer_hash)) {}
 
 std::string RunDir::ckpt_root() const { return (fs::path(out_dir_) / "checkpoints").string(); }
 
@@ -62,7 +63,8 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
     fs::create_directories(tmp);
     const Metadata meta = {{"tokenizer", tokenizer_ref_},
                            {"step", std::to_string(step)},
-                           {kConfigHashKey, config_hash_}};
+                           {kConfigHashKey, config_hash_},
+                           {kTokenizerHashKey, tokenizer_hash_}};
     save_model((tmp / "model.safetensors").string(), model, meta);
     save_optimizer((tmp / "optimizer.safetensors").string(), model, opt, meta);
     if (!tokenizer_path_.empty()) {
@@ -137,7 +139,7 @@ void RunDir::prune(const std::string& keep_name) const {
 
 RunLock::RunLock(const std::string& out_dir) {
   const std::string path = (fs::path(out_dir) / ".lock").string();
-  fd_ = open_regular_file(path, O_RDWR | O_CREAT, "lock the run directory with");
+  fd_ = open_regular_file(path, O_RDWR | O_CREAT | O_NOFOLLOW, "lock the run directory with");
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     char pid[32] = {0};
     const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);

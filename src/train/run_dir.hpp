@@ -17,8 +17,9 @@ class RunDir {
   // tokenizer_path: the tokenizer file copied into each checkpoint ("" = none, e.g. bytes).
   // config_hash: recorded in each checkpoint's metadata (kConfigHashKey): the fingerprint of the
   // run's train_config.json, so that a resume notices an edited one.
+  // tokenizer_hash: the tokenizer's fingerprint (kTokenizerHashKey in each checkpoint).
   RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref, std::string tokenizer_path,
-         std::string config_hash);
+         std::string config_hash, std::string tokenizer_hash);
 
   // Writes checkpoints/step_N (model, optimizer state, tokenizer) and points `latest` at it. On
   // failure (e.g. a full disk) throws Error and leaves `latest` and the checkpoint it names
@@ -37,7 +38,7 @@ class RunDir {
 
   std::string out_dir_;
   int64_t keep_;
-  std::string tokenizer_ref_, tokenizer_path_, config_hash_;
+  std::string tokenizer_ref_, tokenizer_path_, config_hash_, tokenizer_hash_;
 };
 
 inline constexpr const char* kConfigHashKey = "train_config_fnv1a64";

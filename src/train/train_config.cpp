@@ -93,6 +93,13 @@ std::string TrainConfig::to_json() const {
       {"tokenizer_fingerprint", tokenizer_fingerprint},
   };
   if (!tokenizer_model.empty()) j["tokenizer_model"] = tokenizer_model;  // (absent in older runs)
+  // Where and how it trained: runtime choices (a resume may change them, with a note), recorded so
+  // that a resume without them continues as the run started. Absent for the CPU in fp32.
+  if (device != Device::cpu || precision != MatmulPrecision::fp32 || cuda_graphs) {
+    j["runtime"] = {{"device", to_string(device)},
+                    {"precision", to_string(precision)},
+                    {"cuda_graphs", cuda_graphs}};
+  }
   return j.dump(2);
 }
 
@@ -143,6 +150,17 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     get("corpus_fingerprint", c.corpus_fingerprint);
     get("tokenizer_fingerprint", c.tokenizer_fingerprint);
     get("tokenizer_model", c.tokenizer_model);
+    if (auto rt = j.find("runtime"); rt != j.end()) {
+      check(rt->is_object(), "training config: 'runtime' must be an object");
+      auto get_rt = [&](const char* k, auto& dst) {
+        return read_json_field(*rt, k, dst, "training config runtime");
+      };
+      std::string name = to_string(c.device);
+      if (get_rt("device", name)) c.device = parse_device(name);
+      name = to_string(c.precision);
+      if (get_rt("precision", name)) c.precision = parse_precision(name);
+      get_rt("cuda_graphs", c.cuda_graphs);
+    }
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training config JSON is invalid: ") + e.what());
   }

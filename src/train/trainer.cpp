@@ -67,6 +67,7 @@ std::string mflops_text(double flops) {
 std::string config_fingerprint(const std::string& text) {
   nlohmann::json j = parse_json(text);
   j.erase("out_dir");
+  j.erase("runtime");  // (where it trains: a resume may change it)
   return hex64(fnv1a64(j.dump()));
 }
 
@@ -152,6 +153,36 @@ PreparedData prepare_data_once(const DataOptions& dopt, dist::Communicator& comm
   return prepare_data(dopt);
 }
 
+// Files put back as they were unless disarmed: a new run with --overwrite prepares its tokenizer
+// in the old run's directory before it may delete that run (stage 5); if it fails first, the old
+// run's tokenizer.model (which its model.safetensors reads) must be the old one again.
+class RestoreOnFailure {
+ public:
+  void save(const std::string& path) {
+    std::error_code ec;
+    std::optional<std::string> old;
+    if (fs::is_regular_file(path, ec)) old = read_file(path);
+    saved_.emplace_back(path, std::move(old));
+  }
+  void disarm() { saved_.clear(); }
+  ~RestoreOnFailure() {
+    for (const auto& [path, old] : saved_) {
+      try {
+        if (old) {
+          write_file_atomic(path, *old);
+        } else {
+          std::error_code ec;
+          fs::remove(path, ec);
+        }
+      } catch (const std::exception&) {  // (best effort while another error unwinds)
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
 class Trainer {
  public:
   Trainer(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Communicator& comm)
@@ -222,6 +253,15 @@ class Trainer {
       cfg_.pipeline = in_.pipeline;
       cfg_.virtual_stages = in_.virtual_stages;
       cfg_.pipeline_comm = in_.pipeline_comm;
+      if (cfg_.device != in_.device || cfg_.precision != in_.precision ||
+          cfg_.cuda_graphs != in_.cuda_graphs) {
+        auto how = [](const TrainConfig& c) {
+          return std::string("--device ") + to_string(c.device) + " --precision " +
+                 to_string(c.precision) + (c.cuda_graphs ? " --cuda-graphs" : "");
+        };
+        msg("note: the run trained with " + how(cfg_) + " and continues with " + how(in_) +
+            ": its results will differ from an uninterrupted run's");
+      }
       cfg_.device = in_.device;
       cfg_.precision = in_.precision;
       cfg_.cuda_graphs = in_.cuda_graphs;
@@ -273,6 +313,11 @@ class Trainer {
     if (cfg_.resume) {
       dopt.expect_fingerprint = cfg_.corpus_fingerprint;
       dopt.expect_tokenizer_fingerprint = cfg_.tokenizer_fingerprint;
+    }
+    if (root_ && !cfg_.resume && cfg_.overwrite) {
+      for (const char* f : {"tokenizer.model", "tokenizer.model.trainkey"}) {
+        restore_.save(join_path(dopt.out_dir, f));
+      }
     }
     data_ = prepare_data_once(dopt, comm_);
     const PreparedData& d = data_;
@@ -381,7 +426,7 @@ class Trainer {
       if (cfg_.router_warmup >= 0) router_schedule_->warmup_steps = cfg_.router_warmup;
     }
     run_dir_.emplace(cfg_.out_dir, cfg_.keep_checkpoints, data_.tokenizer_ref, data_.tokenizer_path,
-                     config_fingerprint(cfg_text_));
+                     config_fingerprint(cfg_text_), data_.tokenizer_fingerprint);
     // Gradients are summed where they live: MPI for host memory, NCCL (or host staging) for GPUs.
     if (ranks_ > 1) {
       std::string note;
@@ -398,11 +443,12 @@ class Trainer {
       const std::string dir = run_dir_->latest();
       auto r = SafetensorsReader::open(dir + "/model.safetensors");
       load_weights(*model_, r);
+      Metadata om;
       if (!opt_->sharded()) {
-        load_optimizer(dir + "/optimizer.safetensors", *model_, *opt_);
+        om = load_optimizer(dir + "/optimizer.safetensors", *model_, *opt_);
       } else {  // keep this rank's shard of the moments
         AdamW full(model_->layout(), cfg_.adamw);
-        load_optimizer(dir + "/optimizer.safetensors", *model_, full);
+        om = load_optimizer(dir + "/optimizer.safetensors", *model_, full);
         std::copy(full.m().data() + opt_->begin(), full.m().data() + opt_->end(), opt_->m().data());
         std::copy(full.v().data() + opt_->begin(), full.v().data() + opt_->end(), opt_->v().data());
         opt_->set_steps_taken(full.steps_taken());
@@ -420,6 +466,20 @@ class Trainer {
             "checkpoint '" + dir + "' says it was saved at step " + std::to_string(start_) +
                 ", not the step its directory is named for; its files were moved or edited "
                 "(restore the directory or resume from another checkpoint)");
+      // The optimizer state must be the one saved with these weights (another step's or another
+      // run's was taken silently, and the resumed run diverged from the uninterrupted one).
+      for (const char* key : {"step", kConfigHashKey}) {
+        auto value = [key](const Metadata& m) {
+          auto it = m.find(key);
+          return it == m.end() ? std::string("(none)") : it->second;
+        };
+        const std::string mv = value(r.metadata()), ov = value(om);
+        check(mv == ov, "'" + dir + "/optimizer.safetensors' was not saved with '" + dir +
+                            "/model.safetensors' (its " + key + " is " + ov + ", the model's " +
+                            mv +
+                            "): the files of two checkpoints or runs were mixed; restore the "
+                            "directory or resume from another checkpoint");
+      }
       check(opt_->steps_taken() <= start_,
             "optimizer state in '" + dir + "' has taken " + std::to_string(opt_->steps_taken()) +
                 " steps, more than the checkpoint's step " + std::to_string(start_) +
@@ -430,6 +490,7 @@ class Trainer {
     } else if (root_) {
       // The new run's data, model and initial weights are good: only now is an old run deleted.
       const std::string note = claim_out_dir(cfg_.out_dir, cfg_.overwrite);
+      restore_.disarm();  // (the old run is gone: the new tokenizer is the run's)
       if (!note.empty()) msg(note);
       write_file_atomic(cfg_path_.string(), cfg_text_);
     }
@@ -681,7 +742,9 @@ class Trainer {
       res_.model_path = (fs::path(cfg_.out_dir) / "model.safetensors").string();
       if (root_) {
         save_model(res_.model_path, *model_,
-                   {{"tokenizer", data_.tokenizer_ref}, {"step", std::to_string(step)}});
+                   {{"tokenizer", data_.tokenizer_ref},
+                    {"step", std::to_string(step)},
+                    {kTokenizerHashKey, data_.tokenizer_fingerprint}});
       }
     }
     comm_.barrier();  // on return, rank 0's files are complete on every rank
@@ -732,6 +795,7 @@ class Trainer {
   int64_t tokens_per_step_ = 0;
   AppendFile metrics_;
   std::unique_ptr<RunLock> lock_;  // (rank 0) held while this run trains
+  RestoreOnFailure restore_;       // (destroyed before lock_ is released)
   TrainResult res_;
   Batch batch_;
   Clock::time_point t0_;
