@@ -3,6 +3,9 @@
 // logits (tools/gen_hf_fixtures.py); these tests need no Python.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -316,6 +319,12 @@ TEST(ImportHf, CliWritesACheckpointOrNothing) {
   r = run_cli("import-hf " + fixture("llama_gqa") + " --out " + out + " --overwrite");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(load_model(out)->config().residual.mode, ResidualMode::prenorm);
+  // --block-layers N (the production convention, layers per block) is S = 2N in train too.
+  r = run_cli("train --data " + fixture("llama_gqa") + "/config.json --residual block " +
+              "--block-layers 3 --n-layer 3 --d-model 16 --n-head 2 --seq-len 8 --batch-size 2 " +
+              "--steps 1 --eval-every 0 --eval-batches 1 --sample-tokens 0 --out " + t.file("bl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(read_json(t.file("bl/train_config.json")).at("model").at("block_size"), 6);
   r = run_cli("import-hf " + fixture("llama_gqa") + " --out x --block-layers 2");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("--block-layers is an option of --residual block"), std::string::npos);
@@ -383,4 +392,120 @@ TEST(ImportHf, InitFromContinuesTrainingAnImportedModel) {
               corpus + " --steps 2 --out " + t.file("run2"));
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("drop --tokenizer byte"), std::string::npos) << r.out;
+}
+
+namespace {
+
+// A random PreNorm model with every weight perturbed (the norm gains too), and a SentencePiece
+// tokenizer of its vocabulary at `tok`.
+std::unique_ptr<Model> random_model(bool tied, const std::string& tok) {
+  ModelConfig c;
+  c.n_layer = 2;
+  c.d_model = 32;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.ffn_hidden = 64;
+  c.vocab_size = 300;
+  c.max_seq_len = 32;
+  c.norm_eps = 1e-6;
+  c.rope_theta = 20000;
+  c.tied = tied;
+  auto m = std::make_unique<Model>(c);
+  m->init_weights(5);
+  std::vector<float> p = m->params_to_host();
+  attnres::Rng rng(9);
+  for (float& x : p) x += static_cast<float>(0.05 * rng.normal());
+  m->params_from_host(p.data());
+  std::string text;
+  for (int i = 0; i < 400; i++) {
+    text += "the quick brown fox " + std::to_string(i % 37) + " jumps over the lazy dog\n";
+  }
+  train_sentencepiece(text, 300, tok);
+  return m;
+}
+
+}  // namespace
+
+// export-hf writes HF's names and config; import-hf of that reads the same model back, bit for
+// bit; and the imported fixture exports to the very tensors transformers saved.
+TEST(ExportHf, RoundTripsBitForBit) {
+  TempDir t;
+  for (bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    auto m = random_model(tied, t.file("tok.model"));
+    const std::string out = t.file(tied ? "hf_tied" : "hf_untied");
+    export_hf(*m, t.file("tok.model"), out, false);
+    const nlohmann::json cfg = read_json(out + "/config.json");
+    EXPECT_EQ(cfg.at("architectures")[0], "LlamaForCausalLM");
+    EXPECT_EQ(cfg.at("num_key_value_heads"), 2);
+    EXPECT_EQ(cfg.at("tie_word_embeddings"), tied);
+    EXPECT_EQ(cfg.at("rope_theta"), 20000.0);
+    EXPECT_EQ(cfg.at("rms_norm_eps"), 1e-6);
+    HfImport back = import_hf(out, mode(ResidualMode::prenorm));
+    const std::vector<float> a = m->params_to_host(), b = back.model->params_to_host();
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+    EXPECT_EQ(back.model->config().to_json(), m->config().to_json());
+    EXPECT_THROW(export_hf(*m, "", out, false), Error);  // exists, no --overwrite
+    EXPECT_NO_THROW(export_hf(*m, "", out, true));
+    EXPECT_FALSE(fs::exists(out + "/tokenizer.model"));  // (replaced: the byte tokenizer has none)
+  }
+  HfImport im = import_hf(fixture("llama_gqa"), mode(ResidualMode::prenorm));
+  export_hf(*im.model, fixture("llama_gqa") + "/tokenizer.model", t.file("again"), false);
+  SafetensorsReader orig = SafetensorsReader::open(fixture("llama_gqa") + "/model.safetensors");
+  SafetensorsReader mine = SafetensorsReader::open(t.file("again/model.safetensors"));
+  EXPECT_EQ(orig.names(), mine.names());
+  for (const std::string& n : orig.names()) {
+    const std::vector<float> x = orig.read_f32(n), y = mine.read_f32(n);
+    ASSERT_EQ(x.size(), y.size()) << n;
+    EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float))) << n;
+  }
+  // Full and Block models are not exported yet: a clear refusal, nothing written.
+  HfImport full = import_hf(fixture("llama_gqa"), mode(ResidualMode::full));
+  try {
+    export_hf(*full.model, "", t.file("full"), false);
+    ADD_FAILURE() << "a Full AttnRes model was exported as Llama";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not supported yet"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(t.file("full")));
+}
+
+// transformers loads the exported directory and computes the engine's logits. Needs a Python
+// with transformers: ATTNRES_HF_PYTHON (e.g. /work/venv-hf/bin/python; tools/README.md);
+// skipped without it.
+TEST(ExportHf, TransformersComputesTheEnginesLogits) {
+  const char* py = std::getenv("ATTNRES_HF_PYTHON");
+  if (py == nullptr || *py == '\0') {
+    GTEST_SKIP() << "set ATTNRES_HF_PYTHON to a Python with torch and transformers to run this";
+  }
+  TempDir t;
+  for (bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    auto m = random_model(tied, t.file("tok.model"));
+    const std::string out = t.file(tied ? "hf_tied" : "hf_untied");
+    export_hf(*m, t.file("tok.model"), out, false);
+    std::vector<int32_t> tokens(2 * 16);
+    for (size_t i = 0; i < tokens.size(); i++) tokens[i] = static_cast<int32_t>((i * 37 + 5) % 300);
+    m->forward(tokens.data(), nullptr, 2, 16);
+    std::vector<float> logits(m->logits(), m->logits() + 2 * 16 * 300);
+    SafetensorsWriter w;
+    w.add_i32("tokens", {2, 16}, tokens.data());
+    w.add_f32("logits", {2, 16, 300}, logits.data());
+    w.write(t.file("expected.safetensors"));
+    const std::string script = std::string(ATTNRES_FIXTURE_DIR) + "/../../tools/check_hf_export.py";
+    const std::string cmd =
+        std::string(py) + " " + script + " " + out + " " + t.file("expected.safetensors") + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string said;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) said.append(buf, n);
+    const int st = ::pclose(p);
+    const int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (code == 77) GTEST_SKIP() << said;
+    EXPECT_EQ(code, 0) << said;
+    std::printf("%s", said.substr(said.rfind("transformers vs attnres")).c_str());
+  }
 }

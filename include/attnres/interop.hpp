@@ -56,6 +56,14 @@ struct HfImport {
 // tensors as a new AttnRes model starts them). Nothing is written.
 HfImport import_hf(const std::string& dir, const HfImportOptions& opt);
 
+// Writes `model` (a PreNorm model: Full/Block export is not supported yet, an Error) as a
+// Hugging Face `LlamaForCausalLM` directory `out_dir`: config.json, model.safetensors (float32,
+// HF names), and, when `tokenizer_model` (a SentencePiece file) is given, tokenizer.model and a
+// tokenizer_config.json. The directory is built under a temporary name and renamed into place;
+// an existing `out_dir` is an Error unless `overwrite`.
+void export_hf(const Model& model, const std::string& tokenizer_model, const std::string& out_dir,
+               bool overwrite);
+
 // The Hugging Face name of an attnres core tensor ("layers.0.attention.wq.weight" ->
 // "model.layers.0.self_attn.q_proj.weight"); "" for a name outside the core (residual tensors).
 std::string hf_tensor_name(const std::string& attnres_name);

@@ -15,6 +15,7 @@ void add_report(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_scale(CLI::App& app);
 void add_import_hf(CLI::App& app);
+void add_export_hf(CLI::App& app);
 
 // The global --threads option (0 = not given).
 int requested_threads();

@@ -187,6 +187,7 @@ int run_main(int argc, char** argv) {
   attnres::cli::add_scale(app);
   attnres::cli::add_bench(app);
   attnres::cli::add_import_hf(app);
+  attnres::cli::add_export_hf(app);
   // An unknown command word is an error even with --help (CLI11 would print the main help and
   // exit 0, or say only "A subcommand is required").
   for (int i = 1; i < argc; i++) {

@@ -273,8 +273,15 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
   add_enum_option(s, "--residual", r.mode, parse_residual_mode,
                   "Residual: prenorm | full | block | static | denseformer",
                   {"prenorm", "full", "block", "static", "denseformer"});
-  s->add_option("--block-size", r.block_size, "block: sublayers per block (S)")
-      ->capture_default_str();
+  CLI::Option* block_size =
+      s->add_option("--block-size", r.block_size, "block: sublayers per block (S)")
+          ->capture_default_str();
+  s->add_option_function<int64_t>(
+       "--block-layers", [&r](int64_t n) { r.block_size = 2 * n; },
+       "block: Transformer layers per block, the production convention (Kimi K3's "
+       "attn_res_block_size): S = 2 x this")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 19))
+      ->excludes(block_size);
   add_enum_option(s, "--attnres-gate", r.gate, parse_depth_gate, "full/block: softmax | sigmoid",
                   {"softmax", "sigmoid"});
   add_enum_option(s, "--attnres-key-norm", r.key_norm, parse_key_norm,

@@ -1,0 +1,54 @@
+// `attnres export-hf CKPT --out HF_DIR`: an attnres PreNorm checkpoint as a Hugging Face
+// LlamaForCausalLM directory, with its SentencePiece tokenizer.
+#include <cstdio>
+#include <filesystem>
+
+#include "attnres/checkpoint.hpp"
+#include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
+#include "attnres/interop.hpp"
+#include "cli/commands.hpp"
+
+namespace attnres::cli {
+
+namespace {
+
+struct ExportArgs {
+  std::string model, out;
+  bool overwrite = false;
+};
+
+void run_export(const ExportArgs& a) {
+  Metadata meta;
+  auto model = load_model(a.model, &meta);
+  auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
+  std::string tok_file;
+  if (!tok->model_data().empty()) {
+    const std::string ref = meta.at("tokenizer");
+    const std::string dir = std::filesystem::path(a.model).parent_path().string();
+    tok_file = join_path(dir.empty() ? "." : dir, ref.substr(ref.find(':') + 1));
+  }
+  export_hf(*model, tok_file, a.out, a.overwrite);
+  std::printf("wrote %s: LlamaForCausalLM, %lld parameters (float32), %s\n", a.out.c_str(),
+              static_cast<long long>(model->num_params()),
+              tok_file.empty() ? "no tokenizer file (the byte tokenizer: token id = byte value)"
+                               : "tokenizer.model (SentencePiece)");
+  std::printf("  load it with: transformers.AutoModelForCausalLM.from_pretrained(\"%s\")\n",
+              a.out.c_str());
+}
+
+}  // namespace
+
+void add_export_hf(CLI::App& app) {
+  auto a = std::make_shared<ExportArgs>();
+  CLI::App* s = app.add_subcommand(
+      "export-hf",
+      "Write a PreNorm checkpoint as a Hugging Face LlamaForCausalLM directory (config.json, "
+      "model.safetensors, tokenizer)");
+  s->add_option("model,--model", a->model, "model.safetensors")->required();
+  s->add_option("--out", a->out, "The Hugging Face directory to write")->required();
+  s->add_flag("--overwrite", a->overwrite, "Replace --out if it exists");
+  s->callback([a] { run_export(*a); });
+}
+
+}  // namespace attnres::cli
