@@ -8,6 +8,7 @@
 #include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
+#include "attnres/tasks.hpp"
 #include "attnres/train.hpp"
 #include "backend/backend.hpp"
 #include "cli/commands.hpp"
@@ -26,12 +27,52 @@ struct EvalArgs {
   DeviceArgs dev;
   int64_t seq_len = 0, batch_size = 8, batches = 50;
   double val_fraction = -1;
+  std::vector<std::string> tasks;
 };
+
+std::string with_stderr(double v, double se) {
+  char b[64];
+  if (std::isnan(se)) {
+    std::snprintf(b, sizeof b, "%.4f (1 item: no standard error)", v);
+  } else {
+    std::snprintf(b, sizeof b, "%.4f +- %.4f", v, se);
+  }
+  return b;
+}
+
+// `eval --task FILE...`: each task file's accuracy (attnres/tasks.hpp), instead of the loss.
+void run_tasks(const EvalArgs& a, Model& model, const Tokenizer& tok) {
+  std::vector<Task> tasks;
+  for (const std::string& p : a.tasks) tasks.push_back(read_task(p));  // (all checked first)
+  for (const Task& t : tasks) {
+    const TaskResult r = score_task(model, tok, t);
+    for (const auto& s : r.logliks) {
+      for (double x : s) {
+        check(std::isfinite(x), "a log-likelihood on task '" + t.path +
+                                    "' is not finite: the weights of '" + a.model +
+                                    "' overflow the forward pass (evaluate an earlier checkpoint)");
+      }
+    }
+    std::printf("task %s (%s, %lld %s): acc %s", t.path.c_str(), to_string(t.kind),
+                static_cast<long long>(r.items),
+                t.kind == TaskKind::minimal_pair ? "pairs" : "items",
+                with_stderr(r.acc, r.acc_stderr).c_str());
+    if (r.acc_norm >= 0) {
+      std::printf(" | acc_norm %s", with_stderr(r.acc_norm, r.acc_norm_stderr).c_str());
+    }
+    std::printf("\n");
+  }
+}
 
 void run_eval(const EvalArgs& a) {
   Metadata meta;
   std::shared_ptr<Backend> be = open_backend(a.dev);
   auto model = load_model(a.model, &meta, 0, be);
+  if (!a.tasks.empty()) {
+    auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
+    run_tasks(a, *model, *tok);
+    return;
+  }
   const fs::path dir = fs::path(a.model).parent_path();
   // Defaults from the run that produced the model, when its train_config.json is beside it.
   std::string data = a.data;
@@ -100,6 +141,11 @@ void add_eval(CLI::App& app) {
   s->add_option("--batches", a->batches, "Most batches to evaluate")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  s->add_option("--task", a->tasks,
+                "Score a task file instead of the loss (repeatable): JSON Lines of "
+                "{\"context\", \"choices\", \"label\"} (multiple choice: acc and acc_norm) or "
+                "{\"sentence_good\", \"sentence_bad\"} (minimal pairs: acc); docs/INTEROP.md")
+      ->check(CLI::ExistingFile);
   add_device_options(s, a->dev);
   s->callback([a] { run_eval(*a); });
 }
