@@ -66,8 +66,8 @@ HfImportOptions mode(ResidualMode m, int64_t block_size = 4) {
 }
 
 // A copy of a fixture directory that a test may edit.
-std::string copy_fixture(const TempDir& t, const std::string& name) {
-  const std::string dst = t.file(name);
+std::string copy_fixture(const TempDir& t, const std::string& name, const std::string& as = "") {
+  const std::string dst = t.file(as.empty() ? name : as);
   fs::copy(fixture(name), dst, fs::copy_options::recursive);
   return dst;
 }
@@ -166,6 +166,7 @@ TEST(ImportHf, UnsupportedConfigsAreRefusedByName) {
       {"rope_parameters", {{"rope_type", "llama3"}, {"rope_theta", 5e5}}, "rope_type 'llama3'"},
       {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_type 'linear'"},
       {"hidden_size", "32", "'hidden_size' must be an integer"},
+      {"architectures", "Qwen2ForCausalLM", "Qwen2ForCausalLM"},  // (a string, not a list)
       {"num_hidden_layers", nullptr, "num_hidden_layers"},
   };
   for (const Case& c : cases) {
@@ -206,6 +207,23 @@ TEST(ImportHf, BadWeightsAndTokenizersAreRefusedByName) {
     j["tie_word_embeddings"] = false;
     write_json(dir + "/config.json", j);
     EXPECT_NE(import_error(dir).find("no tensor 'lm_head.weight'"), std::string::npos);
+    fs::remove_all(dir);
+  }
+  {  // num_key_value_heads null is the head count, as transformers reads it; an index entry
+     // naming a shard that does not hold the tensor is refused
+    const std::string dir = copy_fixture(t, "llama_tied_bf16");
+    nlohmann::json j = read_json(dir + "/config.json");
+    j["num_key_value_heads"] = nullptr;
+    write_json(dir + "/config.json", j);
+    EXPECT_EQ(import_error(dir), "");
+    nlohmann::json ix = read_json(dir + "/model.safetensors.index.json");
+    const std::string right = ix["weight_map"]["model.norm.weight"];
+    ix["weight_map"]["model.norm.weight"] = right == "model-00001-of-00005.safetensors"
+                                                ? "model-00002-of-00005.safetensors"
+                                                : "model-00001-of-00005.safetensors";
+    write_json(dir + "/model.safetensors.index.json", ix);
+    const std::string err = import_error(dir);
+    EXPECT_NE(err.find("puts tensor 'model.norm.weight' in"), std::string::npos) << err;
     fs::remove_all(dir);
   }
   {  // a missing shard, and a shard name that leaves the directory
@@ -316,6 +334,21 @@ TEST(ImportHf, CliWritesACheckpointOrNothing) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("error: "), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(t.file("n")));
+  // Fifth hostile pass: an --out that is the tokenizer's own path (the checkpoint overwrote the
+  // tokenizer it had just copied, exit 0), a directory, or the source's own weights.
+  r = run_cli("import-hf " + fixture("llama_gqa") + " --out " + t.file("q/tokenizer.model"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("is where the tokenizer goes"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(t.file("q")));
+  r = run_cli("import-hf " + fixture("llama_gqa") + " --out " + t.file("q/"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_FALSE(fs::exists(t.file("q")));
+  const std::string src = copy_fixture(t, "llama_gqa", "src");
+  const std::string weights = attnres::testing::slurp(src + "/model.safetensors");
+  r = run_cli("import-hf " + src + " --out " + src + "/model.safetensors --overwrite");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("is the Hugging Face model's own file"), std::string::npos) << r.out;
+  EXPECT_EQ(attnres::testing::slurp(src + "/model.safetensors"), weights);
   r = run_cli("import-hf " + fixture("llama_gqa") + " --out " + out + " --overwrite");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(load_model(out)->config().residual.mode, ResidualMode::prenorm);
@@ -345,6 +378,8 @@ std::string write_corpus(const TempDir& t) {
   std::ofstream(t.file("corpus.txt")) << text;
   return t.file("corpus.txt");
 }
+
+std::string slurp_corpus(const std::string& p) { return attnres::testing::slurp(p); }
 
 double eval_loss(const std::string& model, const std::string& corpus) {
   auto r = attnres::testing::run_cli("eval " + model + " --data " + corpus + " --seq-len 32");
@@ -387,6 +422,18 @@ TEST(ImportHf, InitFromContinuesTrainingAnImportedModel) {
   fs::remove_all(t.file("imp"));
   r = run_cli("train --resume --out " + t.file("run"));
   EXPECT_EQ(r.code, 0) << r.out;
+  // Fifth hostile pass: another tokenizer of the same vocabulary beside the checkpoint is refused
+  // (it trained the weights through other pieces, and the new run recorded it as its own).
+  const std::string own = attnres::testing::slurp(t.file("run/tokenizer.model"));
+  std::string other = slurp_corpus(corpus);
+  std::reverse(other.begin(), other.end());
+  train_sentencepiece(other, 320, t.file("run/tokenizer.model"));
+  ASSERT_NE(attnres::testing::slurp(t.file("run/tokenizer.model")), own);
+  r = run_cli("train --init-from " + t.file("run/model.safetensors") + " --data " + corpus +
+              " --steps 2 --out " + t.file("run3"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("is not the one"), std::string::npos) << r.out;
+  std::ofstream(t.file("run/tokenizer.model"), std::ios::trunc | std::ios::binary) << own;
   // --tokenizer byte contradicts the checkpoint's SentencePiece tokenizer.
   r = run_cli("train --init-from " + t.file("run/model.safetensors") + " --tokenizer byte --data " +
               corpus + " --steps 2 --out " + t.file("run2"));

@@ -73,9 +73,25 @@ void run_import(ImportArgs& a) {
           "--block-layers is an option of --residual block");
     a.opt.residual.block_size = 2 * a.block_layers;
   }
+  check(!a.out.empty() && a.out.back() != '/',
+        "--out '" + a.out + "' is not a file path; give the checkpoint's file, e.g. " +
+            (a.out.empty() ? std::string("runs/llama/") : a.out) + "model.safetensors");
+  check(file_name_of(a.out) != "tokenizer.model",
+        "--out '" + a.out +
+            "' is where the tokenizer goes (tokenizer.model beside the checkpoint); name the "
+            "checkpoint otherwise, e.g. model.safetensors");
   check(a.overwrite || !path_exists(a.out),
         "--out '" + a.out + "' exists; pass --overwrite to replace it, or choose another path");
   HfImport im = import_hf(a.dir, a.opt);
+  // Never write over what is being read (--overwrite onto the source's own files).
+  std::vector<std::string> sources = im.source.shards;
+  sources.push_back(im.source.tokenizer_model);
+  for (const std::string& src : sources) {
+    std::error_code ec;
+    check(!std::filesystem::equivalent(src, a.out, ec),
+          "--out '" + a.out + "' is the Hugging Face model's own file '" + src +
+              "'; write the checkpoint elsewhere");
+  }
   print_source(im.source);
   std::error_code ec;
   std::filesystem::create_directories(dir_of(a.out), ec);
@@ -94,9 +110,11 @@ void run_import(ImportArgs& a) {
   std::printf("wrote %s: %s, %lld parameters", a.out.c_str(), to_string(c.residual.mode),
               static_cast<long long>(im.model->num_params()));
   if (c.residual.mode == ResidualMode::block) {
-    std::printf(" (blocks of %lld sublayers = %lld layers)",
-                static_cast<long long>(c.residual.block_size),
-                static_cast<long long>(c.residual.block_size / 2));
+    std::printf(" (blocks of %lld sublayers", static_cast<long long>(c.residual.block_size));
+    if (c.residual.block_size % 2 == 0) {
+      std::printf(" = %lld layers", static_cast<long long>(c.residual.block_size / 2));
+    }
+    std::printf(")");
   }
   std::printf("; tokenizer %s\n", join_path(dir_of(a.out), "tokenizer.model").c_str());
   if (im.probe_tokens > 0) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "attnres/checkpoint.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/safetensors.hpp"
@@ -150,8 +151,10 @@ void apply_init_from_defaults(const CLI::App& s, TrainArgs& a) {
   probe.untied = !probe.cfg.model.tied;
   if (auto tok = r.metadata().find("tokenizer"); tok != r.metadata().end()) {
     const std::string dir = std::filesystem::path(path).parent_path().string();
-    // (checked as eval would load it: a plain file beside the checkpoint, of its vocabulary)
-    auto t = load_tokenizer(tok->second, dir, probe.cfg.model.vocab_size);
+    // (checked as eval loads it: a plain file beside the checkpoint, of its vocabulary, the very
+    // tokenizer the checkpoint records)
+    const Metadata meta(r.metadata().begin(), r.metadata().end());
+    auto t = load_checkpoint_tokenizer(meta, path, probe.cfg.model.vocab_size);
     if (t->model_data().empty()) {
       probe.cfg.tokenizer = TokenizerKind::byte;
     } else {

@@ -73,8 +73,9 @@ ModelConfig parse_config(const std::string& path) {
   if (!is_llama_family(type)) {
     refuse(path, "model_type '" + type + "'", "is not supported (llama and mistral are)");
   }
-  if (auto a = j.find("architectures"); a != j.end() && a->is_array()) {
-    for (const auto& arch : *a) {
+  if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
+    const nlohmann::json list = a->is_array() ? *a : nlohmann::json::array({*a});
+    for (const auto& arch : list) {
       const std::string s = arch.is_string() ? arch.get<std::string>() : arch.dump();
       if (s != "LlamaForCausalLM" && s != "MistralForCausalLM") {
         refuse(path, "architecture '" + s + "'", "is not supported (LlamaForCausalLM is)");
@@ -98,8 +99,10 @@ ModelConfig parse_config(const std::string& path) {
   c.n_layer = required_int(j, "num_hidden_layers", path);
   c.n_head = required_int(j, "num_attention_heads", path);
   c.vocab_size = required_int(j, "vocab_size", path);
-  c.n_kv_head = c.n_head;
-  read_json_field(j, "num_key_value_heads", c.n_kv_head, what);
+  c.n_kv_head = c.n_head;  // (absent or null: as many as the query heads, as transformers reads it)
+  if (auto kv = j.find("num_key_value_heads"); kv != j.end() && !kv->is_null()) {
+    read_json_field(j, "num_key_value_heads", c.n_kv_head, what);
+  }
   c.max_seq_len = 2048;
   read_json_field(j, "max_position_embeddings", c.max_seq_len, what);
   c.norm_eps = 1e-6;

@@ -30,12 +30,14 @@ bool plain_file_name(const std::string& s) {
          s.find('\0') == std::string::npos;
 }
 
-// The weight files of `dir`, in order: the index's shards, or model.safetensors.
-std::vector<std::string> weight_files(const std::string& dir) {
+// The weight files of `dir`, in order: model.safetensors, or the index's shards (then `listed`
+// receives the index's tensor -> shard path map).
+std::vector<std::string> weight_files(const std::string& dir,
+                                      std::map<std::string, std::string>* listed) {
   const std::string index = join_path(dir, "model.safetensors.index.json");
+  const std::string single = join_path(dir, "model.safetensors");
+  if (exists(single)) return {single};  // (transformers, too, prefers it to an index)
   if (!exists(index)) {
-    const std::string single = join_path(dir, "model.safetensors");
-    if (exists(single)) return {single};
     const bool bin = exists(join_path(dir, "pytorch_model.bin")) ||
                      exists(join_path(dir, "pytorch_model.bin.index.json"));
     throw Error("'" + dir + "' has no model.safetensors (nor model.safetensors.index.json)" +
@@ -59,6 +61,7 @@ std::vector<std::string> weight_files(const std::string& dir) {
           "'" + index + "': the shard of '" + tensor + "' is " + file.dump() +
               ", not a file name in the model directory");
     names.insert(file.get<std::string>());
+    (*listed)[tensor] = join_path(dir, file.get<std::string>());
   }
   std::vector<std::string> out;
   for (const std::string& n : names) {
@@ -113,9 +116,18 @@ Opened open_source(const std::string& dir, int64_t max_seq_len) {
   s.config = hf::parse_config(join_path(dir, "config.json"));
   if (max_seq_len > 0) s.config.max_seq_len = max_seq_len;
   s.config.validate();
-  s.shards = weight_files(dir);
+  std::map<std::string, std::string> listed;
+  s.shards = weight_files(dir, &listed);
   for (const std::string& p : s.shards) o.readers.push_back(SafetensorsReader::open(p));
   o.where = tensor_index(o.readers);
+  for (const auto& [tensor, shard] : listed) {  // the index must tell the truth
+    auto it = o.where.find(tensor);
+    check(it != o.where.end() && o.readers[it->second].path() == shard,
+          "'" + join_path(dir, "model.safetensors.index.json") + "' puts tensor '" + tensor +
+              "' in '" + shard +
+              "', which does not hold it; the model directory is "
+              "inconsistent (download it again)");
+  }
   // Every tensor the config implies, with its shape; then nothing else.
   std::set<std::string> dtypes, mapped;
   const ParamLayout layout = Model::layout_for(s.config);
