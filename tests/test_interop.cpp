@@ -471,6 +471,14 @@ std::unique_ptr<Model> random_model(bool tied, const std::string& tok) {
   return m;
 }
 
+// random_model exported to t/hf_tied or t/hf_untied with its tokenizer; returns the directory.
+std::string export_random(const TempDir& t, bool tied, std::unique_ptr<Model>* m) {
+  *m = random_model(tied, t.file("tok.model"));
+  const std::string out = t.file(tied ? "hf_tied" : "hf_untied");
+  export_hf(**m, t.file("tok.model"), out, false);
+  return out;
+}
+
 }  // namespace
 
 // export-hf writes HF's names and config; import-hf of that reads the same model back, bit for
@@ -479,9 +487,8 @@ TEST(ExportHf, RoundTripsBitForBit) {
   TempDir t;
   for (bool tied : {true, false}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
-    auto m = random_model(tied, t.file("tok.model"));
-    const std::string out = t.file(tied ? "hf_tied" : "hf_untied");
-    export_hf(*m, t.file("tok.model"), out, false);
+    std::unique_ptr<Model> m;
+    const std::string out = export_random(t, tied, &m);
     const nlohmann::json cfg = read_json(out + "/config.json");
     EXPECT_EQ(cfg.at("architectures")[0], "LlamaForCausalLM");
     EXPECT_EQ(cfg.at("num_key_value_heads"), 2);
@@ -529,9 +536,8 @@ TEST(ExportHf, TransformersComputesTheEnginesLogits) {
   TempDir t;
   for (bool tied : {true, false}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
-    auto m = random_model(tied, t.file("tok.model"));
-    const std::string out = t.file(tied ? "hf_tied" : "hf_untied");
-    export_hf(*m, t.file("tok.model"), out, false);
+    std::unique_ptr<Model> m;
+    const std::string out = export_random(t, tied, &m);
     std::vector<int32_t> tokens(2 * 16);
     for (size_t i = 0; i < tokens.size(); i++) tokens[i] = static_cast<int32_t>((i * 37 + 5) % 300);
     m->forward(tokens.data(), nullptr, 2, 16);
