@@ -333,6 +333,49 @@ TEST(Compare, OneComparisonPerDirectory) {
       << log;
 }
 
+// compare --tasks scores every finished run's final model on the task files (the same numbers as
+// `eval --task` on that model), keeps a kept run's scores, puts the accuracies in the report,
+// and refuses a malformed task file before anything trains.
+TEST(Compare, TasksScoreEveryRunsFinalModel) {
+  TempDir td;
+  const std::string data = corpus(fs::path(td.path));
+  const fs::path out = fs::path(td.path) / "cmp";
+  const std::string tasks = std::string(" --tasks ") + ATTNRES_FIXTURE_DIR + "/tasks/mc.jsonl" +
+                            " --tasks " + ATTNRES_FIXTURE_DIR + "/tasks/pairs.jsonl";
+  const std::string base =
+      "compare --preset tiny --modes prenorm,full --seeds 1 --steps 10 "
+      "--no-plots --data " +
+      data;
+  const std::string cmd = base + " --out " + out.string();
+  std::string log;
+  ASSERT_EQ(run(cmd + tasks, &log), 0) << log;
+  EXPECT_NE(log.find("scoring full seed 1337 on 2 task(s)"), std::string::npos) << log;
+  const json run_json = json::parse(slurp(out / "runs" / "full" / "seed1337" / "run.json"));
+  std::string eval_out;
+  ASSERT_EQ(run("eval " + (out / "runs" / "full" / "seed1337" / "model.safetensors").string() +
+                    " --task " + ATTNRES_FIXTURE_DIR + "/tasks/mc.jsonl",
+                &eval_out),
+            0)
+      << eval_out;
+  char want[64];
+  std::snprintf(want, sizeof want, "acc %.4f",
+                run_json.at("tasks").at("mc.jsonl").at("acc").get<double>());
+  EXPECT_NE(eval_out.find(want), std::string::npos) << eval_out << " vs " << run_json.dump();
+  const std::string report = slurp(out / "report.md");
+  EXPECT_NE(report.find("| configuration | mc.jsonl acc | mc.jsonl acc_norm | pairs.jsonl acc |"),
+            std::string::npos)
+      << report;
+  ASSERT_EQ(run(cmd + tasks, &log), 0) << log;  // kept runs keep their scores
+  EXPECT_EQ(log.find("scoring"), std::string::npos) << log;
+  std::ofstream(fs::path(td.path) / "bad.jsonl") << "{\"context\": \"a\"}\n";
+  EXPECT_EQ(run(base + " --out " + (fs::path(td.path) / "cmp2").string() + " --tasks " +
+                    (fs::path(td.path) / "bad.jsonl").string(),
+                &log),
+            1);
+  EXPECT_NE(log.find("bad.jsonl' line 1"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(fs::path(td.path) / "cmp2" / "runs"));
+}
+
 TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
   TempDir td;
   const fs::path dir(td.path);

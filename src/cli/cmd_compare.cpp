@@ -15,11 +15,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/model.hpp"
 #include "attnres/report.hpp"
+#include "attnres/tasks.hpp"
 #include "attnres/train.hpp"
 #include "backend/backend.hpp"
 #include "cli/commands.hpp"
@@ -376,12 +378,60 @@ double print_plan(const CompareArgs& a, std::vector<Group>& groups, const Prepar
 
 }  // namespace
 
+namespace {
+
+// The --tasks files, read and checked; two with one file name would share a column.
+std::vector<Task> read_tasks(const std::vector<std::string>& paths) {
+  std::vector<Task> tasks;
+  std::set<std::string> names;
+  for (const std::string& p : paths) {
+    check(names.insert(file_name_of(p)).second,
+          "--tasks: two files are named '" + file_name_of(p) + "'; rename one");
+    tasks.push_back(read_task(p));
+  }
+  return tasks;
+}
+
+// Each finished run's final model scored on every task it has no score for yet (a kept run's
+// scores are kept), into runs[i]["tasks"][file name] and its run.json.
+void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& runs) {
+  for (json& run : runs) {
+    if (tasks.empty() || run.value("status", std::string("ok")) != "ok") continue;
+    const fs::path dir = fs::path(out) / run.value("dir", std::string());
+    const std::string model_path = (dir / "model.safetensors").string();
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Tokenizer> tok;
+    for (const Task& t : tasks) {
+      const std::string name = file_name_of(t.path);
+      if (run.contains("tasks") && run["tasks"].contains(name)) continue;
+      if (!model) {
+        Metadata meta;
+        model = load_model(model_path, &meta);
+        tok = load_checkpoint_tokenizer(meta, model_path, model->config().vocab_size);
+        std::printf("scoring %s seed %s on %zu task(s)\n",
+                    run.value("group", std::string()).c_str(), run.at("seed").dump().c_str(),
+                    tasks.size());
+        std::fflush(stdout);
+      }
+      const TaskResult r = score_task(*model, *tok, t);
+      run["tasks"][name] = {{"kind", to_string(t.kind)},
+                            {"items", r.items},
+                            {"acc", std::isfinite(r.acc) ? json(r.acc) : json(nullptr)},
+                            {"acc_norm", r.acc_norm >= 0 ? json(r.acc_norm) : json(nullptr)}};
+    }
+    if (model) write_file_atomic((dir / "run.json").string(), run.dump() + "\n");
+  }
+}
+
+}  // namespace
+
 bool run_compare(CompareArgs& a) {
   apply_preset(a);
   a.base.finalize();
   const std::vector<std::string> modes = parse_modes(a);
   check(a.seeds >= 1 && a.seeds <= 100, "--seeds must be in [1, 100]");
   std::vector<Group> groups = make_groups(a, modes, sweep_combos(a));
+  const std::vector<Task> tasks = read_tasks(a.tasks);  // (checked before anything trains)
   // One comparison per directory: a second one deleted the first's unfinished runs while they
   // trained, and both wrote results.json.
   fs::create_directories(a.out);
@@ -472,6 +522,7 @@ bool run_compare(CompareArgs& a) {
     }
   }
   remove_stop_handler();
+  score_tasks(a.out, tasks, runs);
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
@@ -538,6 +589,10 @@ void add_compare(CLI::App& app) {
                 "none; explicit options win")
       ->capture_default_str();
   s->add_flag("--no-plots", a->no_plots, "Skip the PNG plots (draw later with `attnres report`)");
+  s->add_option("--tasks", a->tasks,
+                "Task files (as `eval --task`: multiple choice or minimal pairs) scored on every "
+                "run's final model; their accuracies go into results.json and the report")
+      ->check(CLI::ExistingFile);
   s->callback([a] {
     a->command_line = command_line();
     if (!run_compare(*a)) throw CLI::RuntimeError(130);  // interrupted: not a finished result

@@ -18,6 +18,7 @@ struct CompareArgs {
   std::vector<std::string> sweeps;
   std::string preset = "small";
   bool no_plots = false;
+  std::vector<std::string> tasks;  // task files scored on every finished run's model (--tasks)
   std::string command_line;
   CLI::App* app = nullptr;  // the options given on the command line (a preset fills the rest)
 };

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -111,6 +112,60 @@ nlohmann::json tokens_per_s_of(const nlohmann::json& results, const std::string&
   return n ? nlohmann::json(sum / n) : nlohmann::json();
 }
 
+// mean +- sample std of the numbers, or "n/a" / "(1 seed)" forms.
+std::string mean_sd(const std::vector<double>& x) {
+  if (x.empty()) return "n/a";
+  double m = 0;
+  for (double v : x) m += v;
+  m /= static_cast<double>(x.size());
+  if (x.size() == 1) return fmt("%.4f", m) + " (1 seed)";
+  double ss = 0;
+  for (double v : x) ss += (v - m) * (v - m);
+  return fmt("%.4f", m) + " +- " + fmt("%.4f", std::sqrt(ss / static_cast<double>(x.size() - 1)));
+}
+
+// The downstream tasks (compare --tasks): each configuration's accuracies over its finished
+// runs, re-derived from the runs' own scores.
+void write_tasks(std::ostringstream& md, const nlohmann::json& r) {
+  std::vector<std::string> names;  // (in first-seen order)
+  std::map<std::string, bool> has_norm;
+  for (const auto& run : r.value("runs", nlohmann::json::array())) {
+    if (!run.is_object() || !run.contains("tasks") || !run["tasks"].is_object()) continue;
+    for (const auto& [name, t] : run["tasks"].items()) {
+      if (!has_norm.count(name)) names.push_back(name);
+      has_norm[name] = has_norm[name] || (t.contains("acc_norm") && t["acc_norm"].is_number());
+    }
+  }
+  if (names.empty()) return;
+  md << "\n### Downstream tasks\n\nAccuracy of each finished run's final model (`eval --task`), "
+        "mean +- sample std over the seeds:\n\n| configuration |";
+  for (const auto& n : names)
+    md << " " << n << " acc |" << (has_norm[n] ? " " + n + " acc_norm |" : "");
+  md << "\n|---|";
+  for (const auto& n : names) md << (has_norm[n] ? "---|---|" : "---|");
+  md << "\n";
+  for (const auto& g : r.at("groups")) {
+    const std::string group = g.at("name").get<std::string>();
+    md << "| " << group << " |";
+    for (const auto& n : names) {
+      std::vector<double> acc, norm;
+      for (const auto& run : r.at("runs")) {
+        if (run.value("group", std::string()) != group) continue;
+        if (run.value("status", std::string("ok")) != "ok" || !run.contains("tasks")) continue;
+        const auto& t = run["tasks"];
+        if (!t.contains(n)) continue;
+        if (t[n].contains("acc") && t[n]["acc"].is_number())
+          acc.push_back(t[n]["acc"].get<double>());
+        if (t[n].contains("acc_norm") && t[n]["acc_norm"].is_number()) {
+          norm.push_back(t[n]["acc_norm"].get<double>());
+        }
+      }
+      md << " " << mean_sd(acc) << " |" << (has_norm[n] ? " " + mean_sd(norm) + " |" : "");
+    }
+    md << "\n";
+  }
+}
+
 }  // namespace
 
 void write_report(const std::string& run_dir) {
@@ -210,6 +265,7 @@ void write_report(const std::string& run_dir) {
     write_comparisons(md, an);
     write_claims(md, an);
     write_failed(md, an);
+    write_tasks(md, r);
     if (r.contains("checks")) {
       md << "\nChecks: shared initial weights across configurations of a seed: "
          << (r["checks"].value("shared_init", false) ? "yes" : "NO") << "; identical batch order: "
