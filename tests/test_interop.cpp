@@ -436,6 +436,11 @@ TEST(ImportHf, InitFromContinuesTrainingAnImportedModel) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("is not the one"), std::string::npos) << r.out;
   std::ofstream(t.file("run/tokenizer.model"), std::ios::trunc | std::ios::binary) << own;
+  // --vocab-size would be ignored: the checkpoint's tokenizer brings its vocabulary.
+  r = run_cli("train --init-from " + t.file("run/model.safetensors") + " --vocab-size 500 --data " +
+              corpus + " --steps 2 --out " + t.file("run4"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("drop --vocab-size"), std::string::npos) << r.out;
   // --tokenizer byte contradicts the checkpoint's SentencePiece tokenizer.
   r = run_cli("train --init-from " + t.file("run/model.safetensors") + " --tokenizer byte --data " +
               corpus + " --steps 2 --out " + t.file("run2"));

@@ -229,6 +229,10 @@ void add_train(CLI::App& app) {
       apply_saved_runtime(*s, *a);
     }
     if (!a->cfg.resume && !a->cfg.init_from.empty()) apply_init_from_defaults(*s, *a);
+    check(a->cfg.tokenizer_model.empty() || s->count("--vocab-size") == 0,
+          "--vocab-size sets the size of a BPE tokenizer trained on the corpus, but this run reads "
+          "text with an existing SentencePiece model (--tokenizer-model, or --init-from's "
+          "tokenizer), whose vocabulary is its own: drop --vocab-size");
     run_train(*a, *d);
   });
 }
