@@ -308,7 +308,7 @@ TEST(ImportHf, CliWritesACheckpointOrNothing) {
                    "--block-layers 1");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("upcycled"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("blocks of 2 sublayers = 1 layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("blocks of 2 sublayers = 1 layer)"), std::string::npos) << r.out;
   Metadata meta;
   auto m = load_model(out, &meta);
   EXPECT_EQ(m->config().residual.mode, ResidualMode::block);
@@ -318,6 +318,23 @@ TEST(ImportHf, CliWritesACheckpointOrNothing) {
             attnres::testing::slurp(fixture("llama_gqa") + "/tokenizer.model"));
   r = run_cli("generate " + out + " --prompt 'To be' -n 8 --seed 1");
   EXPECT_EQ(r.code, 0) << r.out;
+  // Sixth hostile pass: task files whose context is empty on a SentencePiece model, which encodes
+  // "\n" to no tokens (every pair failed as "does not fit the context").
+  const std::string tasks = std::string(ATTNRES_FIXTURE_DIR) + "/tasks/";
+  r = run_cli("eval " + out + " --task " + tasks + "pairs.jsonl --task " + tasks + "mc.jsonl");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(minimal pairs, 6 pairs): acc"), std::string::npos) << r.out;
+  // Sixth hostile pass: --overwrite never deletes what its writer did not write: export-hf into
+  // the directory it reads (it deleted the whole run), into a directory of other files, and train
+  // into a Hugging Face model's directory (its weights were taken for a run's model).
+  const std::string hfdir = copy_fixture(t, "llama_gqa", "hfdir");
+  r = run_cli("train --data " + hfdir + "/config.json --out " + hfdir +
+              " --overwrite --steps 1 --seq-len 8 --batch-size 2 --n-layer 1 --d-model 16 "
+              "--n-head 2 --eval-every 0 --eval-batches 1 --sample-tokens 0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("model.safetensors' is not what an attnres run writes"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(import_error(hfdir), "");
   // Refusals: --out exists; another tokenizer beside --out; a bad directory (nothing written).
   r = run_cli("import-hf " + fixture("llama_gqa") + " --out " + out);
   EXPECT_EQ(r.code, 1);
@@ -354,6 +371,16 @@ TEST(ImportHf, CliWritesACheckpointOrNothing) {
   r = run_cli("import-hf " + fixture("llama_gqa") + " --out " + out + " --overwrite");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(load_model(out)->config().residual.mode, ResidualMode::prenorm);
+  r = run_cli("export-hf " + out + " --out " + t.file("m") + " --overwrite");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("holds the checkpoint being exported"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(out));
+  fs::create_directories(t.file("mine"));
+  std::ofstream(t.file("mine/notes.txt")) << "keep";
+  r = run_cli("export-hf " + out + " --out " + t.file("mine") + " --overwrite");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("which export-hf does not write"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(t.file("mine/notes.txt")));
   // --block-layers N (the production convention, layers per block) is S = 2N in train too.
   r = run_cli("train --data " + fixture("llama_gqa") + "/config.json --residual block " +
               "--block-layers 3 --n-layer 3 --d-model 16 --n-head 2 --seq-len 8 --batch-size 2 " +

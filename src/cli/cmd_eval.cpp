@@ -55,7 +55,8 @@ void run_tasks(const EvalArgs& a, Model& model, const Tokenizer& tok) {
     }
     std::printf("task %s (%s, %lld %s): acc %s", t.path.c_str(), to_string(t.kind),
                 static_cast<long long>(r.items),
-                t.kind == TaskKind::minimal_pair ? "pairs" : "items",
+                t.kind == TaskKind::minimal_pair ? (r.items == 1 ? "pair" : "pairs")
+                                                 : (r.items == 1 ? "item" : "items"),
                 with_stderr(r.acc, r.acc_stderr).c_str());
     if (r.acc_norm >= 0) {
       std::printf(" | acc_norm %s", with_stderr(r.acc_norm, r.acc_norm_stderr).c_str());

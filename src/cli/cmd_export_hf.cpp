@@ -9,6 +9,8 @@
 #include "attnres/interop.hpp"
 #include "cli/commands.hpp"
 
+namespace fs = std::filesystem;
+
 namespace attnres::cli {
 
 namespace {
@@ -27,6 +29,14 @@ void run_export(const ExportArgs& a) {
     const std::string ref = meta.at("tokenizer");
     const std::string dir = std::filesystem::path(a.model).parent_path().string();
     tok_file = join_path(dir.empty() ? "." : dir, ref.substr(ref.find(':') + 1));
+  }
+  {  // (--overwrite must never replace the directory the checkpoint is read from)
+    std::error_code ec;
+    const fs::path in = fs::weakly_canonical(a.model, ec), out = fs::weakly_canonical(a.out, ec);
+    const std::string rel = fs::relative(in, out, ec).string();
+    check(ec || rel.empty() || rel.rfind("..", 0) == 0,
+          "--out '" + a.out + "' holds the checkpoint being exported ('" + a.model +
+              "'); write the export elsewhere");
   }
   export_hf(*model, tok_file, a.out, a.overwrite);
   std::printf("wrote %s: LlamaForCausalLM, %lld parameters (float32), %s\n", a.out.c_str(),

@@ -112,7 +112,8 @@ void run_import(ImportArgs& a) {
   if (c.residual.mode == ResidualMode::block) {
     std::printf(" (blocks of %lld sublayers", static_cast<long long>(c.residual.block_size));
     if (c.residual.block_size % 2 == 0) {
-      std::printf(" = %lld layers", static_cast<long long>(c.residual.block_size / 2));
+      std::printf(" = %lld layer%s", static_cast<long long>(c.residual.block_size / 2),
+                  c.residual.block_size == 2 ? "" : "s");
     }
     std::printf(")");
   }

@@ -129,9 +129,19 @@ TaskResult score_task(Model& model, const Tokenizer& tok, const Task& task) {
     const std::vector<int32_t> ctx = tok.encode(it.context.empty() ? "\n" : it.context);
     std::vector<double> s;
     for (const std::string& c : it.choices) {
-      const std::vector<int32_t> cont = tok.encode(c);
-      check(!cont.empty(), "task file '" + task.path + "': a choice encodes to no tokens");
-      s.push_back(choice_loglik(model, ctx, cont));
+      std::vector<int32_t> cont = tok.encode(c), before = ctx;
+      check(!cont.empty(), "task file '" + task.path + "' item " +
+                               std::to_string(r.logliks.size() + 1) + ": '" + c +
+                               "' encodes to no tokens");
+      if (before.empty()) {  // (a SentencePiece model may encode "\n" to nothing: then the
+                             // choice's first token is the context, unscored)
+        check(cont.size() >= 2, "task file '" + task.path + "' item " +
+                                    std::to_string(r.logliks.size() + 1) + ": '" + c +
+                                    "' is one token with nothing before it; give a context");
+        before.push_back(cont.front());
+        cont.erase(cont.begin());
+      }
+      s.push_back(choice_loglik(model, before, cont));
     }
     size_t best = 0, best_norm = 0;
     for (size_t k = 1; k < s.size(); k++) {

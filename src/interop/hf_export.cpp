@@ -70,6 +70,18 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
         "--out '" + out_dir + "' exists; pass --overwrite to replace it, or choose another path");
   check(!exists || fs::is_directory(fs::symlink_status(out_dir, ec)),
         "--out '" + out_dir + "' exists and is not a directory; choose another path");
+  if (exists) {  // --overwrite replaces an earlier export, never a run or the user's files
+    for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+      const std::string n = e.path().filename().string();
+      const bool exported = n == "config.json" || n == "model.safetensors" ||
+                            n == "tokenizer.model" || n == "tokenizer_config.json" ||
+                            n == "generation_config.json";
+      check(exported && fs::is_regular_file(fs::symlink_status(e.path(), ec)),
+            "--out '" + out_dir + "' holds '" + n +
+                "', which export-hf does not write: --overwrite replaces only an earlier export "
+                "(config.json, model.safetensors, tokenizer files); choose another --out");
+    }
+  }
   const fs::path out = fs::absolute(out_dir);
   fs::create_directories(out.parent_path(), ec);
   check(!ec, "cannot create the directory of --out '" + out_dir + "': " + ec.message());

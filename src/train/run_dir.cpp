@@ -13,6 +13,7 @@
 #include "attnres/checkpoint.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
+#include "attnres/safetensors.hpp"
 
 namespace fs = std::filesystem;
 
@@ -166,6 +167,17 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
   // step_* directories. Anything else under those names is the user's: refused, never removed.
   auto ours = [&](const char* n) {
     const fs::path p = d / n;
+    if (std::string(n) == "model.safetensors") {  // (a Hugging Face model's weights are not ours)
+      if (!fs::is_regular_file(fs::symlink_status(p))) return false;
+      try {
+        const SafetensorsReader r = SafetensorsReader::open(p.string());
+        const auto& m = r.metadata();
+        auto f = m.find("format");
+        return f != m.end() && f->second.rfind("attnres-model/", 0) == 0;
+      } catch (const Error&) {
+        return false;
+      }
+    }
     if (std::string(n) != "checkpoints") return fs::is_regular_file(fs::symlink_status(p));
     if (!fs::is_directory(fs::symlink_status(p))) return false;
     for (const auto& e : fs::directory_iterator(p)) {
