@@ -484,4 +484,38 @@ TEST(Cli, ThirdHostilePassLosesNothing) {
   EXPECT_TRUE(contains(r.out, "is not finite")) << r.out;
 }
 
+// Seventh hostile pass: `train --init-from OUT/model.safetensors --overwrite --out OUT` read the
+// weights, then deleted them with the old run: the only copy of the model was gone.
+TEST(Cli, OverwriteNeverDeletesItsInitFrom) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string tiny = " --data " + corpus(dir) + kTinyModel;
+  const fs::path run_dir = dir / "run";
+  ASSERT_EQ(run("train" + tiny + " --steps 4 --save-every 2 --out " + run_dir.string()).code, 0);
+  const std::string model = attnres::testing::slurp((run_dir / "model.safetensors").string());
+  std::string step2;
+  for (const auto& e : fs::directory_iterator(run_dir / "checkpoints")) {
+    if (e.path().filename() == "step_00000002") step2 = (e.path() / "model.safetensors").string();
+  }
+  ASSERT_FALSE(step2.empty());
+  const std::string dotted = (dir / "." / "run" / "model.safetensors").string();
+  for (const std::string& from : {(run_dir / "model.safetensors").string(), step2, dotted}) {
+    SCOPED_TRACE(from);
+    CliRun r = run("train --data " + (dir / "corpus.txt").string() +
+                   " --steps 2 --eval-every 0 --sample-tokens 0 --overwrite --init-from " + from +
+                   " --out " + run_dir.string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(contains(r.out, "which --overwrite deletes")) << r.out;
+    EXPECT_EQ(attnres::testing::slurp((run_dir / "model.safetensors").string()), model);
+    EXPECT_TRUE(fs::exists(step2));
+  }
+  // From a copy elsewhere, the same command replaces the run.
+  fs::copy_file(run_dir / "model.safetensors", dir / "copy.safetensors");
+  CliRun r = run("train --data " + (dir / "corpus.txt").string() +
+                 " --steps 2 --eval-every 0 --sample-tokens 0 --overwrite --init-from " +
+                 (dir / "copy.safetensors").string() + " --out " + run_dir.string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(run_dir / "checkpoints" / "step_00000004"));  // (the old run's)
+}
+
 }  // namespace

@@ -333,6 +333,41 @@ TEST(Compare, OneComparisonPerDirectory) {
       << log;
 }
 
+// Seventh hostile pass: the place of a run without a checkpoint was remove_all'd before it
+// trained, whatever it held (a directory of the user's at OUT/runs/prenorm/seed1337 was lost).
+TEST(Compare, NeverDeletesTheUsersFilesAtARunsPlace) {
+  TempDir td;
+  const std::string data = corpus(fs::path(td.path));
+  const fs::path out = fs::path(td.path) / "cmp";
+  const fs::path place = out / "runs" / "prenorm" / "seed1337";
+  const std::string cmd =
+      "compare --preset tiny --modes prenorm --seeds 1 --steps 5 --no-plots "
+      "--data " +
+      data + " --out " + out.string();
+  fs::create_directories(place / "sub");
+  std::ofstream(place / "sub" / "thesis.tex") << "years of work";
+  std::ofstream(place / "train_config.json") << "{}";  // (as if a run had started there)
+  std::string log;
+  EXPECT_EQ(run(cmd, &log), 1) << log;
+  EXPECT_NE(log.find("is left alone"), std::string::npos) << log;
+  EXPECT_EQ(slurp(place / "sub" / "thesis.tex"), "years of work");
+  fs::remove_all(place);
+  fs::create_directories(fs::path(td.path) / "mine");
+  std::ofstream(fs::path(td.path) / "mine" / "x") << "mine";
+  fs::create_directory_symlink(fs::path(td.path) / "mine", place);
+  EXPECT_EQ(run(cmd, &log), 1) << log;
+  EXPECT_NE(log.find("is not a directory"), std::string::npos) << log;
+  EXPECT_EQ(slurp(fs::path(td.path) / "mine" / "x"), "mine");
+  fs::remove(place);
+  // What an unfinished run leaves there is replaced.
+  fs::create_directories(place / "checkpoints" / "step_00000002.tmp");
+  std::ofstream(place / "train_config.json") << "{}";
+  std::ofstream(place / "metrics.jsonl") << "{}\n";
+  std::ofstream(place / "checkpoints" / "step_00000002.tmp" / "model.safetensors.tmp.1.0") << "x";
+  EXPECT_EQ(run(cmd, &log), 0) << log;
+  EXPECT_TRUE(fs::exists(place / "run.json"));
+}
+
 // compare --tasks scores every finished run's final model on the task files (the same numbers as
 // `eval --task` on that model), keeps a kept run's scores, puts the accuracies in the report,
 // and refuses a malformed task file before anything trains.
@@ -367,6 +402,18 @@ TEST(Compare, TasksScoreEveryRunsFinalModel) {
       << report;
   ASSERT_EQ(run(cmd + tasks, &log), 0) << log;  // kept runs keep their scores
   EXPECT_EQ(log.find("scoring"), std::string::npos) << log;
+  // Seventh hostile pass: a task file edited since (here: its last item dropped) kept the old
+  // file's scores, keyed by file name alone; its fingerprint now says it changed.
+  fs::create_directories(fs::path(td.path) / "edited");
+  std::string mc = slurp(fs::path(ATTNRES_FIXTURE_DIR) / "tasks" / "mc.jsonl");
+  mc.erase(mc.rfind('\n', mc.size() - 2) + 1);
+  std::ofstream(fs::path(td.path) / "edited" / "mc.jsonl") << mc;
+  const int64_t items = run_json.at("tasks").at("mc.jsonl").at("items").get<int64_t>();
+  ASSERT_EQ(run(cmd + " --tasks " + (fs::path(td.path) / "edited" / "mc.jsonl").string(), &log), 0)
+      << log;
+  EXPECT_NE(log.find("scoring full seed 1337"), std::string::npos) << log;
+  const json rescored = json::parse(slurp(out / "runs" / "full" / "seed1337" / "run.json"));
+  EXPECT_EQ(rescored.at("tasks").at("mc.jsonl").at("items").get<int64_t>(), items - 1);
   std::ofstream(fs::path(td.path) / "bad.jsonl") << "{\"context\": \"a\"}\n";
   EXPECT_EQ(run(base + " --out " + (fs::path(td.path) / "cmp2").string() + " --tasks " +
                     (fs::path(td.path) / "bad.jsonl").string(),

@@ -604,6 +604,54 @@ TEST(Faults, RunDirectoriesHaveOneOwner) {
   EXPECT_EQ(slurp(dir / "run" / "metrics.jsonl" / "sub" / "x"), "precious");
 }
 
+// Seventh hostile pass: a checkpoints/ directory counted as the engine's when its entries were
+// named step_*, so --overwrite deleted the user's step_backup/ (or notes kept in a checkpoint).
+TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  ASSERT_FALSE(train(c, {}).interrupted);
+  const fs::path ck = dir / "run" / "checkpoints";
+  std::string step;
+  for (const auto& e : fs::directory_iterator(ck)) step = e.path().filename().string();
+  ASSERT_EQ(step.rfind("step_", 0), 0u);
+  fs::create_directories(dir / "elsewhere");
+  std::ofstream(dir / "elsewhere" / "model.safetensors") << "the user's";
+  const std::vector<std::pair<fs::path, std::string>> planted = {
+      {ck / "step_backup" / "model.safetensors", "a backup"},
+      {ck / step / "notes.txt", "my notes"},
+      {ck / "step_00000099.tmp" / "data" / "x", "data"},
+  };
+  auto expect_refused = [&](const std::string& what) {
+    SCOPED_TRACE(what);
+    try {
+      claim_out_dir((dir / "run").string(), true);
+      ADD_FAILURE() << "--overwrite claimed a checkpoints/ directory holding the user's files";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is not what an attnres run writes"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_TRUE(fs::exists(dir / "run" / "model.safetensors"));
+  };
+  for (const auto& [file, text] : planted) {
+    fs::create_directories(file.parent_path());
+    std::ofstream(file) << text;
+    expect_refused(file.string());
+    EXPECT_EQ(slurp(file), text);
+    fs::remove_all(file.parent_path() == ck / step ? file : file.parent_path());
+  }
+  fs::create_directory_symlink(dir / "elsewhere", ck / "step_00000100");
+  expect_refused("a link named like a checkpoint");
+  fs::remove(ck / "step_00000100");
+  EXPECT_EQ(slurp(dir / "elsewhere" / "model.safetensors"), "the user's");
+  // What the engine leaves is claimed: its checkpoints and an interrupted save's temp files.
+  fs::create_directories(ck / "step_00000100.tmp");
+  std::ofstream(ck / "step_00000100.tmp" / "model.safetensors.tmp.123.0") << "partial";
+  EXPECT_NE(claim_out_dir((dir / "run").string(), true).find("deleted"), std::string::npos);
+  EXPECT_FALSE(fs::exists(ck));
+}
+
 // Fourth hostile pass (issue 19): the files of one checkpoint belong together. An optimizer
 // state of another step (or run) in the checkpoint `latest` names was resumed without a word, and
 // the run diverged from the uninterrupted one; another run's tokenizer.model of the same

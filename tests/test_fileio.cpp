@@ -168,6 +168,29 @@ TEST(FileIO, PreservesPermissionsOfReplacedFile) {
             fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
 }
 
+TEST(FileIO, LinksAtTheTempNameAreNeverWrittenThrough) {
+  // Someone who can write the directory plants symbolic links (and a plain file) at the temp
+  // names the writer will use ("<path>.tmp.<pid>.<n>"); the write must go to a fresh file of its
+  // own and leave the links' target untouched.
+  TempDir d;
+  const std::string p = d.file("out.bin");
+  const std::string victim = d.file("victim.txt");
+  write_file_atomic(victim, "precious");
+  const std::string stem = p + ".tmp." + std::to_string(::getpid()) + ".";
+  for (int k = 0; k < 400; ++k) {
+    if (k == 7) {
+      write_file_atomic(stem + std::to_string(k), "someone else's file");
+    } else {
+      fs::create_symlink(victim, stem + std::to_string(k));
+    }
+  }
+  for (int i = 0; i < 3; ++i) write_file_atomic(p, "result " + std::to_string(i));
+  EXPECT_EQ(read_file(p), "result 2");
+  EXPECT_EQ(read_file(victim), "precious");
+  EXPECT_EQ(read_file(stem + "7"), "someone else's file");
+  EXPECT_TRUE(fs::is_symlink(stem + "0"));
+}
+
 TEST(FileIO, MappedFileReadsAndMoves) {
   TempDir d;
   const std::string p = d.file("m.bin");

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -142,6 +144,19 @@ TEST(ImportHf, TensorNamesMapBothWays) {
             "model.layers.0.post_attention_layernorm.weight");
   EXPECT_EQ(hf_tensor_name("output.weight"), "lm_head.weight");
   EXPECT_EQ(hf_tensor_name("layers.0.res.query"), "");
+  // AttnRes mixers, in Kimi K3's names (the public K3 code and its ports).
+  EXPECT_EQ(hf_tensor_name("layers.3.attn_res.query"),
+            "model.layers.3.self_attention_res_proj.weight");
+  EXPECT_EQ(hf_tensor_name("layers.3.attn_res.key_norm.weight"),
+            "model.layers.3.self_attention_res_norm.weight");
+  EXPECT_EQ(hf_tensor_name("layers.0.mlp_res.query"), "model.layers.0.mlp_res_proj.weight");
+  EXPECT_EQ(hf_tensor_name("layers.0.mlp_res.key_norm.weight"),
+            "model.layers.0.mlp_res_norm.weight");
+  EXPECT_EQ(hf_tensor_name("out_res.query"), "model.output_attn_res_proj.weight");
+  EXPECT_EQ(hf_tensor_name("out_res.key_norm.weight"), "model.output_attn_res_norm.weight");
+  EXPECT_EQ(hf_tensor_name("layers.0.attn_res.query_proj.weight"), "");  // (dynamic queries)
+  EXPECT_EQ(hf_tensor_shape("out_res.query", {8}), (std::vector<int64_t>{1, 8}));
+  EXPECT_EQ(hf_tensor_shape("out_res.key_norm.weight", {8}), (std::vector<int64_t>{8}));
 }
 
 // Every config.json setting the engine would not compute exactly is refused, naming the file and
@@ -477,9 +492,10 @@ TEST(ImportHf, InitFromContinuesTrainingAnImportedModel) {
 
 namespace {
 
-// A random PreNorm model with every weight perturbed (the norm gains too), and a SentencePiece
-// tokenizer of its vocabulary at `tok`.
-std::unique_ptr<Model> random_model(bool tied, const std::string& tok) {
+// A random model (PreNorm unless `residual` says otherwise) with every weight perturbed (the norm
+// gains and AttnRes queries too), and a SentencePiece tokenizer of its vocabulary at `tok`.
+std::unique_ptr<Model> random_model(bool tied, const std::string& tok,
+                                    const ResidualConfig& residual = {}) {
   ModelConfig c;
   c.n_layer = 2;
   c.d_model = 32;
@@ -491,6 +507,7 @@ std::unique_ptr<Model> random_model(bool tied, const std::string& tok) {
   c.norm_eps = 1e-6;
   c.rope_theta = 20000;
   c.tied = tied;
+  c.residual = residual;
   auto m = std::make_unique<Model>(c);
   m->init_weights(5);
   std::vector<float> p = m->params_to_host();
@@ -548,37 +565,158 @@ TEST(ExportHf, RoundTripsBitForBit) {
     ASSERT_EQ(x.size(), y.size()) << n;
     EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float))) << n;
   }
-  // Full and Block models are not exported yet: a clear refusal, nothing written.
-  HfImport full = import_hf(fixture("llama_gqa"), mode(ResidualMode::full));
-  try {
-    export_hf(*full.model, "", t.file("full"), false);
-    ADD_FAILURE() << "a Full AttnRes model was exported as Llama";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not supported yet"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(fs::exists(t.file("full")));
 }
 
-// transformers loads the exported directory and computes the engine's logits. Needs a Python
-// with transformers: ATTNRES_HF_PYTHON (e.g. /work/venv-hf/bin/python; tools/README.md);
-// skipped without it.
+// A Full or Block AttnRes model exports with Kimi K3's mixer names ([1, d] projections, norm
+// gains), our config keys and modeling_attnres.py; import-hf reads it back bit for bit as the
+// same mode. The variants modeling_attnres.py does not compute are refused, nothing written.
+TEST(ExportHf, AttnResModelsRoundTripWithK3Names) {
+  TempDir t;
+  for (int64_t S : {1, 4, 3}) {
+    SCOPED_TRACE("S = " + std::to_string(S));
+    ResidualConfig r;
+    r.mode = S == 1 ? ResidualMode::full : ResidualMode::block;
+    r.block_size = S;
+    auto m = random_model(S != 3, t.file("tok.model"), r);
+    const std::string out = t.file("attnres" + std::to_string(S));
+    export_hf(*m, t.file("tok.model"), out, false);
+    const nlohmann::json cfg = read_json(out + "/config.json");
+    EXPECT_EQ(cfg.at("architectures")[0], "AttnResForCausalLM");
+    EXPECT_EQ(cfg.at("model_type"), "attnres");
+    EXPECT_EQ(cfg.at("attnres_block_size"), S);
+    EXPECT_EQ(cfg.at("auto_map").at("AutoModelForCausalLM"), "modeling_attnres.AttnResForCausalLM");
+    EXPECT_EQ(cfg.contains("attn_res_block_size"), S == 4);  // (K3's, in layers: S even only)
+    if (S == 4) {
+      EXPECT_EQ(cfg.at("attn_res_block_size"), 2);
+    }
+    EXPECT_NE(
+        attnres::testing::slurp(out + "/modeling_attnres.py").find("class AttnResForCausalLM"),
+        std::string::npos);
+    SafetensorsReader st = SafetensorsReader::open(out + "/model.safetensors");
+    for (const char* n :
+         {"model.layers.1.self_attention_res_proj.weight", "model.layers.1.mlp_res_proj.weight",
+          "model.output_attn_res_proj.weight"}) {
+      EXPECT_EQ(st.info(n).shape, (std::vector<int64_t>{1, 32})) << n;
+    }
+    EXPECT_EQ(st.info("model.layers.0.mlp_res_norm.weight").shape, (std::vector<int64_t>{32}));
+    const float* q = m->params() + m->layout().find("layers.1.mlp_res.query")->offset;
+    EXPECT_EQ(st.read_f32("model.layers.1.mlp_res_proj.weight"), std::vector<float>(q, q + 32));
+    HfImport back = import_hf(out, mode(ResidualMode::prenorm));  // (the directory's own mode)
+    EXPECT_EQ(back.model->config().to_json(), m->config().to_json());
+    const std::vector<float> a = m->params_to_host(), b = back.model->params_to_host();
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+    EXPECT_LT(back.probe_tokens, 1);  // (nothing upcycled)
+    EXPECT_THROW(import_hf(out, mode(S == 1 ? ResidualMode::block : ResidualMode::full)), Error);
+  }
+  for (int v = 0; v < 4; v++) {
+    ResidualConfig r;
+    r.mode = ResidualMode::full;
+    if (v == 0) r.gate = DepthGate::sigmoid;
+    if (v == 1) r.query = DepthQuery::dynamic;
+    if (v == 2) r.heads = 2;
+    if (v == 3) r.temperature = 2;
+    auto m = random_model(true, t.file("tok.model"), r);
+    try {
+      export_hf(*m, "", t.file("variant"), false);
+      ADD_FAILURE() << "variant " << v << " was exported";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("does not compute"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(t.file("variant")));
+  }
+}
+
+// Seventh hostile pass: export-hf's temporary and old directories are new ones of its own, never
+// a path of the user's that happens to carry the name (it used to remove_all "OUT.tmp.<pid>" and
+// "OUT.old.<pid>" before using them).
+TEST(ExportHf, NeverRemovesAPathNextToOut) {
+  TempDir t;
+  std::unique_ptr<Model> m;
+  const std::string out = export_random(t, true, &m);
+  const std::string pid = std::to_string(::getpid());
+  for (const std::string& n : {out + ".tmp." + pid, out + ".old." + pid}) {
+    fs::create_directories(n);
+    std::ofstream(n + "/mine.txt") << "the user's file\n";
+  }
+  fs::create_directories(t.file("elsewhere"));
+  std::ofstream(t.file("elsewhere/keep.txt")) << "keep\n";
+  for (const std::string& n : {out + ".tmp.XXXXXX", out + ".old.XXXXXX"}) {
+    fs::create_directory_symlink(t.file("elsewhere"), n);
+  }
+  export_hf(*m, "", out, true);
+  export_hf(*m, t.file("tok.model"), out, true);
+  for (const std::string& n : {out + ".tmp." + pid, out + ".old." + pid}) {
+    EXPECT_EQ(attnres::testing::slurp(n + "/mine.txt"), "the user's file\n") << n;
+  }
+  EXPECT_EQ(attnres::testing::slurp(t.file("elsewhere/keep.txt")), "keep\n");
+  EXPECT_TRUE(fs::exists(out + "/tokenizer.model"));
+  int leftovers = 0;  // only the planted paths remain beside the export
+  for (const auto& e : fs::directory_iterator(t.path)) {
+    leftovers += e.path().filename().string().find("hf_tied.") == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(leftovers, 4);
+}
+
+namespace {
+
+// The engine's greedy continuation of `prompt`: n tokens, each the argmax of a full forward.
+std::vector<int32_t> greedy(Model& m, std::vector<int32_t> seq, int n) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; i++) {
+    const int64_t T = static_cast<int64_t>(seq.size());
+    m.forward(seq.data(), nullptr, 1, T);
+    const float* last = m.logits() + (T - 1) * V;
+    seq.push_back(static_cast<int32_t>(std::max_element(last, last + V) - last));
+    out.push_back(seq.back());
+  }
+  return out;
+}
+
+}  // namespace
+
+// transformers loads the exported directory and computes the engine's logits: a PreNorm export
+// as LlamaForCausalLM, a Full/Block one through its modeling_attnres.py (trust_remote_code),
+// whose `generate` then continues a prompt as the engine does; a Block export's logits also come
+// out of Kimi K3's per-layer recurrence (tools/check_hf_export.py). Needs a Python with
+// transformers: ATTNRES_HF_PYTHON (e.g. /work/venv-hf/bin/python; tools/README.md); skipped
+// without it.
 TEST(ExportHf, TransformersComputesTheEnginesLogits) {
   const char* py = std::getenv("ATTNRES_HF_PYTHON");
   if (py == nullptr || *py == '\0') {
     GTEST_SKIP() << "set ATTNRES_HF_PYTHON to a Python with torch and transformers to run this";
   }
   TempDir t;
-  for (bool tied : {true, false}) {
-    SCOPED_TRACE(tied ? "tied" : "untied");
-    std::unique_ptr<Model> m;
-    const std::string out = export_random(t, tied, &m);
+  struct Case {
+    const char* name;
+    bool tied;
+    ResidualMode mode;
+    int64_t S;
+  };
+  for (const Case& k : {Case{"prenorm tied", true, ResidualMode::prenorm, 0},
+                        Case{"prenorm untied", false, ResidualMode::prenorm, 0},
+                        Case{"full tied", true, ResidualMode::full, 1},
+                        Case{"block S=2 untied", false, ResidualMode::block, 2},
+                        Case{"block S=4 tied", true, ResidualMode::block, 4}}) {
+    SCOPED_TRACE(k.name);
+    ResidualConfig r;
+    r.mode = k.mode;
+    if (k.S > 0) r.block_size = k.S;
+    std::unique_ptr<Model> m = random_model(k.tied, t.file("tok.model"), r);
+    const std::string out = t.file("hf");
+    export_hf(*m, t.file("tok.model"), out, false);
     std::vector<int32_t> tokens(2 * 16);
     for (size_t i = 0; i < tokens.size(); i++) tokens[i] = static_cast<int32_t>((i * 37 + 5) % 300);
     m->forward(tokens.data(), nullptr, 2, 16);
     std::vector<float> logits(m->logits(), m->logits() + 2 * 16 * 300);
+    const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + 5);
+    const std::vector<int32_t> cont = greedy(*m, prompt, 8);
     SafetensorsWriter w;
     w.add_i32("tokens", {2, 16}, tokens.data());
     w.add_f32("logits", {2, 16, 300}, logits.data());
+    w.add_i32("prompt", {1, 5}, prompt.data());
+    w.add_i32("greedy", {1, 8}, cont.data());
     w.write(t.file("expected.safetensors"));
     const std::string script = std::string(ATTNRES_FIXTURE_DIR) + "/../../tools/check_hf_export.py";
     const std::string cmd =
@@ -593,6 +731,8 @@ TEST(ExportHf, TransformersComputesTheEnginesLogits) {
     const int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     if (code == 77) GTEST_SKIP() << said;
     EXPECT_EQ(code, 0) << said;
-    std::printf("%s", said.substr(said.rfind("transformers vs attnres")).c_str());
+    const size_t at = said.rfind("transformers vs attnres");
+    std::printf("%s: %s", k.name, at == std::string::npos ? said.c_str() : said.substr(at).c_str());
+    fs::remove_all(out);
   }
 }

@@ -60,6 +60,10 @@ void check_weights_finite(const Model& model, const std::string& what, const std
 // checkpoint was saved with.
 inline constexpr const char* kTokenizerHashKey = "tokenizer_fnv1a64";
 
+// The file of the tokenizer a checkpoint at `path` records ("sentencepiece:<file>", resolved
+// beside the checkpoint); "" for the byte tokenizer (no "tokenizer" key, or "byte").
+std::string checkpoint_tokenizer_file(const Metadata& meta, const std::string& path);
+
 // The tokenizer of a checkpoint at `path` with metadata `meta`: its "tokenizer" reference
 // ("byte" when absent) resolved beside the checkpoint, of the model's vocabulary, and, when the
 // metadata records its fingerprint, that very tokenizer (another run's tokenizer.model of the

@@ -58,7 +58,8 @@ void write_file_atomic(const std::string& path, std::string_view data);
 // `path` until commit() succeeds; destroying an uncommitted writer removes the temp file.
 class AtomicFileWriter {
  public:
-  // Creates the temp file "<path>.tmp.<pid>" next to `path`; throws Error if it cannot.
+  // Creates a new temp file "<path>.tmp.<pid>.<n>" next to `path` (never an existing file or
+  // link: the next n is tried); throws Error if it cannot.
   explicit AtomicFileWriter(std::string path);
   // Removes the temp file unless commit() succeeded. Never throws.
   ~AtomicFileWriter();

@@ -64,8 +64,15 @@ HfImport import_hf(const std::string& dir, const HfImportOptions& opt);
 void export_hf(const Model& model, const std::string& tokenizer_model, const std::string& out_dir,
                bool overwrite);
 
-// The Hugging Face name of an attnres core tensor ("layers.0.attention.wq.weight" ->
-// "model.layers.0.self_attn.q_proj.weight"); "" for a name outside the core (residual tensors).
+// The Hugging Face name of an attnres tensor ("layers.0.attention.wq.weight" ->
+// "model.layers.0.self_attn.q_proj.weight"; an AttnRes mixer's query and key-norm gain ->
+// Kimi K3's "...self_attention_res_proj.weight" / "..._res_norm.weight"); "" for a tensor with no
+// Hugging Face name (the other residual modes' and variants' tensors).
 std::string hf_tensor_name(const std::string& attnres_name);
+
+// The shape a tensor has under its Hugging Face name: a mixer's query (d) is a [1, d] projection
+// there; every other tensor keeps its shape.
+std::vector<int64_t> hf_tensor_shape(const std::string& attnres_name,
+                                     const std::vector<int64_t>& shape);
 
 }  // namespace attnres

@@ -32,6 +32,7 @@ struct TaskItem {
 
 struct Task {
   std::string path;
+  std::string fingerprint;  // of the file's bytes (hex FNV-1a 64): a score names what it scored
   TaskKind kind = TaskKind::multiple_choice;
   std::vector<TaskItem> items;
 };

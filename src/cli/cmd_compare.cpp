@@ -392,8 +392,9 @@ std::vector<Task> read_tasks(const std::vector<std::string>& paths) {
   return tasks;
 }
 
-// Each finished run's final model scored on every task it has no score for yet (a kept run's
-// scores are kept), into runs[i]["tasks"][file name] and its run.json.
+// Each finished run's final model scored on every task it has no score for yet, or whose file
+// changed since it was scored (a kept run's other scores are kept), into runs[i]["tasks"][file
+// name] and its run.json.
 void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& runs) {
   for (json& run : runs) {
     if (tasks.empty() || run.value("status", std::string("ok")) != "ok") continue;
@@ -403,7 +404,10 @@ void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& r
     std::unique_ptr<Tokenizer> tok;
     for (const Task& t : tasks) {
       const std::string name = file_name_of(t.path);
-      if (run.contains("tasks") && run["tasks"].contains(name)) continue;
+      if (run.contains("tasks") && run["tasks"].contains(name) &&
+          run["tasks"][name].value("fingerprint", std::string()) == t.fingerprint) {
+        continue;  // (a task file that changed since is scored again)
+      }
       if (!model) {
         Metadata meta;
         model = load_model(model_path, &meta);
@@ -415,6 +419,7 @@ void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& r
       }
       const TaskResult r = score_task(*model, *tok, t);
       run["tasks"][name] = {{"kind", to_string(t.kind)},
+                            {"fingerprint", t.fingerprint},
                             {"items", r.items},
                             {"acc", std::isfinite(r.acc) ? json(r.acc) : json(nullptr)},
                             {"acc_norm", r.acc_norm >= 0 ? json(r.acc_norm) : json(nullptr)}};

@@ -24,12 +24,8 @@ void run_export(const ExportArgs& a) {
   Metadata meta;
   auto model = load_model(a.model, &meta);
   auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
-  std::string tok_file;
-  if (!tok->model_data().empty()) {
-    const std::string ref = meta.at("tokenizer");
-    const std::string dir = std::filesystem::path(a.model).parent_path().string();
-    tok_file = join_path(dir.empty() ? "." : dir, ref.substr(ref.find(':') + 1));
-  }
+  const std::string tok_file =
+      tok->model_data().empty() ? "" : checkpoint_tokenizer_file(meta, a.model);
   {  // (--overwrite must never replace the directory the checkpoint is read from)
     std::error_code ec;
     const fs::path in = fs::weakly_canonical(a.model, ec), out = fs::weakly_canonical(a.out, ec);

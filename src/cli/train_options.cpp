@@ -149,8 +149,7 @@ void apply_init_from_defaults(const CLI::App& s, TrainArgs& a) {
     throw Error("--init-from '" + path + "': " + e.what());
   }
   probe.untied = !probe.cfg.model.tied;
-  if (auto tok = r.metadata().find("tokenizer"); tok != r.metadata().end()) {
-    const std::string dir = std::filesystem::path(path).parent_path().string();
+  if (r.metadata().count("tokenizer") > 0) {
     // (checked as eval loads it: a plain file beside the checkpoint, of its vocabulary, the very
     // tokenizer the checkpoint records)
     const Metadata meta(r.metadata().begin(), r.metadata().end());
@@ -159,8 +158,7 @@ void apply_init_from_defaults(const CLI::App& s, TrainArgs& a) {
       probe.cfg.tokenizer = TokenizerKind::byte;
     } else {
       probe.cfg.tokenizer = TokenizerKind::bpe;
-      const std::string& ref = tok->second;  // "sentencepiece:<file>", checked by load_tokenizer
-      probe.cfg.tokenizer_model = join_path(dir.empty() ? "." : dir, ref.substr(ref.find(':') + 1));
+      probe.cfg.tokenizer_model = checkpoint_tokenizer_file(meta, path);
     }
   }
   apply_train_args(probe, given_train_options(s));

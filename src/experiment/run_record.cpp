@@ -8,6 +8,7 @@
 #include "attnres/fileio.hpp"
 #include "attnres/model.hpp"
 #include "core/json_field.hpp"
+#include "train/run_dir.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -106,8 +107,18 @@ json kept_run(const TrainConfig& c, int64_t vocab) {
 bool prepare_run_dir(const TrainConfig& c, int64_t vocab) {
   const fs::path dir = c.out_dir;
   const bool resume = fs::exists(dir / "latest") && fs::exists(dir / "train_config.json");
-  if (!resume) {
+  if (!resume) {  // a run that had not saved a checkpoint starts again in a clean place
     std::error_code ec;
+    const fs::file_status st = fs::symlink_status(dir, ec);
+    if (!fs::exists(st)) return false;
+    check(fs::is_directory(st), "'" + dir.string() +
+                                    "', where this comparison keeps a run, is not a directory "
+                                    "(a file or a link of yours?); move it away and rerun");
+    const std::string n = first_stranger_in_run_dir(dir.string());
+    check(n.empty(), "'" + (dir / n).string() +
+                         "' is in the place of an unfinished run of this comparison, but no "
+                         "run writes it; it is left alone: move it away (or delete '" +
+                         dir.string() + "') and rerun");
     fs::remove_all(dir, ec);
     return false;
   }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "attnres/data.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "backend/backend.hpp"
@@ -93,7 +94,9 @@ double stderr_of(double p, int64_t n) {
 Task read_task(const std::string& path) {
   Task t;
   t.path = path;
-  std::istringstream in(read_file(path));
+  const std::string text = read_file(path);
+  t.fingerprint = hex64(fnv1a64(text));
+  std::istringstream in(text);
   std::string line;
   int64_t n = 0;
   bool have_kind = false;

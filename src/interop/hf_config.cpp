@@ -57,6 +57,25 @@ int64_t required_int(const nlohmann::json& j, const char* key, const std::string
   return v;
 }
 
+// The depth mix of an AttnRes config.json (export-hf's keys): attnres_residual full|block,
+// attnres_block_size (sublayers per block), attnres_key_norm_eps.
+ResidualConfig attnres_residual(const nlohmann::json& j, const std::string& path) {
+  const std::string what = "'" + path + "'";
+  std::string mode;
+  read_json_field(j, "attnres_residual", mode, what);
+  if (mode != "full" && mode != "block") {
+    refuse(path, "attnres_residual '" + mode + "'", "is not full or block");
+  }
+  ResidualConfig r;
+  r.mode = mode == "full" ? ResidualMode::full : ResidualMode::block;
+  if (r.mode == ResidualMode::block) {
+    check(read_json_field(j, "attnres_block_size", r.block_size, what),
+          what + " has no 'attnres_block_size' (sublayers per block) for its block AttnRes");
+  }
+  read_json_field(j, "attnres_key_norm_eps", r.key_eps, what);
+  return r;
+}
+
 }  // namespace
 
 ModelConfig parse_config(const std::string& path) {
@@ -70,14 +89,17 @@ ModelConfig parse_config(const std::string& path) {
   const std::string what = "'" + path + "'";
   std::string type;
   read_json_field(j, "model_type", type, what);
-  if (!is_llama_family(type)) {
-    refuse(path, "model_type '" + type + "'", "is not supported (llama and mistral are)");
+  const bool attnres = type == "attnres";  // (an AttnRes model export-hf wrote)
+  if (!is_llama_family(type) && !attnres) {
+    refuse(path, "model_type '" + type + "'",
+           "is not supported (llama and mistral are, and attnres as export-hf writes it)");
   }
   if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
     const nlohmann::json list = a->is_array() ? *a : nlohmann::json::array({*a});
     for (const auto& arch : list) {
       const std::string s = arch.is_string() ? arch.get<std::string>() : arch.dump();
-      if (s != "LlamaForCausalLM" && s != "MistralForCausalLM") {
+      if (attnres ? s != "AttnResForCausalLM"
+                  : s != "LlamaForCausalLM" && s != "MistralForCausalLM") {
         refuse(path, "architecture '" + s + "'", "is not supported (LlamaForCausalLM is)");
       }
     }
@@ -120,6 +142,10 @@ ModelConfig parse_config(const std::string& path) {
              "is not hidden_size / num_attention_heads = " + std::to_string(c.d_model / c.n_head) +
                  ", which attnres requires");
     }
+  }
+  if (attnres) {
+    c.residual = attnres_residual(j, path);
+    if (c.residual.key_eps == c.norm_eps) c.residual.key_eps = 0;  // (0: the model's norm_eps)
   }
   try {
     c.resolve();

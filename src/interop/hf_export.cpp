@@ -1,6 +1,9 @@
 // `attnres export-hf`: an attnres PreNorm model as a Hugging Face LlamaForCausalLM directory.
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -8,6 +11,7 @@
 #include "attnres/fileio.hpp"
 #include "attnres/interop.hpp"
 #include "attnres/safetensors.hpp"
+#include "interop/modeling_attnres.hpp"
 
 namespace fs = std::filesystem;
 
@@ -15,11 +19,14 @@ namespace attnres {
 
 namespace {
 
-// config.json of the Llama model `c` describes (transformers 4 and 5 read top-level rope_theta).
-std::string llama_config(const ModelConfig& c) {
+// config.json of the model `c` describes (transformers 4 and 5 read top-level rope_theta): a
+// LlamaForCausalLM for PreNorm; for Full/Block AttnRes our modeling_attnres.py's model, with the
+// depth mix's keys (attn_res_block_size is Kimi K3's name, in layers, where S is even).
+std::string hf_config(const ModelConfig& c) {
+  const bool attnres = c.residual.is_attnres();
   nlohmann::json j = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {attnres ? "AttnResForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", attnres ? "attnres" : "llama"},
       {"hidden_size", c.d_model},
       {"intermediate_size", c.ffn_hidden},
       {"num_hidden_layers", c.n_layer},
@@ -39,7 +46,38 @@ std::string llama_config(const ModelConfig& c) {
       {"bos_token_id", nullptr},
       {"eos_token_id", nullptr},
   };
+  if (attnres) {
+    const int64_t S = c.residual.effective_block_size();
+    j["auto_map"] = {{"AutoConfig", "modeling_attnres.AttnResConfig"},
+                     {"AutoModelForCausalLM", "modeling_attnres.AttnResForCausalLM"}};
+    j["attnres_residual"] = to_string(c.residual.mode);
+    j["attnres_block_size"] = S;
+    j["attnres_key_norm_eps"] = c.key_norm_eps();
+    if (c.residual.mode == ResidualMode::block && S % 2 == 0) j["attn_res_block_size"] = S / 2;
+  }
   return j.dump(2) + "\n";
+}
+
+// What modeling_attnres.py computes: softmax over sources, RMS key norm, one static query per
+// mixer, every source. Other variants (the ablations) have no Hugging Face form yet.
+void check_exportable(const ModelConfig& c) {
+  const ResidualConfig& r = c.residual;
+  check(r.mode == ResidualMode::prenorm || r.is_attnres(),
+        std::string("export-hf writes PreNorm, Full and Block AttnRes models; a '") +
+            to_string(r.mode) + "' model has no Hugging Face form");
+  if (!r.is_attnres()) return;
+  auto refuse = [](const std::string& what) {
+    throw Error("export-hf: this model's depth mix has " + what +
+                ", which the exported modeling_attnres.py does not compute (it computes the "
+                "paper's AttnRes: softmax, RMS key norm, static queries, one head, every source, "
+                "temperature 1)");
+  };
+  if (r.gate != DepthGate::softmax) refuse("a sigmoid gate");
+  if (r.key_norm != KeyNorm::rms) refuse("no key norm");
+  if (r.query != DepthQuery::static_query) refuse("dynamic queries");
+  if (r.heads != 1) refuse(std::to_string(r.heads) + " heads");
+  if (r.window != 0) refuse("a window of " + std::to_string(r.window) + " sources");
+  if (r.temperature != 1) refuse("temperature " + std::to_string(r.temperature));
 }
 
 void write_weights(const Model& model, const std::string& path) {
@@ -47,12 +85,23 @@ void write_weights(const Model& model, const std::string& path) {
   const float* p = model.params_on_host(host);
   SafetensorsWriter w;
   w.set_metadata("format", "pt");  // (transformers refuses a file without it)
-  const auto& entries = model.layout().entries();
-  for (size_t k = 0; k < model.core_entries(); k++) {
-    const ParamEntry& e = entries[k];
-    w.add_f32(hf_tensor_name(e.name), e.shape, p + e.offset);
+  for (const ParamEntry& e : model.layout().entries()) {
+    const std::string hn = hf_tensor_name(e.name);
+    check(!hn.empty(), "internal: tensor '" + e.name + "' has no Hugging Face name");
+    w.add_f32(hn, hf_tensor_shape(e.name, e.shape), p + e.offset);
   }
   w.write(path);
+}
+
+// A new, empty directory named prefix + six random characters (mkdtemp), next to --out.
+fs::path make_temp_dir(const std::string& prefix) {
+  std::string name = prefix + "XXXXXX";
+  if (::mkdtemp(name.data()) == nullptr) {
+    const int err = errno;
+    throw Error("cannot create a temporary directory '" + name +
+                "' next to --out: " + errno_text(err) + "; check that the directory is writable");
+  }
+  return name;
 }
 
 }  // namespace
@@ -60,10 +109,7 @@ void write_weights(const Model& model, const std::string& path) {
 void export_hf(const Model& model, const std::string& tokenizer_model, const std::string& out_dir,
                bool overwrite) {
   const ModelConfig& c = model.config();
-  check(c.residual.mode == ResidualMode::prenorm,
-        std::string("export-hf writes PreNorm models as LlamaForCausalLM; exporting a '") +
-            to_string(c.residual.mode) +
-            "' model (its depth-mix tensors and modeling code) is not supported yet");
+  check_exportable(c);
   std::error_code ec;
   const bool exists = fs::exists(fs::symlink_status(out_dir, ec));
   check(!exists || overwrite,
@@ -75,7 +121,7 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
       const std::string n = e.path().filename().string();
       const bool exported = n == "config.json" || n == "model.safetensors" ||
                             n == "tokenizer.model" || n == "tokenizer_config.json" ||
-                            n == "generation_config.json";
+                            n == "generation_config.json" || n == "modeling_attnres.py";
       check(exported && fs::is_regular_file(fs::symlink_status(e.path(), ec)),
             "--out '" + out_dir + "' holds '" + n +
                 "', which export-hf does not write: --overwrite replaces only an earlier export "
@@ -85,12 +131,15 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
   const fs::path out = fs::absolute(out_dir);
   fs::create_directories(out.parent_path(), ec);
   check(!ec, "cannot create the directory of --out '" + out_dir + "': " + ec.message());
-  const fs::path tmp = out.string() + ".tmp." + std::to_string(::getpid());
-  fs::remove_all(tmp, ec);
+  // Both names are fresh directories made by mkdtemp: a path someone placed there (a link, a
+  // directory of theirs) is never written into or removed.
+  const fs::path tmp = make_temp_dir(out.string() + ".tmp.");
   try {
-    fs::create_directory(tmp);
-    write_file_atomic((tmp / "config.json").string(), llama_config(c));
+    write_file_atomic((tmp / "config.json").string(), hf_config(c));
     write_weights(model, (tmp / "model.safetensors").string());
+    if (c.residual.is_attnres()) {
+      write_file_atomic((tmp / "modeling_attnres.py").string(), kModelingAttnRes);
+    }
     if (!tokenizer_model.empty()) {
       write_file_atomic((tmp / "tokenizer.model").string(), read_file(tokenizer_model));
       const nlohmann::json tc = {{"tokenizer_class", "LlamaTokenizer"},
@@ -99,9 +148,13 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
       write_file_atomic((tmp / "tokenizer_config.json").string(), tc.dump(2) + "\n");
     }
     if (exists) {
-      const fs::path old = out.string() + ".old." + std::to_string(::getpid());
-      fs::rename(out, old);
-      fs::rename(tmp, out);
+      const fs::path old = make_temp_dir(out.string() + ".old.");
+      fs::rename(out, old);  // replaces the empty directory mkdtemp made
+      if (::rename(tmp.c_str(), out.c_str()) != 0) {
+        const int err = errno;
+        fs::rename(old, out, ec);  // the earlier export goes back where it was
+        throw Error("cannot move the export into place: " + errno_text(err));
+      }
       fs::remove_all(old, ec);
     } else {
       fs::rename(tmp, out);

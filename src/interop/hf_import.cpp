@@ -140,9 +140,10 @@ Opened open_source(const std::string& dir, int64_t max_seq_len) {
               (hn == "lm_head.weight" ? std::string(" (tie_word_embeddings is false)")
                                       : std::string()));
     const TensorInfo& t = o.readers[it->second].info(hn);
-    check(t.shape == e.shape, "tensor '" + hn + "' in '" + o.readers[it->second].path() +
-                                  "' has shape " + shape_str(t.shape) + " but config.json needs " +
-                                  shape_str(e.shape) + "; the weights and the config disagree");
+    const std::vector<int64_t> want = hf_tensor_shape(e.name, e.shape);
+    check(t.shape == want, "tensor '" + hn + "' in '" + o.readers[it->second].path() +
+                               "' has shape " + shape_str(t.shape) + " but config.json needs " +
+                               shape_str(want) + "; the weights and the config disagree");
     check(t.dtype == DType::F32 || t.dtype == DType::BF16 || t.dtype == DType::F16,
           "tensor '" + hn + "' in '" + o.readers[it->second].path() + "' is " +
               dtype_name(t.dtype) + "; attnres reads F32, BF16 and F16 weights");
@@ -175,17 +176,18 @@ void attach_tokenizer(HfSource& s) {
             "; attnres needs them equal (a padded vocabulary is not supported yet)");
 }
 
-// Copies every core tensor into `model` (widened to float32); the mode's own tensors keep the
-// model's initialisation.
-void load_core(Model& model, const Opened& o) {
+// Copies every tensor the source has into `model` (widened to float32): all of them for a model
+// of the source's own mode (checked by open_source); the core for an upcycled one, whose mode's
+// own tensors keep the model's initialisation.
+void load_weights(Model& model, const Opened& o) {
   std::vector<float> host;
   float* p = model.params_stage(host);
-  const auto& entries = model.layout().entries();
-  for (size_t k = 0; k < model.core_entries(); k++) {
-    const ParamEntry& e = entries[k];
+  for (const ParamEntry& e : model.layout().entries()) {
     const std::string hn = hf_tensor_name(e.name);
-    const SafetensorsReader& r = o.readers[o.where.at(hn)];
-    r.read_f32(hn, e.shape, p + e.offset);
+    auto at = o.where.find(hn);
+    if (hn.empty() || at == o.where.end()) continue;
+    const SafetensorsReader& r = o.readers[at->second];
+    r.read_f32(hn, hf_tensor_shape(e.name, e.shape), p + e.offset);
     int64_t bad = 0;
     for (int64_t i = 0; i < e.numel; i++) bad += !std::isfinite(p[e.offset + i]);
     check(bad == 0, "tensor '" + hn + "' in '" + r.path() + "' holds " + std::to_string(bad) +
@@ -199,7 +201,7 @@ std::unique_ptr<Model> build(const Opened& o, const ResidualConfig& residual) {
   c.residual = residual;
   auto m = std::make_unique<Model>(c);
   m->init_weights(0);  // the mode's own tensors as a new run starts them (SPEC 2)
-  load_core(*m, o);
+  load_weights(*m, o);
   return m;
 }
 
@@ -225,6 +227,19 @@ HfImport import_hf(const std::string& dir, const HfImportOptions& opt) {
   attach_tokenizer(o.src);
   HfImport out;
   out.source = o.src;
+  const ResidualConfig& own = o.src.config.residual;
+  if (own.is_attnres()) {  // an AttnRes export: imported as it is
+    check(opt.residual.mode == ResidualMode::prenorm ||
+              (opt.residual.mode == own.mode &&
+               opt.residual.effective_block_size() == own.effective_block_size()),
+          "'" + dir + "' holds a " + to_string(own.mode) + " AttnRes model" +
+              (own.mode == ResidualMode::block
+                   ? " (blocks of " + std::to_string(own.block_size) + " sublayers)"
+                   : std::string()) +
+              "; it is imported as it is: drop --residual and --block-size");
+    out.model = build(o, own);
+    return out;
+  }
   if (opt.residual.mode == ResidualMode::prenorm) {
     out.model = build(o, opt.residual);
     return out;

@@ -160,8 +160,13 @@ AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
     throw Error("cannot write '" + path_ + "': it is " + kind_of(old.st_mode) +
                 ", not a regular file, and writing would replace it; give another output path");
   }
-  tmp_ = temp_name_for(path_);
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  // O_EXCL | O_NOFOLLOW: a file or link someone placed at the temp name is never written
+  // through (a link there would redirect the write to its target); the next name is tried.
+  for (int attempt = 0;; ++attempt) {
+    tmp_ = temp_name_for(path_);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd_ >= 0 || errno != EEXIST || attempt >= 1000) break;
+  }
   if (fd_ < 0) {
     int err = errno;
     throw Error("cannot write '" + path_ + "': creating temp file '" + tmp_ +

@@ -51,6 +51,13 @@ int64_t metadata_count(const std::string& v, int64_t max, const std::string& wha
 
 }  // namespace
 
+std::string checkpoint_tokenizer_file(const Metadata& meta, const std::string& path) {
+  auto ref = meta.find("tokenizer");
+  if (ref == meta.end() || ref->second.find(':') == std::string::npos) return "";
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return join_path(dir.empty() ? "." : dir, ref->second.substr(ref->second.find(':') + 1));
+}
+
 std::unique_ptr<Tokenizer> load_checkpoint_tokenizer(const Metadata& meta, const std::string& path,
                                                      int64_t vocab_size) {
   auto ref = meta.find("tokenizer");
@@ -61,9 +68,8 @@ std::unique_ptr<Tokenizer> load_checkpoint_tokenizer(const Metadata& meta, const
   if (want != meta.end()) {
     const std::string got = hex64(fnv1a64(tok->model_data()));
     check(got == want->second,
-          "tokenizer '" + join_path(dir.empty() ? "." : dir, r.substr(r.find(':') + 1)) +
-              "' is not the one '" + path + "' was saved with (fingerprint " + got + ", the " +
-              "checkpoint's " + want->second +
+          "tokenizer '" + checkpoint_tokenizer_file(meta, path) + "' is not the one '" + path +
+              "' was saved with (fingerprint " + got + ", the " + "checkpoint's " + want->second +
               "): another tokenizer of the same vocabulary would read the text as other tokens. "
               "Restore the checkpoint's own copy (each checkpoints/step_N/ of its run holds one)");
   }

@@ -160,6 +160,35 @@ RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // (releases the lock)
 }
 
+namespace {
+
+// "step_<digits>", or "step_<digits>.tmp" (a save that was interrupted).
+bool is_step_name(const std::string& n) {
+  const std::string digits = n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0
+                                 ? n.substr(5, n.size() - 9)
+                                 : n.substr(std::min<size_t>(5, n.size()));
+  return n.rfind("step_", 0) == 0 && !digits.empty() &&
+         digits.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// Whether `p` is a checkpoint RunDir::save wrote: a step directory (not a link) holding only the
+// files a save writes (and the temp files of one that was interrupted). Anything else under
+// checkpoints/ is the user's, and --overwrite must not delete it.
+bool is_saved_checkpoint(const fs::path& p) {
+  if (!is_step_name(p.filename().string()) || !fs::is_directory(fs::symlink_status(p))) {
+    return false;
+  }
+  for (const auto& e : fs::directory_iterator(p)) {
+    const std::string n = e.path().filename().string();
+    const bool known = n == "model.safetensors" || n == "optimizer.safetensors" ||
+                       n == "tokenizer.model" || n.find(".tmp.") != std::string::npos;
+    if (!known || !fs::is_regular_file(fs::symlink_status(e.path()))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only) {
   const fs::path d = out_dir;
   auto present = [&](const char* n) { return fs::exists(fs::symlink_status(d / n)); };
@@ -181,10 +210,7 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
     if (std::string(n) != "checkpoints") return fs::is_regular_file(fs::symlink_status(p));
     if (!fs::is_directory(fs::symlink_status(p))) return false;
     for (const auto& e : fs::directory_iterator(p)) {
-      if (!fs::is_directory(fs::symlink_status(e.path())) ||
-          e.path().filename().string().rfind("step_", 0) != 0) {
-        return false;
-      }
+      if (!is_saved_checkpoint(e.path())) return false;
     }
     return true;
   };
@@ -231,6 +257,27 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
   if (!kept.empty()) return "--overwrite: deleted the previous run's " + list(all);
   if (!stale.empty()) {
     return "replaced the " + list(stale) + " of a run that stopped before its first checkpoint";
+  }
+  return "";
+}
+
+std::string first_stranger_in_run_dir(const std::string& dir) {
+  static const char* const kFiles[] = {
+      "latest",        "model.safetensors", "train_config.json",
+      "metrics.jsonl", "tokenizer.model",   "tokenizer.model.trainkey",
+      "tokens.bin",    "run.json",          ".lock"};
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    const fs::file_status st = fs::symlink_status(e.path());
+    bool ours = false;
+    if (n == "checkpoints" && fs::is_directory(st)) {
+      ours = true;
+      for (const auto& c : fs::directory_iterator(e.path())) ours &= is_saved_checkpoint(c.path());
+    } else if (fs::is_regular_file(st)) {
+      ours = n.find(".tmp.") != std::string::npos;
+      for (const char* f : kFiles) ours |= n == f;
+    }
+    if (!ours) return n;
   }
   return "";
 }

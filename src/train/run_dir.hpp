@@ -68,4 +68,10 @@ class RunLock {
 // read and found good, so that a new run that cannot start loses nothing of the old one.
 std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only = false);
 
+// The first entry of the directory `dir` that a run (train, or compare's record of it) does not
+// write there: "" when every entry is one of a run's files (a regular file of a known name, a
+// writer's temp file) or its checkpoints/ directory of saved checkpoints. A caller about to
+// delete `dir` refuses when it is not "" (it is the user's).
+std::string first_stranger_in_run_dir(const std::string& dir);
+
 }  // namespace attnres

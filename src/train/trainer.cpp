@@ -292,8 +292,25 @@ class Trainer {
       lock_ = std::make_unique<RunLock>(cfg_.out_dir);
       if (!cfg_.resume) {
         claim_out_dir(cfg_.out_dir, cfg_.overwrite, /*check_only=*/true);  // (deleted in stage 5)
+        check_init_from_survives_overwrite();
       }
     }
+  }
+
+  // --overwrite deletes the old run's model.safetensors and checkpoints/ in stage 5, after
+  // --init-from's weights were read: a start from one of them would lose it for good.
+  void check_init_from_survives_overwrite() const {
+    if (!cfg_.overwrite || cfg_.init_from.empty()) return;
+    std::error_code ec;
+    const fs::path from = fs::weakly_canonical(cfg_.init_from, ec);
+    const fs::path out = fs::weakly_canonical(cfg_.out_dir, ec);
+    const fs::path rel = from.lexically_relative(out);
+    const std::string head = rel.empty() ? "" : rel.begin()->string();
+    check(head != "model.safetensors" && head != "checkpoints",
+          "--init-from '" + cfg_.init_from + "' is a checkpoint of the run in --out '" +
+              cfg_.out_dir +
+              "', which --overwrite deletes; copy it elsewhere first, or start the new run in "
+              "another --out");
   }
 
   // Stage 2: the tokenizer and token splits (prepared once, by rank 0), the same on every rank.
