@@ -1,5 +1,6 @@
-// `attnres export-hf CKPT --out HF_DIR`: an attnres PreNorm checkpoint as a Hugging Face
-// LlamaForCausalLM directory, with its SentencePiece tokenizer.
+// `attnres export-hf CKPT --out HF_DIR`: an attnres checkpoint as a Hugging Face directory, with
+// its SentencePiece tokenizer: a PreNorm model as LlamaForCausalLM, a Full/Block AttnRes model in
+// Kimi K3's tensor layout with its modeling_attnres.py (trust_remote_code).
 #include <cstdio>
 #include <filesystem>
 
@@ -35,12 +36,15 @@ void run_export(const ExportArgs& a) {
               "'); write the export elsewhere");
   }
   export_hf(*model, tok_file, a.out, a.overwrite);
-  std::printf("wrote %s: LlamaForCausalLM, %lld parameters (float32), %s\n", a.out.c_str(),
+  const bool attnres = model->config().residual.is_attnres();
+  std::printf("wrote %s: %s, %lld parameters (float32), %s\n", a.out.c_str(),
+              attnres ? "AttnResForCausalLM (Kimi K3 tensor names, modeling_attnres.py)"
+                      : "LlamaForCausalLM",
               static_cast<long long>(model->num_params()),
               tok_file.empty() ? "no tokenizer file (the byte tokenizer: token id = byte value)"
                                : "tokenizer.model (SentencePiece)");
-  std::printf("  load it with: transformers.AutoModelForCausalLM.from_pretrained(\"%s\")\n",
-              a.out.c_str());
+  std::printf("  load it with: transformers.AutoModelForCausalLM.from_pretrained(\"%s\"%s)\n",
+              a.out.c_str(), attnres ? ", trust_remote_code=True" : "");
 }
 
 }  // namespace
@@ -49,8 +53,9 @@ void add_export_hf(CLI::App& app) {
   auto a = std::make_shared<ExportArgs>();
   CLI::App* s = app.add_subcommand(
       "export-hf",
-      "Write a PreNorm checkpoint as a Hugging Face LlamaForCausalLM directory (config.json, "
-      "model.safetensors, tokenizer)");
+      "Write a checkpoint as a Hugging Face directory (config.json, model.safetensors, "
+      "tokenizer): PreNorm as LlamaForCausalLM, Full/Block AttnRes with Kimi K3's tensor names "
+      "and a modeling_attnres.py (trust_remote_code=True)");
   s->add_option("model,--model", a->model, "model.safetensors")->required();
   s->add_option("--out", a->out, "The Hugging Face directory to write")->required();
   s->add_flag("--overwrite", a->overwrite, "Replace --out if it exists");

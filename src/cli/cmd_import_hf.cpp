@@ -55,13 +55,19 @@ bool place_tokenizer(const std::string& src, const std::string& out) {
 
 void print_source(const HfSource& s) {
   const ModelConfig& c = s.config;
+  const std::string kind = c.residual.is_attnres()
+                               ? std::string("AttnRes (") + to_string(c.residual.mode) +
+                                     ", S = " + std::to_string(c.residual.effective_block_size()) +
+                                     ")"
+                               : std::string("Llama");
   std::printf(
-      "read %s: Llama, %lld layers, d_model %lld, %lld heads (%lld kv), ffn %lld, "
+      "read %s: %s, %lld layers, d_model %lld, %lld heads (%lld kv), ffn %lld, "
       "vocab %lld, %s head, rms_norm_eps %g, rope_theta %g, context %lld\n",
-      s.dir.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.d_model),
-      static_cast<long long>(c.n_head), static_cast<long long>(c.n_kv_head),
-      static_cast<long long>(c.ffn_hidden), static_cast<long long>(c.vocab_size),
-      c.tied ? "tied" : "untied", c.norm_eps, c.rope_theta, static_cast<long long>(c.max_seq_len));
+      s.dir.c_str(), kind.c_str(), static_cast<long long>(c.n_layer),
+      static_cast<long long>(c.d_model), static_cast<long long>(c.n_head),
+      static_cast<long long>(c.n_kv_head), static_cast<long long>(c.ffn_hidden),
+      static_cast<long long>(c.vocab_size), c.tied ? "tied" : "untied", c.norm_eps, c.rope_theta,
+      static_cast<long long>(c.max_seq_len));
   std::printf("  weights: %zu file(s), %s; tokenizer: %s (%lld pieces)\n", s.shards.size(),
               s.weights_dtype.c_str(), s.tokenizer_model.c_str(),
               static_cast<long long>(s.tokenizer_pieces));
