@@ -183,6 +183,13 @@ TEST(Cli, BenchRunsEveryModeAndWritesJson) {
   EXPECT_EQ(nt.code, 1) << nt.out;
   EXPECT_TRUE(contains(nt.out, "include prenorm in --modes")) << nt.out;
   EXPECT_FALSE(contains(nt.out, "sgemm ceiling")) << nt.out;  // refused before any work
+  // A PyTorch side that fails (here: a Python without the script's imports) is a failure, not an
+  // exit 0 with a table missing its PyTorch rows; what was measured is still written.
+  fs::remove(js);
+  CliRun nf = run(args + " --modes prenorm --torch /bin/false");
+  EXPECT_EQ(nf.code, 1) << nf.out;
+  EXPECT_TRUE(contains(nf.out, "--torch: the PyTorch comparison with /bin/false failed")) << nf.out;
+  EXPECT_TRUE(fs::exists(js)) << nf.out;
 }
 
 TEST(Cli, ConfigFileWithOverrides) {

@@ -432,6 +432,10 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
   std::string log;
   // A run that stopped before its run.json was written resumes only under the same settings.
   ASSERT_EQ(run(base + " --modes prenorm --out " + out.string(), &log), 0) << log;
+  // One seed has no spread: no "+- 0.0000" on the terminal or in results.json.
+  EXPECT_EQ(log.find("+- 0.0000"), std::string::npos) << log;
+  EXPECT_NE(log.find(" (1 seed)"), std::string::npos) << log;
+  EXPECT_TRUE(json::parse(slurp(out / "results.json"))["groups"][0]["val_loss_std"].is_null());
   // --no-plots: no links to pictures that were never drawn.
   EXPECT_EQ(slurp(out / "report.md").find(".png"), std::string::npos);
   const fs::path run_dir = out / "runs" / "prenorm" / "seed1337";

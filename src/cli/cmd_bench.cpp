@@ -467,7 +467,8 @@ json print_inference(const BenchArgs& a, const std::vector<std::string>& modes) 
 }
 
 // PyTorch on the identical model and batch (tools/bench_torch.py), same loss required.
-json compare_torch(const BenchArgs& a, const json& base, const std::string& weights) {
+json compare_torch(const BenchArgs& a, const json& base, const std::string& weights,
+                   std::vector<std::string>* failed) {
   json out = json::array();
   for (const std::string& py : split_list(a.torch_pythons)) {
     char extra[128];
@@ -480,6 +481,7 @@ json compare_torch(const BenchArgs& a, const json& base, const std::string& weig
         last_json_line(py + " " + script + " " + weights + extra + " 2>&1", &all);
     if (line.empty()) {
       std::printf("\nPyTorch (%s) failed:\n%s\n", py.c_str(), all.c_str());
+      failed->push_back(py);
       continue;
     }
     json parsed = json::parse(line);  // kept alive for the loop below
@@ -532,8 +534,9 @@ void run_bench(const BenchArgs& a) {
   print_training(results["modes"], ceiling, a.dev.device == Device::cpu);
   results["inference_interleaved"] = print_inference(a, modes);
   const json* base = prenorm_row(results["modes"]);
+  std::vector<std::string> torch_failed;
   if (!a.torch_pythons.empty() && base) {
-    results["torch"] = compare_torch(a, *base, weights);
+    results["torch"] = compare_torch(a, *base, weights, &torch_failed);
     std::error_code ec;
     fs::remove(weights, ec);
   }
@@ -541,6 +544,13 @@ void run_bench(const BenchArgs& a) {
     write_file_atomic(a.json_out, results.dump(1) + "\n");
     std::printf("\nwrote %s\n", a.json_out.c_str());
   }
+  std::string names;
+  for (const std::string& py : torch_failed) names += (names.empty() ? "" : ", ") + py;
+  check(torch_failed.empty(),
+        "--torch: the PyTorch comparison with " + names +
+            " failed (its output is above): give a Python with PyTorch, e.g. /usr/bin/python3 "
+            "with python3-torch installed; the attnres figures above were measured" +
+            (a.json_out.empty() ? std::string() : " and written to " + a.json_out));
 }
 
 }  // namespace

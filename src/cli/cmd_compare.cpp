@@ -164,9 +164,10 @@ void print_summary(const json& results) {
               vs.c_str());
   for (const auto& g : results["groups"]) {
     const std::string loss =
-        g["val_loss_mean"].is_number()
+        !g["val_loss_mean"].is_number() ? std::string("no finished run")
+        : g["val_loss_std"].is_number()
             ? num_or(g["val_loss_mean"], "%.4f") + " +- " + num_or(g["val_loss_std"], "%.4f")
-            : std::string("no finished run");
+            : num_or(g["val_loss_mean"], "%.4f") + " (1 seed)";
     std::printf("%-*s %24s %3d/%-2lld  %s\n", w, g["name"].get<std::string>().c_str(), loss.c_str(),
                 g["seeds"].get<int>(),
                 static_cast<long long>(g["seeds"].get<int>() + g["seeds_failed"].get<int64_t>()),

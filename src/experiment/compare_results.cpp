@@ -44,9 +44,9 @@ json aggregate(const Configuration& g, const json& runs) {
   if (v.empty()) {
     j["val_loss_mean"] = j["val_loss_std"] = j["ppl_mean"] = nullptr;
   } else {
-    const stats::Interval iv = stats::mean_interval(v);  // sd 0 for one seed
+    const stats::Interval iv = stats::mean_interval(v);
     j["val_loss_mean"] = iv.mean;
-    j["val_loss_std"] = iv.sd;
+    j["val_loss_std"] = v.size() >= 2 ? json(iv.sd) : json(nullptr);  // (one seed has no spread)
     j["ppl_mean"] = std::exp(iv.mean);
   }
   j["tokens_per_s_mean"] = tps.empty() ? json(nullptr) : json(stats::mean_interval(tps).mean);
