@@ -207,6 +207,13 @@ TEST(Cli, ConfigFileWithOverrides) {
   std::string js((std::istreambuf_iterator<char>(f)), {});
   EXPECT_TRUE(contains(js, "\"d_model\": 16")) << js;  // the file's value was used
   EXPECT_TRUE(contains(js, "\"lr\": 0.002")) << js;
+  // A file saved with a UTF-8 byte-order mark: the reader said "INI was not able to parse" and
+  // named neither the file nor the cause.
+  std::ofstream(dir / "bom.toml") << "\xEF\xBB\xBFsteps = 3\n";
+  r = run("--config " + (dir / "bom.toml").string() + " train --data x --out " +
+          (dir / "bomrun").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "bom.toml' starts with a UTF-8 byte-order mark")) << r.out;
 }
 
 TEST(Cli, ErrorsAreClearAndNonZero) {

@@ -115,10 +115,16 @@ void run_eval(const EvalArgs& a) {
                                    std::to_string(w.loss) +
                                    "): its weights overflow the forward pass; the checkpoint is "
                                    "unusable (evaluate an earlier one)");
+  char ppl[64];  // (e^loss overflows a double above loss 709.78: no "inf" as a measurement)
+  if (std::isfinite(std::exp(w.loss))) {
+    std::snprintf(ppl, sizeof ppl, "%.3f", std::exp(w.loss));
+  } else {
+    std::snprintf(ppl, sizeof ppl, "e^%.1f (beyond a double)", w.loss);
+  }
   std::printf(
-      "%s split of %s: %lld tokens evaluated | loss %.4f | perplexity %.3f | %.4f bits/token\n",
-      a.split.c_str(), data.c_str(), static_cast<long long>(w.windows * T), w.loss,
-      std::exp(w.loss), w.loss / std::log(2.0));
+      "%s split of %s: %lld tokens evaluated | loss %.4f | perplexity %s | %.4f bits/token\n",
+      a.split.c_str(), data.c_str(), static_cast<long long>(w.windows * T), w.loss, ppl,
+      w.loss / std::log(2.0));
 }
 
 }  // namespace

@@ -72,7 +72,13 @@ void check_inputs_before_parsing(int argc, char** argv) {
     if (a.rfind("--config=", 0) == 0) path = a.substr(9);
     if (path.empty()) continue;
     const int fd = attnres::open_regular_file(path, O_RDONLY, "read the --config file");
+    char head[3] = {0, 0, 0};
+    const bool bom =
+        ::pread(fd, head, 3, 0) == 3 && head[0] == '\xEF' && head[1] == '\xBB' && head[2] == '\xBF';
     ::close(fd);
+    attnres::check(!bom, "the --config file '" + path +
+                             "' starts with a UTF-8 byte-order mark, which the TOML/INI reader "
+                             "does not accept; save it as UTF-8 without BOM");
     attnres::check(
         std::filesystem::file_size(path) <= kMaxConfigBytes,
         "the --config file '" + path + "' is over 1 MiB; give a TOML/INI file of options");
