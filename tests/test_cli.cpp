@@ -214,6 +214,13 @@ TEST(Cli, ConfigFileWithOverrides) {
           (dir / "bomrun").string());
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(contains(r.out, "bom.toml' starts with a UTF-8 byte-order mark")) << r.out;
+  // Block sizes under a residual without blocks were ignored without a word.
+  for (const char* opt : {" --block-layers 2", " --block-size 4"}) {
+    r = run("train --residual full" + std::string(opt) + " --data x --out " +
+            (dir / "norun").string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(contains(r.out, "this run's residual is 'full', which has no blocks")) << r.out;
+  }
 }
 
 TEST(Cli, ErrorsAreClearAndNonZero) {

@@ -233,6 +233,12 @@ void add_train(CLI::App& app) {
           "--vocab-size sets the size of a BPE tokenizer trained on the corpus, but this run reads "
           "text with an existing SentencePiece model (--tokenizer-model, or --init-from's "
           "tokenizer), whose vocabulary is its own: drop --vocab-size");
+    check(a->cfg.resume || a->cfg.model.residual.mode == ResidualMode::block ||
+              (s->count("--block-size") == 0 && s->count("--block-layers") == 0),
+          std::string("--block-size and --block-layers size the blocks of --residual block, but "
+                      "this run's residual is '") +
+              to_string(a->cfg.model.residual.mode) +
+              "', which has no blocks: drop them, or train with --residual block");
     run_train(*a, *d);
   });
 }
