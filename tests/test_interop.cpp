@@ -627,6 +627,38 @@ TEST(ExportHf, AttnResModelsRoundTripWithK3Names) {
   }
 }
 
+// A byte-tokenizer model exports without tokenizer files; config.json says so, and import-hf
+// reads it back as a byte-tokenizer checkpoint that evaluates to the same loss (it refused: no
+// tokenizer.model).
+TEST(ExportHf, ByteTokenizerModelsRoundTripThroughTheCli) {
+  using attnres::testing::run_cli;
+  TempDir t;
+  std::ofstream(t.file("c.txt")) << std::string(4000, 'a') + "the quick brown fox\n";
+  const std::string tiny =
+      " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 "
+      "--eval-every 0 --sample-tokens 0 --tokenizer byte --residual full";
+  auto r = run_cli("train --data " + t.file("c.txt") + tiny + " --steps 3 --out " + t.file("run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run_cli("export-hf " + t.file("run/model.safetensors") + " --out " + t.file("hf"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(read_json(t.file("hf/config.json")).at("attnres_tokenizer"), "byte");
+  EXPECT_FALSE(fs::exists(t.file("hf/tokenizer.model")));
+  r = run_cli("import-hf " + t.file("hf") + " --out " + t.file("back/model.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokenizer byte"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(t.file("back/tokenizer.model")));
+  const auto a = run_cli("eval " + t.file("run/model.safetensors") + " --data " + t.file("c.txt"));
+  const auto b = run_cli("eval " + t.file("back/model.safetensors") + " --data " + t.file("c.txt"));
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_EQ(a.out.substr(a.out.find("loss")), b.out.substr(b.out.find("loss")));
+  // A config that claims bytes with another vocabulary is refused.
+  nlohmann::json cfg = read_json(t.file("hf/config.json"));
+  cfg["vocab_size"] = 300;
+  std::ofstream(t.file("hf/config.json"), std::ios::trunc) << cfg.dump();
+  EXPECT_THROW(inspect_hf(t.file("hf")), Error);
+}
+
 // Seventh hostile pass: export-hf's temporary and old directories are new ones of its own, never
 // a path of the user's that happens to carry the name (it used to remove_all "OUT.tmp.<pid>" and
 // "OUT.old.<pid>" before using them).

@@ -30,7 +30,8 @@ struct HfSource {
   ModelConfig config;               // the PreNorm model it describes
   std::vector<std::string> shards;  // weight files, in order (paths)
   std::string weights_dtype;        // "F32", "BF16", "F16" or "mixed"
-  std::string tokenizer_model;      // path of its SentencePiece tokenizer.model ("" = none)
+  std::string tokenizer_model;      // path of its SentencePiece tokenizer.model; "" = the byte
+                                    // tokenizer (config.json "attnres_tokenizer": "byte")
   int64_t tokenizer_pieces = 0;     // the tokenizer's vocabulary (0 = none)
 };
 
@@ -53,14 +54,18 @@ struct HfImport {
 };
 
 // Builds the model of `dir` in `opt.residual`'s mode and loads its weights (the mode's own
-// tensors as a new AttnRes model starts them). Nothing is written.
+// tensors as a new AttnRes model starts them). A Full/Block AttnRes directory export_hf wrote is
+// read as the model it is (opt.residual prenorm, or the same mode; else an Error). Nothing is
+// written.
 HfImport import_hf(const std::string& dir, const HfImportOptions& opt);
 
-// Writes `model` (a PreNorm model: Full/Block export is not supported yet, an Error) as a
-// Hugging Face `LlamaForCausalLM` directory `out_dir`: config.json, model.safetensors (float32,
-// HF names), and, when `tokenizer_model` (a SentencePiece file) is given, tokenizer.model and a
-// tokenizer_config.json. The directory is built under a temporary name and renamed into place;
-// an existing `out_dir` is an Error unless `overwrite`.
+// Writes `model` as a Hugging Face directory `out_dir`: a PreNorm model as `LlamaForCausalLM`, a
+// Full/Block AttnRes model (the paper's variant; others are an Error) as `AttnResForCausalLM`
+// with Kimi K3's mixer names and modeling_attnres.py. config.json, model.safetensors (float32, HF
+// names), and, when `tokenizer_model` (a SentencePiece file) is given, tokenizer.model and a
+// tokenizer_config.json; without one, config.json records "attnres_tokenizer": "byte". The
+// directory is built under a temporary name and renamed into place; an existing `out_dir` is an
+// Error unless `overwrite` (and it holds an earlier export only).
 void export_hf(const Model& model, const std::string& tokenizer_model, const std::string& out_dir,
                bool overwrite);
 

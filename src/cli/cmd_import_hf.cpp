@@ -69,7 +69,8 @@ void print_source(const HfSource& s) {
       static_cast<long long>(c.vocab_size), c.tied ? "tied" : "untied", c.norm_eps, c.rope_theta,
       static_cast<long long>(c.max_seq_len));
   std::printf("  weights: %zu file(s), %s; tokenizer: %s (%lld pieces)\n", s.shards.size(),
-              s.weights_dtype.c_str(), s.tokenizer_model.c_str(),
+              s.weights_dtype.c_str(),
+              s.tokenizer_model.empty() ? "byte" : s.tokenizer_model.c_str(),
               static_cast<long long>(s.tokenizer_pieces));
 }
 
@@ -91,7 +92,8 @@ void run_import(ImportArgs& a) {
   HfImport im = import_hf(a.dir, a.opt);
   // Never write over what is being read (--overwrite onto the source's own files).
   std::vector<std::string> sources = im.source.shards;
-  sources.push_back(im.source.tokenizer_model);
+  const std::string& tok = im.source.tokenizer_model;  // ("" = the byte tokenizer)
+  if (!tok.empty()) sources.push_back(tok);
   for (const std::string& src : sources) {
     std::error_code ec;
     check(!std::filesystem::equivalent(src, a.out, ec),
@@ -102,10 +104,10 @@ void run_import(ImportArgs& a) {
   std::error_code ec;
   std::filesystem::create_directories(dir_of(a.out), ec);
   check(!ec, "cannot create the directory of --out '" + a.out + "': " + ec.message());
-  const bool wrote_tok = place_tokenizer(im.source.tokenizer_model, a.out);
-  Metadata meta{{"tokenizer", "sentencepiece:tokenizer.model"},
+  const bool wrote_tok = !tok.empty() && place_tokenizer(tok, a.out);
+  Metadata meta{{"tokenizer", tok.empty() ? "byte" : "sentencepiece:tokenizer.model"},
                 {"source", "huggingface:" + absolute_path(a.dir)},
-                {kTokenizerHashKey, hex64(fnv1a64(read_file(im.source.tokenizer_model)))}};
+                {kTokenizerHashKey, hex64(fnv1a64(tok.empty() ? "" : read_file(tok)))}};
   try {
     save_model(a.out, *im.model, meta);
   } catch (...) {
@@ -123,7 +125,9 @@ void run_import(ImportArgs& a) {
     }
     std::printf(")");
   }
-  std::printf("; tokenizer %s\n", join_path(dir_of(a.out), "tokenizer.model").c_str());
+  std::printf("; tokenizer %s\n", tok.empty()
+                                      ? "byte (token id = byte value)"
+                                      : join_path(dir_of(a.out), "tokenizer.model").c_str());
   if (im.probe_tokens > 0) {
     std::printf(
         "  upcycled: zero pseudo-queries, unit key gains. On %lld probe tokens its logits differ "

@@ -22,7 +22,7 @@ namespace {
 // config.json of the model `c` describes (transformers 4 and 5 read top-level rope_theta): a
 // LlamaForCausalLM for PreNorm; for Full/Block AttnRes our modeling_attnres.py's model, with the
 // depth mix's keys (attn_res_block_size is Kimi K3's name, in layers, where S is even).
-std::string hf_config(const ModelConfig& c) {
+std::string hf_config(const ModelConfig& c, bool byte_tokenizer) {
   const bool attnres = c.residual.is_attnres();
   nlohmann::json j = {
       {"architectures", {attnres ? "AttnResForCausalLM" : "LlamaForCausalLM"}},
@@ -46,6 +46,8 @@ std::string hf_config(const ModelConfig& c) {
       {"bos_token_id", nullptr},
       {"eos_token_id", nullptr},
   };
+  // No tokenizer file: token id = byte value, recorded so that import-hf can read it back.
+  if (byte_tokenizer) j["attnres_tokenizer"] = "byte";
   if (attnres) {
     const int64_t S = c.residual.effective_block_size();
     j["auto_map"] = {{"AutoConfig", "modeling_attnres.AttnResConfig"},
@@ -135,7 +137,7 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
   // directory of theirs) is never written into or removed.
   const fs::path tmp = make_temp_dir(out.string() + ".tmp.");
   try {
-    write_file_atomic((tmp / "config.json").string(), hf_config(c));
+    write_file_atomic((tmp / "config.json").string(), hf_config(c, tokenizer_model.empty()));
     write_weights(model, (tmp / "model.safetensors").string());
     if (c.residual.is_attnres()) {
       write_file_atomic((tmp / "modeling_attnres.py").string(), kModelingAttnRes);

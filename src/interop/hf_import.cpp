@@ -157,8 +157,24 @@ Opened open_source(const std::string& dir, int64_t max_seq_len) {
   return o;
 }
 
+// Whether config.json says the model reads bytes (export-hf of a byte-tokenizer model).
+bool byte_tokenizer(const std::string& dir) {
+  const nlohmann::json j = parse_json(read_file(join_path(dir, "config.json")));  // (checked)
+  auto t = j.find("attnres_tokenizer");
+  return t != j.end() && t->is_string() && t->get<std::string>() == "byte";
+}
+
 void attach_tokenizer(HfSource& s) {
   const std::string sp = join_path(s.dir, "tokenizer.model");
+  if (!exists(sp) && byte_tokenizer(s.dir)) {
+    s.tokenizer_pieces = 256;
+    check(s.config.vocab_size == 256, "'" + join_path(s.dir, "config.json") +
+                                          "' names the byte tokenizer (256 ids) but its "
+                                          "vocab_size is " +
+                                          std::to_string(s.config.vocab_size) +
+                                          "; the directory is inconsistent");
+    return;
+  }
   if (!exists(sp)) {
     const bool json = exists(join_path(s.dir, "tokenizer.json"));
     throw Error("'" + s.dir + "' has no SentencePiece tokenizer.model" +
