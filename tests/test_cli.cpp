@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -537,6 +538,32 @@ TEST(Cli, OverwriteNeverDeletesItsInitFrom) {
                  (dir / "copy.safetensors").string() + " --out " + run_dir.string());
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(fs::exists(run_dir / "checkpoints" / "step_00000004"));  // (the old run's)
+}
+
+// Eighth hostile pass: eval and inspect without --data read the run's corpus as it is now. A
+// corpus rotated since training put training text where the validation split was, and eval
+// reported a lower "val split" loss as a held-out number.
+TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const fs::path run_dir = dir / "run";
+  ASSERT_EQ(run("train --data " + data + kTinyModel + " --steps 4 --out " + run_dir.string()).code,
+            0);
+  const std::string model = (run_dir / "model.safetensors").string();
+  CliRun r = run("eval " + model);
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(run("inspect " + model).code, 0);
+  std::string text = attnres::testing::slurp(data);
+  std::rotate(text.begin(), text.begin() + 2000, text.end());
+  std::ofstream(data, std::ios::trunc | std::ios::binary) << text;
+  for (const std::string& cmd : {"eval " + model, "inspect " + model}) {
+    r = run(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, "changed since the run trained on it")) << r.out;
+  }
+  r = run("eval " + model + " --data " + data);  // (the text as it is now, asked for by name)
+  EXPECT_EQ(r.code, 0) << r.out;
 }
 
 }  // namespace

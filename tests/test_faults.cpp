@@ -645,6 +645,19 @@ TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {
   expect_refused("a link named like a checkpoint");
   fs::remove(ck / "step_00000100");
   EXPECT_EQ(slurp(dir / "elsewhere" / "model.safetensors"), "the user's");
+  // Eighth pass: pruning old checkpoints (--keep-checkpoints) deleted the user's file kept in one.
+  fs::remove_all(dir / "run");
+  c.save_every = 2;
+  c.steps = 8;
+  TrainEvents ev;
+  ev.on_step = [&](const StepInfo& si) {  // (once step 2's checkpoint is saved)
+    if (si.step == 3) std::ofstream(ck / "step_00000002" / "notes.txt") << "my analysis";
+  };
+  ASSERT_FALSE(train(c, ev).interrupted);  // saves 2, 4, 6, 8; keeps 2 checkpoints
+  EXPECT_EQ(slurp(ck / "step_00000002" / "notes.txt"), "my analysis");
+  EXPECT_FALSE(fs::exists(ck / "step_00000004"));
+  EXPECT_TRUE(fs::exists(ck / "step_00000008"));
+  fs::remove(ck / "step_00000002" / "notes.txt");
   // What the engine leaves is claimed: its checkpoints and an interrupted save's temp files.
   fs::create_directories(ck / "step_00000100.tmp");
   std::ofstream(ck / "step_00000100.tmp" / "model.safetensors.tmp.123.0") << "partial";

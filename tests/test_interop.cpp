@@ -381,7 +381,7 @@ TEST(ImportHf, CliWritesACheckpointOrNothing) {
   const std::string weights = attnres::testing::slurp(src + "/model.safetensors");
   r = run_cli("import-hf " + src + " --out " + src + "/model.safetensors --overwrite");
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("is the Hugging Face model's own file"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("is not an attnres checkpoint"), std::string::npos) << r.out;
   EXPECT_EQ(attnres::testing::slurp(src + "/model.safetensors"), weights);
   r = run_cli("import-hf " + fixture("llama_gqa") + " --out " + out + " --overwrite");
   EXPECT_EQ(r.code, 0) << r.out;
@@ -394,8 +394,38 @@ TEST(ImportHf, CliWritesACheckpointOrNothing) {
   std::ofstream(t.file("mine/notes.txt")) << "keep";
   r = run_cli("export-hf " + out + " --out " + t.file("mine") + " --overwrite");
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("which export-hf does not write"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--overwrite replaces only"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(t.file("mine/notes.txt")));
+  // Seventh pass (minor, now refused): a Hugging Face model directory holds only the names an
+  // export writes, and `export-hf --overwrite` replaced it; `import-hf --overwrite` replaced
+  // another model's weights file given as --out.
+  const std::string hub = copy_fixture(t, "llama_gqa", "hub");
+  const std::string hub_weights = attnres::testing::slurp(hub + "/model.safetensors");
+  r = run_cli("export-hf " + out + " --out " + hub + " --overwrite");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("is not an earlier export of attnres"), std::string::npos) << r.out;
+  fs::copy_file(hub + "/model.safetensors", t.file("theirs.safetensors"));
+  r = run_cli("import-hf " + hub + " --out " + t.file("theirs.safetensors") + " --overwrite");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("is not an attnres checkpoint"), std::string::npos) << r.out;
+  EXPECT_EQ(attnres::testing::slurp(hub + "/model.safetensors"), hub_weights);
+  EXPECT_EQ(attnres::testing::slurp(t.file("theirs.safetensors")), hub_weights);
+  // Eighth pass: an --out inside a training run (over its model.safetensors or one of its
+  // checkpoints) left the run's files disagreeing with each other.
+  ASSERT_EQ(run_cli("train --data " + hub + "/config.json --n-layer 1 --d-model 16 --n-head 2 " +
+                    "--seq-len 8 --batch-size 2 --steps 2 --eval-every 0 --eval-batches 1 " +
+                    "--sample-tokens 0 --out " + t.file("trun"))
+                .code,
+            0);
+  const std::string run_model = attnres::testing::slurp(t.file("trun/model.safetensors"));
+  for (const std::string& o :
+       {t.file("trun/model.safetensors"),
+        t.file("trun/checkpoints/step_00000002/model.safetensors"), t.file("trun/latest")}) {
+    r = run_cli("import-hf " + hub + " --out " + o + " --overwrite");
+    EXPECT_EQ(r.code, 1) << o;
+    EXPECT_NE(r.out.find("inside a training run"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(attnres::testing::slurp(t.file("trun/model.safetensors")), run_model);
   // --block-layers N (the production convention, layers per block) is S = 2N in train too.
   r = run_cli("train --data " + fixture("llama_gqa") + "/config.json --residual block " +
               "--block-layers 3 --n-layer 3 --d-model 16 --n-head 2 --seq-len 8 --batch-size 2 " +

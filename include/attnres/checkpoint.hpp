@@ -23,6 +23,10 @@ using Metadata = std::map<std::string, std::string>;
 // Writes the model's weights with its config and `meta` (e.g. "tokenizer", "step").
 void save_model(const std::string& path, const Model& model, const Metadata& meta);
 
+// Whether `path` is a regular file (not a link) holding an attnres model checkpoint (its
+// safetensors metadata "format" is attnres-model/N): what --overwrite may replace.
+bool is_attnres_checkpoint(const std::string& path);
+
 // Reads the config from `path`'s metadata, builds the model and loads its weights. Optionally
 // returns the metadata; max_seq_len > 0 overrides the saved context length (RoPE is relative, so
 // a longer context only costs memory). The model lives on backend `be` (null: the CPU). Throws

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
@@ -14,6 +15,7 @@
 #include "cli/commands.hpp"
 #include "cli/device_options.hpp"
 #include "cli/progress.hpp"
+#include "cli/train_options.hpp"
 #include "train/evaluate.hpp"
 
 namespace fs = std::filesystem;
@@ -78,18 +80,22 @@ void run_eval(const EvalArgs& a) {
   // Defaults from the run that produced the model, when its train_config.json is beside it.
   std::string data = a.data;
   double val_fraction = a.val_fraction;
+  std::optional<Corpus> corpus;
   const fs::path tc = dir / "train_config.json";
   if (fs::exists(tc)) {
     const TrainConfig t = TrainConfig::from_json(read_file(tc.string()));
-    if (data.empty()) data = t.data_path;
+    if (data.empty()) {
+      data = t.data_path;
+      corpus = read_trained_corpus(t, dir.string());
+    }
     if (val_fraction < 0) val_fraction = t.val_fraction;
   }
   check(!data.empty(), "no --data given and no train_config.json beside '" + a.model + "'");
   if (val_fraction < 0) val_fraction = 0.1;
   check(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
   auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
-  const Corpus corpus = read_corpus(data);
-  const std::vector<int32_t> ids = tok->encode(corpus.text);
+  if (!corpus) corpus = read_corpus(data);
+  const std::vector<int32_t> ids = tok->encode(corpus->text);
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t n_train = static_cast<int64_t>(static_cast<double>(n) * (1.0 - val_fraction));
   TokenSpan span = a.split == "val"     ? TokenSpan(ids.data() + n_train, n - n_train)

@@ -14,6 +14,8 @@
 #include "cli/commands.hpp"
 #include "cli/enum_option.hpp"
 
+namespace fs = std::filesystem;
+
 namespace attnres::cli {
 
 namespace {
@@ -89,6 +91,18 @@ void run_import(ImportArgs& a) {
             "checkpoint otherwise, e.g. model.safetensors");
   check(a.overwrite || !path_exists(a.out),
         "--out '" + a.out + "' exists; pass --overwrite to replace it, or choose another path");
+  {  // A run's model.safetensors, or one of its checkpoints', belongs with the run's other files.
+    const fs::path d = fs::absolute(dir_of(a.out)).lexically_normal();
+    const bool in_run = path_exists((d / "train_config.json").string()) ||
+                        d.parent_path().filename() == "checkpoints";
+    check(!in_run, "--out '" + a.out +
+                       "' is inside a training run (its train_config.json or checkpoints/ are "
+                       "there), whose files belong together; import into another directory");
+  }
+  check(!path_exists(a.out) || is_attnres_checkpoint(a.out),
+        "--out '" + a.out +
+            "' exists and is not an attnres checkpoint (another model's weights, a link or "
+            "another file); --overwrite replaces only an attnres checkpoint: choose another path");
   HfImport im = import_hf(a.dir, a.opt);
   // Never write over what is being read (--overwrite onto the source's own files).
   std::vector<std::string> sources = im.source.shards;

@@ -2,6 +2,7 @@
 // per-sublayer magnitudes, as tables.
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
@@ -10,6 +11,7 @@
 #include "attnres/fileio.hpp"
 #include "attnres/train.hpp"
 #include "cli/commands.hpp"
+#include "cli/train_options.hpp"
 
 namespace fs = std::filesystem;
 
@@ -37,14 +39,18 @@ void run_inspect(const InspectArgs& a) {
   } else {
     std::string data = a.data;
     double val_fraction = 0.1;
+    std::optional<Corpus> trained;
     const fs::path tc = dir / "train_config.json";
     if (fs::exists(tc)) {
       const TrainConfig t = TrainConfig::from_json(read_file(tc.string()));
-      if (data.empty()) data = t.data_path;
+      if (data.empty()) {
+        data = t.data_path;
+        trained = read_trained_corpus(t, dir.string());
+      }
       val_fraction = t.val_fraction;
     }
     check(!data.empty(), "give --text or --data (no train_config.json beside '" + a.model + "')");
-    const Corpus corpus = read_corpus(data);
+    const Corpus corpus = trained ? std::move(*trained) : read_corpus(data);
     // The start of the held-out split, as in training.
     const int64_t start =
         static_cast<int64_t>(static_cast<double>(corpus.text.size()) * (1.0 - val_fraction));

@@ -346,4 +346,16 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
   s->add_option("--log-every", c.log_every, "Metrics line every K steps")->capture_default_str();
 }
 
+Corpus read_trained_corpus(const TrainConfig& t, const std::string& run_dir) {
+  Corpus c = read_corpus(t.data_path, run_dir);
+  const std::string got = hex64(fnv1a64(c.text));
+  check(t.corpus_fingerprint.empty() || got == t.corpus_fingerprint,
+        "the corpus '" + t.data_path + "' of the run in '" + run_dir +
+            "' changed since the run trained on it (fingerprint " + got + ", the run's " +
+            t.corpus_fingerprint +
+            "): its validation split would no longer be held-out text. Restore the corpus, or "
+            "pass --data to measure on the text as it is now");
+  return c;
+}
+
 }  // namespace attnres::cli

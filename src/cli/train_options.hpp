@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "attnres/data.hpp"
 #include "attnres/train.hpp"
 
 namespace attnres::cli {
@@ -52,5 +53,10 @@ void apply_init_from_defaults(const CLI::App& s, TrainArgs& a);
 void start_signal_thread();
 const std::atomic<bool>* install_stop_handler();
 void remove_stop_handler();
+
+// The corpus of the run in `run_dir` (its train_config.json `t`), read as training read it, for
+// eval and inspect without --data. Error when the text is no longer the one the run trained on
+// (its fingerprint): the "validation split" would then hold training text.
+Corpus read_trained_corpus(const TrainConfig& t, const std::string& run_dir);
 
 }  // namespace attnres::cli

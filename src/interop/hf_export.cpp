@@ -19,6 +19,18 @@ namespace attnres {
 
 namespace {
 
+constexpr const char* kExportMark = "written_by_attnres";
+
+// Whether `path` is the model.safetensors of an earlier export-hf (it carries kExportMark).
+bool written_by_export(const fs::path& path) {
+  try {
+    const SafetensorsReader r = SafetensorsReader::open(path.string());
+    return r.metadata().count(kExportMark) > 0;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 // config.json of the model `c` describes (transformers 4 and 5 read top-level rope_theta): a
 // LlamaForCausalLM for PreNorm; for Full/Block AttnRes our modeling_attnres.py's model, with the
 // depth mix's keys (attn_res_block_size is Kimi K3's name, in layers, where S is even).
@@ -86,7 +98,8 @@ void write_weights(const Model& model, const std::string& path) {
   std::vector<float> host;
   const float* p = model.params_on_host(host);
   SafetensorsWriter w;
-  w.set_metadata("format", "pt");  // (transformers refuses a file without it)
+  w.set_metadata("format", "pt");            // (transformers refuses a file without it)
+  w.set_metadata(kExportMark, "export-hf");  // (what --overwrite may replace)
   for (const ParamEntry& e : model.layout().entries()) {
     const std::string hn = hf_tensor_name(e.name);
     check(!hn.empty(), "internal: tensor '" + e.name + "' has no Hugging Face name");
@@ -119,6 +132,13 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
   check(!exists || fs::is_directory(fs::symlink_status(out_dir, ec)),
         "--out '" + out_dir + "' exists and is not a directory; choose another path");
   if (exists) {  // --overwrite replaces an earlier export, never a run or the user's files
+    const fs::path weights = fs::path(out_dir) / "model.safetensors";
+    check(fs::is_empty(out_dir, ec) ||
+              (fs::is_regular_file(fs::symlink_status(weights, ec)) && written_by_export(weights)),
+          "--out '" + out_dir +
+              "' is not an earlier export of attnres (its model.safetensors is missing or was "
+              "written by another tool, e.g. a Hugging Face model's): --overwrite replaces only "
+              "attnres' own exports; choose another --out");
     for (const auto& e : fs::directory_iterator(out_dir, ec)) {
       const std::string n = e.path().filename().string();
       const bool exported = n == "config.json" || n == "model.safetensors" ||

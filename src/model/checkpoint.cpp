@@ -51,6 +51,18 @@ int64_t metadata_count(const std::string& v, int64_t max, const std::string& wha
 
 }  // namespace
 
+bool is_attnres_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec))) return false;
+  try {
+    const SafetensorsReader r = SafetensorsReader::open(path);
+    auto f = r.metadata().find("format");
+    return f != r.metadata().end() && f->second.rfind("attnres-model/", 0) == 0;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 std::string checkpoint_tokenizer_file(const Metadata& meta, const std::string& path) {
   auto ref = meta.find("tokenizer");
   if (ref == meta.end() || ref->second.find(':') == std::string::npos) return "";

@@ -121,13 +121,41 @@ std::string RunDir::last_checkpoint_note() const {
   return ". The last good checkpoint is named in '" + latest.string() + "'";
 }
 
+namespace {
+
+// "step_<digits>", or "step_<digits>.tmp" (a save that was interrupted).
+bool is_step_name(const std::string& n) {
+  const std::string digits = n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0
+                                 ? n.substr(5, n.size() - 9)
+                                 : n.substr(std::min<size_t>(5, n.size()));
+  return n.rfind("step_", 0) == 0 && !digits.empty() &&
+         digits.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// Whether `p` is a checkpoint RunDir::save wrote: a step directory (not a link) holding only the
+// files a save writes (and the temp files of one that was interrupted). Anything else under
+// checkpoints/ is the user's, and --overwrite must not delete it.
+bool is_saved_checkpoint(const fs::path& p) {
+  if (!is_step_name(p.filename().string()) || !fs::is_directory(fs::symlink_status(p))) {
+    return false;
+  }
+  for (const auto& e : fs::directory_iterator(p)) {
+    const std::string n = e.path().filename().string();
+    const bool known = n == "model.safetensors" || n == "optimizer.safetensors" ||
+                       n == "tokenizer.model" || n.find(".tmp.") != std::string::npos;
+    if (!known || !fs::is_regular_file(fs::symlink_status(e.path()))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void RunDir::prune(const std::string& keep_name) const {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(ckpt_root())) {
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos) {
-      names.push_back(n);
-    }
+    // (a checkpoint holding a file of the user's is kept: never deleted with the old ones)
+    if (n.find(".tmp") == std::string::npos && is_saved_checkpoint(e.path())) names.push_back(n);
   }
   std::sort(names.begin(), names.end());
   const int64_t excess = static_cast<int64_t>(names.size()) - keep_;
@@ -160,35 +188,6 @@ RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // (releases the lock)
 }
 
-namespace {
-
-// "step_<digits>", or "step_<digits>.tmp" (a save that was interrupted).
-bool is_step_name(const std::string& n) {
-  const std::string digits = n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0
-                                 ? n.substr(5, n.size() - 9)
-                                 : n.substr(std::min<size_t>(5, n.size()));
-  return n.rfind("step_", 0) == 0 && !digits.empty() &&
-         digits.find_first_not_of("0123456789") == std::string::npos;
-}
-
-// Whether `p` is a checkpoint RunDir::save wrote: a step directory (not a link) holding only the
-// files a save writes (and the temp files of one that was interrupted). Anything else under
-// checkpoints/ is the user's, and --overwrite must not delete it.
-bool is_saved_checkpoint(const fs::path& p) {
-  if (!is_step_name(p.filename().string()) || !fs::is_directory(fs::symlink_status(p))) {
-    return false;
-  }
-  for (const auto& e : fs::directory_iterator(p)) {
-    const std::string n = e.path().filename().string();
-    const bool known = n == "model.safetensors" || n == "optimizer.safetensors" ||
-                       n == "tokenizer.model" || n.find(".tmp.") != std::string::npos;
-    if (!known || !fs::is_regular_file(fs::symlink_status(e.path()))) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only) {
   const fs::path d = out_dir;
   auto present = [&](const char* n) { return fs::exists(fs::symlink_status(d / n)); };
@@ -197,15 +196,7 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
   auto ours = [&](const char* n) {
     const fs::path p = d / n;
     if (std::string(n) == "model.safetensors") {  // (a Hugging Face model's weights are not ours)
-      if (!fs::is_regular_file(fs::symlink_status(p))) return false;
-      try {
-        const SafetensorsReader r = SafetensorsReader::open(p.string());
-        const auto& m = r.metadata();
-        auto f = m.find("format");
-        return f != m.end() && f->second.rfind("attnres-model/", 0) == 0;
-      } catch (const Error&) {
-        return false;
-      }
+      return is_attnres_checkpoint(p.string());
     }
     if (std::string(n) != "checkpoints") return fs::is_regular_file(fs::symlink_status(p));
     if (!fs::is_directory(fs::symlink_status(p))) return false;
