@@ -331,6 +331,27 @@ TEST(Compare, OneComparisonPerDirectory) {
                 &log),
             0)
       << log;
+  const fs::path place = out / "runs" / "full" / "seed1337";
+  {
+    // Eighth pass: `report` during a comparison rewrote results.json under it; and a train
+    // running (without a checkpoint yet) at a run's place was cleared and trained over.
+    const attnres::RunLock other(out.string());
+    EXPECT_EQ(run("report " + out.string(), &log), 1) << log;
+    EXPECT_NE(log.find("another attnres process"), std::string::npos) << log;
+  }
+  fs::create_directories(place);
+  {
+    const attnres::RunLock live(place.string());  // (as a user's `train --out place` holds it)
+    EXPECT_EQ(run("compare --preset tiny --modes prenorm,full --seeds 1 --steps 5 --no-plots "
+                  "--data " +
+                      data + " --out " + out.string(),
+                  &log),
+              1);
+    EXPECT_NE(log.find("another attnres process (pid " + std::to_string(::getpid()) + ")"),
+              std::string::npos)
+        << log;
+    EXPECT_TRUE(fs::exists(place / ".lock"));
+  }
 }
 
 // Seventh hostile pass: the place of a run without a checkpoint was remove_all'd before it

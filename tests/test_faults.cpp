@@ -604,6 +604,40 @@ TEST(Faults, RunDirectoriesHaveOneOwner) {
   EXPECT_EQ(slurp(dir / "run" / "metrics.jsonl" / "sub" / "x"), "precious");
 }
 
+// Eighth hostile pass: a stop right after a periodic save saved that step again, removing the
+// checkpoint `latest` names before renaming its copy into place; a second signal or kill -9 in
+// between left `latest` naming nothing. The checkpoint already saved is now kept as it is.
+TEST(Faults, AStopRightAfterASaveKeepsThatCheckpoint) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.save_every = 2;
+  const fs::path step4 = dir / "run" / "checkpoints" / "step_00000004";
+  auto inode = [](const fs::path& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 ? st.st_ino : ino_t{0};
+  };
+  ino_t saved = 0;
+  std::atomic<bool> stop{false};
+  TrainEvents ev;
+  ev.stop = &stop;
+  ev.on_step = [&](const StepInfo& si) {
+    if (si.step == 4) stop = true;  // seen after step 4's periodic save
+  };
+  ev.on_message = [&](const std::string& m) {
+    if (m.find("interrupted: saving") != std::string::npos) saved = inode(step4);
+  };
+  ASSERT_TRUE(train(c, ev).interrupted);
+  ASSERT_NE(saved, ino_t{0});  // (the periodic save of step 4 came first)
+  EXPECT_EQ(slurp(dir / "run" / "latest"), "step_00000004\n");
+  EXPECT_EQ(inode(step4), saved);  // kept as it was, not removed and replaced
+  TrainConfig rc;
+  rc.out_dir = c.out_dir;
+  rc.resume = true;
+  EXPECT_FALSE(train(rc, {}).interrupted);
+}
+
 // Seventh hostile pass: a checkpoints/ directory counted as the engine's when its entries were
 // named step_*, so --overwrite deleted the user's step_backup/ (or notes kept in a checkpoint).
 TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {

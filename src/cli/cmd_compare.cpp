@@ -613,6 +613,9 @@ void add_report(CLI::App& app) {
   s->callback([dir] {
     check(fs::exists(fs::path(*dir) / "results.json"),
           "'" + *dir + "' has no results.json; give the directory `attnres compare --out` wrote");
+    // A comparison running in the directory owns its results.json: a report written meanwhile
+    // could put an older one back (the lock refuses, naming its pid).
+    const RunLock lock(*dir);
     // Read and check results.json before drawing anything from it.
     const std::string rp = (fs::path(*dir) / "results.json").string();
     json r;

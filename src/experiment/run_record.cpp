@@ -114,6 +114,7 @@ bool prepare_run_dir(const TrainConfig& c, int64_t vocab) {
     check(fs::is_directory(st), "'" + dir.string() +
                                     "', where this comparison keeps a run, is not a directory "
                                     "(a file or a link of yours?); move it away and rerun");
+    { const RunLock live(dir.string()); }  // (a train running there now: refused, with its pid)
     const std::string n = first_stranger_in_run_dir(dir.string());
     check(n.empty(), "'" + (dir / n).string() +
                          "' is in the place of an unfinished run of this comparison, but no "

@@ -58,6 +58,19 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
                        "untouched" +
                            last_checkpoint_note());
   std::error_code ec;
+  // This very step saved already and named by `latest` (a stop right after a periodic save): it
+  // is not saved again. Replacing it would leave `latest` naming nothing between the removal and
+  // the rename, and a second signal or kill -9 there would lose the run.
+  const fs::path latest_file = fs::path(out_dir_) / "latest";
+  if (fs::is_directory(fs::symlink_status(dir, ec)) &&
+      fs::is_regular_file(fs::symlink_status(latest_file, ec))) {
+    std::string named;
+    try {
+      named = read_file(latest_file.string());
+    } catch (const Error&) {
+    }
+    if (named == name + "\n") return;
+  }
   try {
     fs::create_directories(root);
     fs::remove_all(tmp, ec);
