@@ -215,6 +215,18 @@ TEST(Cli, ConfigFileWithOverrides) {
           (dir / "bomrun").string());
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(contains(r.out, "bom.toml' starts with a UTF-8 byte-order mark")) << r.out;
+  // Eighth pass: a flag set to nothing, "" or 2 in a config file counted as true, so
+  // `overwrite =` deleted the run in --out.
+  const std::string kept = attnres::testing::slurp((dir / "run" / "model.safetensors").string());
+  for (const char* v : {"", "\"\"", "2"}) {
+    std::ofstream(dir / "flag.toml", std::ios::trunc) << "[train]\noverwrite = " << v << "\n";
+    r = run("--config " + (dir / "flag.toml").string() + " train --data " +
+            (dir / "corpus.txt").string() + kTinyModel + " --steps 2 --out " +
+            (dir / "run").string());
+    EXPECT_EQ(r.code, 1) << v << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, "sets the flag 'train.overwrite'")) << r.out;
+    EXPECT_EQ(attnres::testing::slurp((dir / "run" / "model.safetensors").string()), kept);
+  }
   // Block sizes under a residual without blocks were ignored without a word.
   for (const char* opt : {" --block-layers 2", " --block-size 4"}) {
     r = run("train --residual full" + std::string(opt) + " --data x --out " +

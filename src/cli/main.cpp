@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -92,6 +93,25 @@ void check_inputs_before_parsing(int argc, char** argv) {
   }
 }
 
+// The TOML/INI reader with strict flags: a flag's value must be a boolean word. CLI11 took an
+// empty value, "" or 2 as true, so `overwrite =` deleted a run.
+class StrictFlagConfig : public CLI::ConfigTOML {
+ public:
+  std::string to_flag(const CLI::ConfigItem& item) const override {
+    std::string v = item.inputs.size() == 1 ? item.inputs[0] : std::string();
+    std::string low = v;
+    for (char& ch : low) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    for (const char* ok : {"true", "false", "1", "0", "yes", "no", "on", "off"}) {
+      if (low == ok) return v;
+    }
+    std::string given;
+    for (const std::string& x : item.inputs) given += (given.empty() ? "'" : ", '") + x + "'";
+    throw attnres::Error("the --config file sets the flag '" + item.fullname() + "' to " +
+                         (given.empty() ? std::string("nothing") : given) +
+                         "; a flag takes true or false");
+  }
+};
+
 // The message and exit code of the exception being handled: 1 for what the user can fix (an
 // Error, out of memory, a path, a thread that could not start), 2 for an internal error.
 int report_exception() {
@@ -152,6 +172,7 @@ int run_main(int argc, char** argv) {
   app.add_option("--threads", threads, "Threads for compute (0 = all cores)")
       ->check(CLI::Range(0, kMaxThreads));
   app.set_config("--config", "", "Read options from a TOML/INI file (command-line flags win)");
+  app.config_formatter(std::make_shared<StrictFlagConfig>());
   // A key of the config file that names no option (a typo, a misspelt [section]) is an error,
   // not silently ignored.
   app.allow_config_extras(CLI::config_extras_mode::error);
