@@ -3,6 +3,7 @@
 // logits (tools/gen_hf_fixtures.py); these tests need no Python.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -718,6 +719,12 @@ TEST(ExportHf, NeverRemovesAPathNextToOut) {
     leftovers += e.path().filename().string().find("hf_tied.") == 0 ? 1 : 0;
   }
   EXPECT_EQ(leftovers, 4);
+  // (mkdtemp makes 0700 directories; the export itself gets the umask's mode, as mkdir would)
+  const mode_t old_mask = ::umask(022);
+  export_hf(*m, "", out, true);
+  ::umask(old_mask);
+  EXPECT_EQ(fs::status(out).permissions() & fs::perms::all,
+            fs::perms::all & ~(fs::perms::group_write | fs::perms::others_write));
 }
 
 namespace {

@@ -1,4 +1,5 @@
 // `attnres export-hf`: an attnres PreNorm model as a Hugging Face LlamaForCausalLM directory.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -156,6 +157,9 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
   // Both names are fresh directories made by mkdtemp: a path someone placed there (a link, a
   // directory of theirs) is never written into or removed.
   const fs::path tmp = make_temp_dir(out.string() + ".tmp.");
+  const mode_t mask = ::umask(0);  // (mkdtemp's 0700 would hide the export from other users)
+  ::umask(mask);
+  (void)::chmod(tmp.c_str(), 0777 & ~mask);
   try {
     write_file_atomic((tmp / "config.json").string(), hf_config(c, tokenizer_model.empty()));
     write_weights(model, (tmp / "model.safetensors").string());
