@@ -639,6 +639,21 @@ TEST(ExportHf, AttnResModelsRoundTripWithK3Names) {
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
     EXPECT_LT(back.probe_tokens, 1);  // (nothing upcycled)
     EXPECT_THROW(import_hf(out, mode(S == 1 ? ResidualMode::block : ResidualMode::full)), Error);
+    if (S == 4) {  // A Llama config with K3's attn_res_block_size and tensors maps 1:1 too.
+      nlohmann::json k3 = read_json(out + "/config.json");
+      for (const char* k :
+           {"attnres_residual", "attnres_block_size", "attnres_key_norm_eps", "auto_map"}) {
+        k3.erase(k);
+      }
+      k3["model_type"] = "llama";
+      k3["architectures"] = {"LlamaForCausalLM"};
+      std::ofstream(out + "/config.json", std::ios::trunc) << k3.dump();
+      HfImport k = import_hf(out, mode(ResidualMode::prenorm));
+      EXPECT_EQ(k.model->config().residual.mode, ResidualMode::block);
+      EXPECT_EQ(k.model->config().residual.block_size, 4);
+      const std::vector<float> c = k.model->params_to_host();
+      EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
+    }
   }
   for (int v = 0; v < 4; v++) {
     ResidualConfig r;

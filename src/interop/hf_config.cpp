@@ -143,6 +143,14 @@ ModelConfig parse_config(const std::string& path) {
                  ", which attnres requires");
     }
   }
+  if (!attnres && j.contains("attn_res_block_size") && !j["attn_res_block_size"].is_null()) {
+    // A Llama with Kimi K3's Block AttnRes (its tensor names; blocks of N layers: S = 2N).
+    int64_t n = 0;
+    read_json_field(j, "attn_res_block_size", n, what);
+    if (n < 1) refuse(path, "attn_res_block_size " + std::to_string(n), "is not a layer count");
+    c.residual.mode = ResidualMode::block;
+    c.residual.block_size = 2 * n;
+  }
   if (attnres) {
     c.residual = attnres_residual(j, path);
     if (c.residual.key_eps == c.norm_eps) c.residual.key_eps = 0;  // (0: the model's norm_eps)
