@@ -794,6 +794,29 @@ TEST(Faults, FailedOverwriteKeepsTheOldRunsTokenizer) {
   auto m = load_model((dir / "run" / "model.safetensors").string(), &meta);
   EXPECT_NO_THROW(load_checkpoint_tokenizer(meta, (dir / "run" / "model.safetensors").string(),
                                             m->config().vocab_size));
+  // Ninth pass: a kill -9 before stage 5 left the old run with the new run's tokenizer (the
+  // restore above needs the process alive). The new tokenizer is made elsewhere and moved in
+  // only when the old run is deleted: at every message before that, the old one is in place.
+  TrainConfig good = c;
+  good.data_path = (dir / "d.txt").string();
+  good.overwrite = true;
+  int checked = 0;
+  TrainEvents ev;
+  ev.on_message = [&](const std::string& msg) {
+    if (msg.rfind("--overwrite: deleted", 0) == 0) checked = -1000;  // (stage 5 reached)
+    if (checked < 0) return;
+    EXPECT_EQ(slurp(dir / "run" / "tokenizer.model"), tok) << "at: " << msg;
+    checked++;
+  };
+  ASSERT_FALSE(train(good, ev).interrupted);
+  EXPECT_LT(checked, 0);
+  EXPECT_NE(slurp(dir / "run" / "tokenizer.model"), tok);  // (now the new run's own)
+  for (const auto& e : fs::directory_iterator(dir / "run")) {
+    EXPECT_EQ(e.path().filename().string().find(".overwrite.tmp."), std::string::npos);
+  }
+  auto m2 = load_model((dir / "run" / "model.safetensors").string(), &meta);
+  EXPECT_NO_THROW(load_checkpoint_tokenizer(meta, (dir / "run" / "model.safetensors").string(),
+                                            m2->config().vocab_size));
 }
 
 // Fourth hostile pass: a resume continues as the run computed. `--device`, `--precision`,

@@ -6,9 +6,11 @@
 // it stopped; data parallel over a dist::Communicator (each rank trains on its slice of every
 // batch, gradients are all-reduced).
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -183,6 +185,25 @@ class RestoreOnFailure {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
+// A directory the trainer made, removed with what it holds unless emptied by clear().
+class StagingDir {
+ public:
+  StagingDir& operator=(const std::string& p) {
+    path_ = p;
+    return *this;
+  }
+  ~StagingDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  bool empty() const { return path_.empty(); }
+  void clear() { path_.clear(); }
+  const std::string& str() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 class Trainer {
  public:
   Trainer(const TrainConfig& cfg_in, const TrainEvents& ev, dist::Communicator& comm)
@@ -313,6 +334,26 @@ class Trainer {
               "another --out");
   }
 
+  // Stage 5, --overwrite: the staged tokenizer and token cache take the old run's place.
+  void move_staged_data() {
+    if (staging_.empty()) return;
+    for (const char* f : {"tokenizer.model", "tokenizer.model.trainkey", "tokens.bin"}) {
+      const fs::path from = fs::path(staging_.str()) / f, to = fs::path(cfg_.out_dir) / f;
+      if (::rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT) {
+        const int err = errno;
+        throw Error("cannot move '" + from.string() + "' to '" + to.string() +
+                    "': " + errno_text(err));
+      }
+    }
+    std::error_code ec;
+    fs::remove_all(staging_.str(), ec);  // (a directory this run made)
+    staging_.clear();
+    if (!data_.tokenizer_path.empty()) {
+      data_.tokenizer_path =
+          (fs::path(cfg_.out_dir) / fs::path(data_.tokenizer_path).filename()).string();
+    }
+  }
+
   // Stage 2: the tokenizer and token splits (prepared once, by rank 0), the same on every rank.
   void prepare_data_stage() {
     DataOptions dopt;
@@ -320,6 +361,20 @@ class Trainer {
     dopt.tokenizer = cfg_.tokenizer;
     dopt.vocab_size = cfg_.bpe_vocab;
     dopt.out_dir = cfg_.data_dir.empty() ? cfg_.out_dir : cfg_.data_dir;
+    // --overwrite (one process): the new run's tokenizer and token cache are made in a staging
+    // directory and moved in at stage 5, once the old run is deleted. Made in --out itself, they
+    // would replace the old run's tokenizer.model, and a kill -9 before stage 5 would leave the
+    // old run reading its text through the new run's tokenizer.
+    if (root_ && ranks_ == 1 && !cfg_.resume && cfg_.overwrite && cfg_.data_dir.empty()) {
+      std::string name = (fs::path(cfg_.out_dir) / ".overwrite.tmp.XXXXXX").string();
+      if (::mkdtemp(name.data()) == nullptr) {
+        const int err = errno;
+        throw Error("cannot create a staging directory in --out '" + cfg_.out_dir +
+                    "': " + errno_text(err) + "; check that it is writable");
+      }
+      staging_ = name;
+      dopt.out_dir = staging_.str();
+    }
     // A given tokenizer is copied in when the run starts; a resume reads the run's own copy (the
     // original may have moved; the fingerprint check below catches a replaced copy).
     if (!cfg_.tokenizer_model.empty()) {
@@ -442,7 +497,12 @@ class Trainer {
       router_schedule_ = cfg_.schedule;
       if (cfg_.router_warmup >= 0) router_schedule_->warmup_steps = cfg_.router_warmup;
     }
-    run_dir_.emplace(cfg_.out_dir, cfg_.keep_checkpoints, data_.tokenizer_ref, data_.tokenizer_path,
+    // (a staged tokenizer is in --out by the first save: stage 5 moves it there)
+    const std::string tok_path =
+        staging_.empty() || data_.tokenizer_path.empty()
+            ? data_.tokenizer_path
+            : (fs::path(cfg_.out_dir) / fs::path(data_.tokenizer_path).filename()).string();
+    run_dir_.emplace(cfg_.out_dir, cfg_.keep_checkpoints, data_.tokenizer_ref, tok_path,
                      config_fingerprint(cfg_text_), data_.tokenizer_fingerprint);
     // Gradients are summed where they live: MPI for host memory, NCCL (or host staging) for GPUs.
     if (ranks_ > 1) {
@@ -508,6 +568,7 @@ class Trainer {
       // The new run's data, model and initial weights are good: only now is an old run deleted.
       const std::string note = claim_out_dir(cfg_.out_dir, cfg_.overwrite);
       restore_.disarm();  // (the old run is gone: the new tokenizer is the run's)
+      move_staged_data();
       if (!note.empty()) msg(note);
       write_file_atomic(cfg_path_.string(), cfg_text_);
     }
@@ -813,6 +874,7 @@ class Trainer {
   AppendFile metrics_;
   std::unique_ptr<RunLock> lock_;  // (rank 0) held while this run trains
   RestoreOnFailure restore_;       // (destroyed before lock_ is released)
+  StagingDir staging_;             // --overwrite: the new run's data until stage 5 (see stage 2)
   TrainResult res_;
   Batch batch_;
   Clock::time_point t0_;
