@@ -299,6 +299,23 @@ TEST(Compare, KeptRunsMustHaveTheCommandsSettings) {
   EXPECT_NE(log.find("other settings"), std::string::npos) << log;
   ASSERT_EQ(run(cmd + " --steps 10", &log), 0) << log;  // the same command keeps it
   EXPECT_NE(log.find("already done"), std::string::npos) << log;
+  {  // Ninth pass: `train --overwrite` at a run's place left its run.json, so compare kept the
+     // old record (its loss) for the new model.
+    const fs::path place = out / "runs" / "prenorm" / "seed1337";
+    std::string tl;
+    ASSERT_EQ(run("train --data " + data + " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 " +
+                      "--steps 2 --eval-every 0 --eval-batches 1 --sample-tokens 0 --overwrite " +
+                      "--residual full --out " + place.string(),
+                  &tl),
+              0)
+        << tl;
+    EXPECT_FALSE(fs::exists(place / "run.json"));
+    EXPECT_EQ(run(cmd + " --steps 10", &log), 1) << log;
+    EXPECT_EQ(log.find("already done"), std::string::npos) << log;
+    EXPECT_NE(log.find("other settings"), std::string::npos) << log;
+    fs::remove_all(place);
+    ASSERT_EQ(run(cmd + " --steps 10", &log), 0) << log;
+  }
   // Issue 19: the same command on a changed corpus does not keep the old corpus's result.
   std::ofstream(data, std::ios::app) << "a line the kept run never saw.\n";
   EXPECT_EQ(run(cmd + " --steps 10", &log), 1) << log;

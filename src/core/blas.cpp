@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "attnres/error.hpp"
+
 namespace attnres {
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
@@ -12,7 +14,14 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   if (M == 0 || N == 0) return;
   dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B,
                                 ldb, beta, C, ldc);
-  // A failure here is a programming error (bad leading dimensions), not bad user input.
+  // Out of memory (oneDNN's scratch buffers, e.g. under `ulimit -v`) is the user's to fix; any
+  // other failure is a programming error (bad leading dimensions), not bad user input.
+  if (st == dnnl_out_of_memory) {
+    throw Error("out of memory in a matrix product (" + std::to_string(M) + "x" +
+                std::to_string(K) + " by " + std::to_string(K) + "x" + std::to_string(N) +
+                "): oneDNN could not allocate its work space; raise the memory limit (ulimit -v) "
+                "or use a smaller --batch-size / --seq-len / model");
+  }
   if (st != dnnl_success)
     throw std::logic_error("dnnl_sgemm failed with status " + std::to_string(st));
 }

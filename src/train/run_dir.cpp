@@ -232,7 +232,8 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
     if (present(n)) kept.push_back(n);
   }
   if (present("checkpoints")) (has_checkpoint() ? kept : stale).push_back("checkpoints");
-  for (const char* n : {"train_config.json", "metrics.jsonl"}) {
+  // (run.json: compare's record of the run that was here; a new run is not that one)
+  for (const char* n : {"train_config.json", "metrics.jsonl", "run.json"}) {
     if (present(n)) stale.push_back(n);
   }
   for (const auto& v : {kept, stale}) {
