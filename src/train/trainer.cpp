@@ -386,7 +386,8 @@ class Trainer {
       dopt.expect_fingerprint = cfg_.corpus_fingerprint;
       dopt.expect_tokenizer_fingerprint = cfg_.tokenizer_fingerprint;
     }
-    if (root_ && !cfg_.resume && cfg_.overwrite) {
+    // Several ranks (no staging): the old tokenizer files are put back if the run fails first.
+    if (root_ && !cfg_.resume && cfg_.overwrite && staging_.empty()) {
       for (const char* f : {"tokenizer.model", "tokenizer.model.trainkey"}) {
         restore_.save(join_path(dopt.out_dir, f));
       }
