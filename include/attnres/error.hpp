@@ -26,6 +26,10 @@ class DivergedError : public Error {
 // big it was, and what to lower (`fix`).
 Error out_of_memory(const std::string& what, double bytes, const std::string& fix);
 
+// What went wrong, for a message that wraps a caught exception: its what(), or "out of memory"
+// for std::bad_alloc (whose what() is only "std::bad_alloc").
+std::string cause_of(const std::exception& e);
+
 // Throws Error(msg) when cond is false. For checks on user input, not internal invariants.
 inline void check(bool cond, const std::string& msg) {
   if (!cond) throw Error(msg);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -150,16 +151,16 @@ void run_train(TrainArgs& a, const DistArgs& d) {
   } catch (const std::exception& e) {
     std::fflush(stdout);
     if (comm->is_root()) {
-      std::fprintf(stderr, "\nerror: %s\n", e.what());
+      std::fprintf(stderr, "\nerror: %s\n", cause_of(e).c_str());
     } else {
       // Most errors (bad options, unreadable data) are raised on every rank alike: give rank 0
       // a moment to report and end the job (mpirun's SIGTERM now ends this process), so the
       // message appears once.
       remove_stop_handler();
       std::this_thread::sleep_for(std::chrono::seconds(2));
-      std::fprintf(stderr, "\nerror (rank %d): %s\n", comm->rank(), e.what());
+      std::fprintf(stderr, "\nerror (rank %d): %s\n", comm->rank(), cause_of(e).c_str());
     }
-    comm->abort(dynamic_cast<const Error*>(&e) ? 1 : 2);
+    comm->abort(dynamic_cast<const Error*>(&e) || dynamic_cast<const std::bad_alloc*>(&e) ? 1 : 2);
   }
 }
 

@@ -21,6 +21,7 @@
 #include "attnres/fileio.hpp"
 #include "cli/commands.hpp"
 #include "cli/train_options.hpp"
+#include "core/blas.hpp"
 
 namespace {
 
@@ -203,6 +204,12 @@ int run_main(int argc, char** argv) {
                            "other's files); run this command without mpirun");
     }
     if (threads > 0) omp_set_num_threads(threads);
+    // A command that runs a model has oneDNN generate its GEMM kernels before anything large is
+    // allocated (see prepare_gemm).
+    for (const char* computes :
+         {"train", "eval", "generate", "inspect", "bench", "compare", "scale", "import-hf"}) {
+      if (app.got_subcommand(computes)) attnres::prepare_gemm();
+    }
   });
   attnres::cli::add_train(app);
   attnres::cli::add_eval(app);

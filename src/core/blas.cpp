@@ -2,8 +2,12 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include <sys/mman.h>
+
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "attnres/error.hpp"
 
@@ -24,6 +28,51 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   }
   if (st != dnnl_success)
     throw std::logic_error("dnnl_sgemm failed with status " + std::to_string(st));
+}
+
+namespace {
+
+// Address space the kernels' generation may take (measured: about 17 MiB with oneDNN 2.6; a margin
+// above it).
+constexpr size_t kGemmKernelHeadroom = size_t{24} << 20;
+
+void require_headroom() {
+  void* p = mmap(nullptr, kGemmKernelHeadroom, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    throw Error("out of memory: the matrix-product kernels (oneDNN) need about " +
+                std::to_string(kGemmKernelHeadroom >> 20) +
+                " MiB of address space, more than this process could get; raise the memory "
+                "limit (ulimit -v)");
+  }
+  munmap(p, kGemmKernelHeadroom);
+}
+
+// Every transpose and beta on a few shapes (a row, a thin and a square product), so that each
+// kernel variant a command may reach is generated now.
+void warm_up() {
+  constexpr int64_t kMax = 64;
+  std::vector<float> a(kMax * kMax, 0.5f), b(kMax * kMax, 0.25f), c(kMax * kMax, 0.0f);
+  const int64_t shapes[][3] = {{1, 8, 8}, {8, 1, 8}, {8, 8, 8}, {3, 5, 7}, {kMax, kMax, kMax}};
+  for (const auto& s : shapes) {
+    for (int t = 0; t < 4; t++) {
+      for (float beta : {0.0f, 1.0f}) {
+        const bool ta = t & 1, tb = t & 2;
+        const int64_t M = s[0], N = s[1], K = s[2];
+        sgemm(ta, tb, M, N, K, 1.0f, a.data(), ta ? M : K, b.data(), tb ? K : N, beta, c.data(), N);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void prepare_gemm() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    require_headroom();
+    warm_up();
+  });
 }
 
 void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -12,6 +12,13 @@ namespace attnres {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// Makes oneDNN generate its GEMM kernels now, while the process has memory to spare. oneDNN
+// JIT-compiles them on the first sgemm and does not check that the code buffer could be mapped:
+// under a tight address-space limit (ulimit -v) a first product late in a run, after the model and
+// activations took the memory, died of SIGSEGV. Commands that compute call this before they
+// allocate; it throws an out-of-memory Error when even the kernels do not fit. Idempotent.
+void prepare_gemm();
+
 // Same contract, plain loops in double accumulation. Slow; the reference for tests.
 void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                      const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,

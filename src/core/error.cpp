@@ -1,5 +1,6 @@
-// The out-of-memory Error (attnres/error.hpp).
+// The out-of-memory Error and the cause of a caught exception (attnres/error.hpp).
 #include <cstdio>
+#include <new>
 
 #include "attnres/error.hpp"
 
@@ -14,6 +15,13 @@ Error out_of_memory(const std::string& what, double bytes, const std::string& fi
   }
   return Error("out of memory: " + what + " need " + size + ", more than this process could get; " +
                fix + " (or raise ulimit -v)");
+}
+
+std::string cause_of(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) {
+    return "out of memory (this process could get no more; raise ulimit -v or free memory)";
+  }
+  return e.what();
 }
 
 }  // namespace attnres

@@ -5,7 +5,10 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <vector>
 
 namespace attnres {
@@ -27,5 +30,32 @@ double deterministic_sum(int64_t n, F term) {
   for (double p : part) total += p;
   return total;
 }
+
+// An exception must not leave an OpenMP region: it would end the process (std::terminate,
+// "terminate called after throwing ..."), e.g. oneDNN's out-of-memory Error from a GEMM inside a
+// parallel loop under `ulimit -v`. Loop bodies run through run(): the first exception is kept,
+// later bodies are skipped, and rethrow() raises it after the region.
+class RegionErrors {
+ public:
+  template <class F>
+  void run(F&& body) noexcept {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    try {
+      body();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!first_) first_ = std::current_exception();
+      failed_.store(true, std::memory_order_relaxed);
+    }
+  }
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+  std::mutex mu_;
+  std::exception_ptr first_;
+};
 
 }  // namespace attnres

@@ -187,7 +187,8 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
     }
   } catch (const std::exception& e) {
     fs::remove_all(tmp, ec);
-    throw Error("export to '" + out_dir + "' failed: " + e.what() + "; nothing was written there");
+    throw Error("export to '" + out_dir + "' failed: " + cause_of(e) +
+                "; nothing was written there");
   }
 }
 

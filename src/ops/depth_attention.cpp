@@ -136,9 +136,12 @@ void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, 
   const int64_t d = m.d, H = m.H, dh = m.dh();
   const int64_t TB = std::min(tile_rows(S, d), std::max<int64_t>(N, 1));
   const int64_t tiles = (N + TB - 1) / TB;
-#pragma omp parallel if (N > kSerialRows)
+  // Per-thread scratch made before the region: an exception (out of memory) must not leave it.
+  const int nthr = omp_get_max_threads();
+  std::vector<float> scratch(static_cast<size_t>(nthr * TB * H * S));
+#pragma omp parallel num_threads(nthr) if (N > kSerialRows)
   {
-    std::vector<float> a(static_cast<size_t>(TB * H * S));  // weights [row][head][source]
+    float* a = scratch.data() + omp_get_thread_num() * TB * H * S;  // weights [row][head][source]
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
       const int64_t n0 = t * TB, nb = std::min(TB, N - n0);
@@ -153,7 +156,7 @@ void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, 
       }
       // Gates: softmax over the sources (vectorised exp) or sigmoid.
       for (int64_t rh = 0; rh < nb * H; rh++) {
-        float* w = a.data() + rh * S;
+        float* w = a + rh * S;
         if (m.softmax) {
           const float l = softmax_inplace(w, S);
           if (lse) lse[n0 * H + rh] = l;
@@ -241,9 +244,10 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
   // Shared query: each thread sums its rows' query gradient privately; combined in thread order
   // below so results do not depend on scheduling.
   std::vector<float> part(shared_q ? static_cast<size_t>(nthr) * d : 0, 0.0f);
+  std::vector<float> scratch(static_cast<size_t>(nthr * TB * H));  // made outside the region
 #pragma omp parallel num_threads(nthr)
   {
-    std::vector<float> D(static_cast<size_t>(TB * H));  // dx . x per row and head
+    float* D = scratch.data() + omp_get_thread_num() * TB * H;  // dx . x per row and head
     float* my_dq =
         shared_q ? part.data() + static_cast<int64_t>(omp_get_thread_num()) * d : nullptr;
 #pragma omp for schedule(static)
@@ -335,9 +339,12 @@ void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src
   const int64_t d = m.d, H = m.H, dh = m.dh();
   const int64_t TB = std::min(tile_rows(S, d), std::max<int64_t>(N, 1));
   const int64_t tiles = (N + TB - 1) / TB;
-#pragma omp parallel if (N > kSerialRows)
+  const int nthr = omp_get_max_threads();
+  std::vector<float> scratch(static_cast<size_t>(nthr * K * TB * H * S));  // outside the region
+#pragma omp parallel num_threads(nthr) if (N > kSerialRows)
   {
-    std::vector<float> a(static_cast<size_t>(K * TB * H * S));  // [query][row][head][source]
+    float* a =
+        scratch.data() + omp_get_thread_num() * K * TB * H * S;  // [query][row][head][source]
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
       const int64_t n0 = t * TB, nb = std::min(TB, N - n0);
@@ -353,7 +360,7 @@ void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src
       }
       for (int64_t k = 0; k < K; k++) {
         for (int64_t rh = 0; rh < nb * H; rh++)
-          lse[k][n0 * H + rh] = softmax_inplace(a.data() + (k * TB * H + rh) * S, S);
+          lse[k][n0 * H + rh] = softmax_inplace(a + (k * TB * H + rh) * S, S);
       }
       for (int64_t k = 0; k < K; k++) {
         for (int64_t i = 0; i < S; i++) {

@@ -91,8 +91,9 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
     fsync_dir(root.string());
   } catch (const std::exception& e) {  // attnres::Error or std::filesystem::filesystem_error
     fs::remove_all(tmp, ec);
-    throw Error("saving the checkpoint of step " + std::to_string(step) + " failed: " + e.what() +
-                ". The previous checkpoint (named in '" + (fs::path(out_dir_) / "latest").string() +
+    throw Error("saving the checkpoint of step " + std::to_string(step) +
+                " failed: " + cause_of(e) + ". The previous checkpoint (named in '" +
+                (fs::path(out_dir_) / "latest").string() +
                 "') is intact; fix the cause and continue with `attnres train --resume --out " +
                 out_dir_ + "`");
   }

@@ -144,7 +144,7 @@ PreparedData prepare_data_once(const DataOptions& dopt, dist::Communicator& comm
       comm.set_timeout(timeout);
       return d;
     } catch (const std::exception& e) {
-      err = e.what();
+      err = cause_of(e);
       comm.broadcast_string(err.empty() ? "data preparation failed" : err);
       throw;
     }
