@@ -344,7 +344,7 @@ TEST(Cli, SecondHostilePassIsRefusedClearly) {
     refused(run("bench --steps 1 --warmup 0 --decode-tokens 0 --d-model 16 --n-layer 1 --n-head 2"
                 " --seq-len 8 --batch-size 1 --vocab 32 --modes prenorm --json " +
                 null),
-            "not a regular file");
+            "is not the output of an earlier `attnres bench --json`");
     struct stat st {};
     ASSERT_EQ(::stat(null.c_str(), &st), 0);
     EXPECT_TRUE(S_ISCHR(st.st_mode));
@@ -540,6 +540,88 @@ TEST(Cli, EveryAddressSpaceLimitEndsInSuccessOrAnError) {
       EXPECT_GT(refused, 0) << c.name;
     }
   }
+}
+
+// Issue 19, tenth hostile pass: the severe findings of the options/signals and files helpers.
+TEST(Cli, TenthHostilePassIsHandled) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const fs::path run_dir = dir / "run";
+  const std::string model = (run_dir / "model.safetensors").string();
+  auto refused = [](const CliRun& r, const std::string& needle) {
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(contains(r.out, needle)) << "'" << needle << "' not in:\n" << r.out;
+  };
+  // Started with stdout and stderr closed, train's progress lines went into metrics.jsonl or
+  // .lock (the first files it opened took descriptors 1 and 2).
+  const int st = std::system((std::string(ATTNRES_CLI_PATH) + " train --data " + data + kTinyModel +
+                              " --steps 6 --log-every 1 --out " + run_dir.string() + " <&- >&- 2>&-")
+                                 .c_str());
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  {
+    std::ifstream log(run_dir / "metrics.jsonl");
+    std::string line;
+    int lines = 0;
+    while (std::getline(log, line)) {
+      lines++;
+      EXPECT_TRUE(nlohmann::json::accept(line)) << line;
+    }
+    EXPECT_GT(lines, 0);
+  }
+  // oneDNN computed only part of each product when OpenMP gave fewer threads than asked for.
+  auto loss = [&](const std::string& env, const char* threads) {
+    const CliRun e = attnres::testing::run_cli(
+        std::string("--threads ") + threads + " eval " + model + " --data " + data, env);
+    EXPECT_EQ(e.code, 0) << e.out;
+    const size_t at = e.out.find("| loss ");
+    return at == std::string::npos ? std::string("none") : e.out.substr(at, 14);
+  };
+  const std::string one = loss("", "1");
+  EXPECT_NE(one, "none");
+  for (const char* env : {"OMP_THREAD_LIMIT=1 ", "OMP_DYNAMIC=true ", "OMP_MAX_ACTIVE_LEVELS=0 "}) {
+    EXPECT_EQ(loss(env, "2"), one) << env;
+  }
+  // Output lost to a full device was exit 0.
+  CliRun r = attnres::testing::run_cli("info " + model + " 2>&1 >/dev/full; exit $?; ");
+  refused(r, "the output could not be written to stdout");
+  // A path that is not UTF-8: `internal error` from the JSON writer.
+  refused(run("train --data " + data + kTinyModel + " --out " +
+              (dir / "li\xff"
+                     "c")
+                  .string()),
+          "is not valid UTF-8");
+  EXPECT_FALSE(fs::exists(dir / "li\xff"
+                                "c"));
+  // /proc files pass as empty regular files; reading one blocks or never ends.
+  refused(run("--config /proc/self/pagemap info " + model), "a file of /proc or /sys");
+  refused(run("eval " + model + " --data /proc/self/pagemap"), "a file of /proc or /sys");
+  // A [section] opened twice kept the first value of a key set in both.
+  std::ofstream(dir / "twice.toml") << "[train]\nsteps = 6\n\n[train]\nsteps = 9\n";
+  refused(run("--config " + (dir / "twice.toml").string() + " train --data " + data + kTinyModel +
+              " --out " + (dir / "t").string()),
+          "opens the section [train] twice (lines 1 and 4)");
+  // bench --json replaced any file: a checkpoint, the corpus.
+  const std::string bench =
+      "bench --steps 1 --warmup 0 --decode-tokens 0 --d-model 16 --n-layer 1"
+      " --n-head 2 --seq-len 8 --batch-size 1 --vocab 32 --modes prenorm";
+  const std::string text = attnres::testing::slurp(data);
+  refused(run(bench + " --json " + data), "is not the output of an earlier `attnres bench --json`");
+  EXPECT_EQ(attnres::testing::slurp(data), text);
+  const std::string js = (dir / "bench.json").string();
+  ASSERT_EQ(run(bench + " --json " + js).code, 0);
+  EXPECT_EQ(run(bench + " --json " + js).code, 0);  // its own earlier result is replaced
+  // A new run in a directory holding an import-hf checkpoint replaced its tokenizer.model.
+  const fs::path imp = dir / "models";
+  fs::create_directories(imp);
+  fs::copy_file(model, imp / "imported.safetensors");
+  std::ofstream(imp / "tokenizer.model") << "an imported model's tokenizer";
+  refused(run("train --data " + data + kTinyModel +
+              " --steps 2 --tokenizer bpe --vocab-size 300"
+              " --out " +
+              imp.string()),
+          "is not a run's");
+  EXPECT_EQ(attnres::testing::slurp(imp / "tokenizer.model"), "an imported model's tokenizer");
 }
 
 // Issue 19, third hostile pass: what lost a run or told nothing.

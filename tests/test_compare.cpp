@@ -125,9 +125,27 @@ TEST(Compare, TinyEndToEndReportMatchesResultsAndPlotsExist) {
   // `attnres report` regenerates the same report from results.json.
   fs::remove(out / "report.md");
   fs::remove(out / "val_loss.png");
+  // Tenth hostile pass: a json.py in the directory ran as the plotting script's own module
+  // (Python puts the script's directory first on sys.path), and a plot's name linked to a user's
+  // file had that file overwritten with a PNG.
+  {
+    std::ofstream(out / "json.py") << "open(" << json((dir / "CODE_RAN").string()).dump()
+                                   << ", 'w').write('ran')\nraise SystemExit(3)\n";
+    std::ofstream(dir / "thesis.txt") << "my thesis\n";
+    fs::remove(out / "grad_norm.png");
+    fs::create_symlink(dir / "thesis.txt", out / "grad_norm.png");
+  }
   ASSERT_EQ(run("report " + out.string(), &log), 0) << log;
   EXPECT_EQ(slurp(out / "report.md"), report);
   expect_png(out / "val_loss.png");
+  EXPECT_FALSE(fs::exists(dir / "CODE_RAN"));
+  EXPECT_EQ(slurp(dir / "thesis.txt"), "my thesis\n");
+  EXPECT_FALSE(fs::is_symlink(out / "grad_norm.png"));
+  expect_png(out / "grad_norm.png");
+  for (const auto& e : fs::directory_iterator(out)) {  // the private plot directory is gone
+    EXPECT_NE(e.path().filename().string().rfind(".plots.", 0), 0u) << e.path();
+  }
+  fs::remove(out / "json.py");
   // Rerunning the same command keeps the finished runs.
   ASSERT_EQ(run("compare --preset tiny --modes prenorm,block --seeds 2 --steps 200 --data " + data +
                     " --out " + out.string() + " --no-plots",

@@ -185,6 +185,21 @@ TEST(TokenCache, RoundTripAndCorruption) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(tc.data()) % 4, 0u);
     TokenCache moved = std::move(tc);
     EXPECT_EQ(moved.data()[5], toks[5]);
+    // Tenth hostile pass: the cache was mapped, so a file cut while the run trained killed it
+    // (SIGBUS), and one rewritten in place changed the tokens under it. It is read into memory.
+    std::vector<int32_t> other(1000, 7);
+    write_token_cache(d.file("other.bin"), other, 300, 0xabcdef);
+    {
+      std::FILE* f = std::fopen(p.c_str(), "r+b");  // in place, as dd conv=notrunc would
+      ASSERT_NE(f, nullptr);
+      const std::string bytes = attnres::testing::slurp(d.file("other.bin"));
+      std::fwrite(bytes.data(), 1, bytes.size(), f);
+      std::fclose(f);
+    }
+    EXPECT_EQ(std::vector<int32_t>(moved.data(), moved.data() + moved.size()), toks);
+    fs::resize_file(p, 0);
+    EXPECT_EQ(std::vector<int32_t>(moved.data(), moved.data() + moved.size()), toks);
+    write_token_cache(p, toks, 300, 0xabcdef);  // (the cases below start from it)
   }
   auto expect_bad = [&](const std::string& bytes, uint64_t key, int32_t vocab,
                         const std::string& needle) {

@@ -207,6 +207,11 @@ TEST(FileIO, MappedFileReadsAndMoves) {
   m3 = std::move(m2);
   EXPECT_EQ(m3.data(), before);
   EXPECT_EQ(m3.size(), 10u);
+  // The SIGBUS handler's lookup: the mapping's bytes name the file while it is mapped.
+  EXPECT_STREQ(mapped_file_at(before + 3), p.c_str());
+  EXPECT_EQ(mapped_file_at(before + 4096), nullptr);
+  m3 = MappedFile();
+  EXPECT_EQ(mapped_file_at(before + 3), nullptr);
 
   const std::string e = d.file("empty.bin");
   write_file_atomic(e, "");

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Draws the plots of an `attnres compare` report from RUN_DIR/results.json.
 
-Usage: python3 tools/plot_report.py RUN_DIR
-(The attnres binary embeds this script and runs it for `attnres compare` / `attnres report`.)
-Writes val_loss.png, output_rms.png, grad_norm.png and depth_weights_<group>.png into RUN_DIR.
+Usage: python3 tools/plot_report.py RUN_DIR [OUT_DIR]
+(The attnres binary embeds this script and runs it for `attnres compare` / `attnres report`, with
+OUT_DIR a private directory it then moves the plots from.)
+Writes val_loss.png, output_rms.png, grad_norm.png and depth_weights_<group>.png into OUT_DIR
+(default RUN_DIR).
 Needs only matplotlib (Debian: python3-matplotlib).
 """
 import json
@@ -28,7 +30,7 @@ def safe(name):
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def scaling_plot(run_dir):
+def scaling_plot(run_dir, out_dir):
     """`attnres scale`: validation loss against training FLOPs per mode, log-log, with the fits."""
     with open(os.path.join(run_dir, "scaling.json")) as f:
         s = json.load(f)
@@ -53,15 +55,15 @@ def scaling_plot(run_dir):
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(run_dir, "scaling.png"))
+    fig.savefig(os.path.join(out_dir, "scaling.png"))
     plt.close(fig)
     print("scaling.png")
 
 
-def main(run_dir):
+def main(run_dir, out_dir):
     if (os.path.exists(os.path.join(run_dir, "scaling.json"))
             and not os.path.exists(os.path.join(run_dir, "results.json"))):
-        return scaling_plot(run_dir)
+        return scaling_plot(run_dir, out_dir)
     with open(os.path.join(run_dir, "results.json")) as f:
         res = json.load(f)
     groups = res["groups"]
@@ -108,7 +110,7 @@ def main(run_dir):
     axes[1].set_title("Validation loss vs wall time\n(%s)" % res.get("hardware", {}).get("cpu", ""),
                       fontsize=10)
     fig.tight_layout()
-    fig.savefig(os.path.join(run_dir, "val_loss.png"))
+    fig.savefig(os.path.join(out_dir, "val_loss.png"))
     plt.close(fig)
     written.append("val_loss.png")
 
@@ -134,7 +136,7 @@ def main(run_dir):
         ax.grid(alpha=0.3, which="both")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(os.path.join(run_dir, fname))
+        fig.savefig(os.path.join(out_dir, fname))
         plt.close(fig)
         written.append(fname)
 
@@ -166,13 +168,13 @@ def main(run_dir):
         fig.colorbar(im, ax=ax, fraction=0.04)
         fig.tight_layout()
         fname = "depth_weights_%s.png" % safe(g["name"])
-        fig.savefig(os.path.join(run_dir, fname))
+        fig.savefig(os.path.join(out_dir, fname))
         plt.close(fig)
         written.append(fname)
     print(" ".join(written))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[-1])

@@ -63,22 +63,27 @@ void write_token_cache(const std::string& path, const std::vector<int32_t>& toke
 
 class TokenCache {
  public:
-  // Maps and validates a cache: Error (with "delete it to rebuild") on bad magic, version, size,
-  // key or vocab, or any token id outside [0, vocab_size).
+  // Reads and validates a cache: Error (with "delete it to rebuild") on bad magic, version, size,
+  // key or vocab, or any token id outside [0, vocab_size). The tokens are read into memory, not
+  // mapped: a mapped file cut while the run trains killed it (SIGBUS), and one rewritten in place
+  // changed the text it trained on without a word.
   static TokenCache open(const std::string& path, uint64_t expected_key, int32_t vocab_size);
 
   TokenCache() = default;
-  // Token ids (aligned: the header is 40 bytes and mappings are page-aligned).
-  const int32_t* data() const { return tokens_; }
+  TokenCache(TokenCache&&) = default;
+  TokenCache& operator=(TokenCache&&) = default;
+  TokenCache(const TokenCache&) = delete;
+  TokenCache& operator=(const TokenCache&) = delete;
+  // Token ids.
+  const int32_t* data() const { return tokens_.data(); }
   // Number of tokens.
-  int64_t size() const { return count_; }
+  int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
   // Path the cache was opened from.
-  const std::string& path() const { return file_.path(); }
+  const std::string& path() const { return path_; }
 
  private:
-  MappedFile file_;  // moving a MappedFile keeps the mapping address, so data() stays valid
-  const int32_t* tokens_ = nullptr;
-  int64_t count_ = 0;
+  std::string path_;
+  std::vector<int32_t> tokens_;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -95,7 +95,8 @@ class AtomicFileWriter {
 
 // A read-only memory map of a whole file. Empty files map to data() == nullptr, size() == 0.
 // Note: if another process truncates the file while it is mapped, reads fault (SIGBUS); the engine
-// only maps files it replaces by rename, which never truncates the mapped inode.
+// replaces its own files by rename, which never truncates the mapped inode, and the CLI's SIGBUS
+// handler names the file another program cut (mapped_file_at).
 class MappedFile {
  public:
   // Maps `path` read-only; throws Error naming the path if it is missing, a directory or
@@ -123,6 +124,15 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// The path of the MappedFile whose mapping holds `addr`, or nullptr. Async-signal-safe (for a
+// SIGBUS handler); paths longer than 255 bytes are cut.
+const char* mapped_file_at(const void* addr);
+
+// Makes a new, empty directory named `prefix` + six random characters (mkdtemp, mode 0700) and
+// returns its path; a path someone placed there cannot be taken for it. `where` names the place
+// in the error ("in --out 'runs/x'").
+std::string make_temp_dir(const std::string& prefix, const std::string& where);
 
 // Returns strerror(err) as a std::string (thread-safe).
 std::string errno_text(int err);

@@ -505,12 +505,28 @@ json compare_torch(const BenchArgs& a, const json& base, const std::string& weig
   return out;
 }
 
+// --json replaces only an earlier bench result: any other file there (a checkpoint, a corpus, the
+// `latest` of a run) is refused before the work starts.
+void check_json_out(const std::string& path) {
+  std::error_code ec;
+  if (path.empty() || !fs::exists(fs::symlink_status(path, ec))) return;
+  bool earlier = false;
+  if (fs::is_regular_file(fs::symlink_status(path, ec)) && fs::file_size(path, ec) < (64 << 20)) {
+    const json j = json::parse(read_file(path), nullptr, /*allow_exceptions=*/false);
+    earlier = j.is_object() && j.contains("sgemm_gflops") && j.contains("modes");
+  }
+  check(earlier, "--json '" + path +
+                     "' exists and is not the output of an earlier `attnres bench --json`; "
+                     "give a new file name (bench replaces only its own results)");
+}
+
 void run_bench(const BenchArgs& a) {
   if (!a.child_mode.empty()) {
     std::printf("%s\n", bench_one(a, a.child_mode).dump().c_str());
     return;
   }
   open_backend(a.dev);  // bad --device / --precision: an error before any work
+  check_json_out(a.json_out);
   check(!a.cuda_graphs || a.dev.device != Device::cpu,
         "--cuda-graphs captures the steps on --device cuda (or cuda-host, its emulation)");
   check(a.torch_pythons.empty() || a.dev.device == Device::cpu,

@@ -39,8 +39,8 @@ void set_rank_threads(const dist::Communicator& comm) {
   cpu_set_t set;
   CPU_ZERO(&set);
   const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
-  int allowed = static_cast<int>(online);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) allowed = CPU_COUNT(&set);
+  int allowed = std::min(static_cast<int>(online), omp_get_thread_limit());  // oneDNN: main.cpp
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) allowed = std::min(allowed, CPU_COUNT(&set));
   if (allowed < online) {
     omp_set_num_threads(std::max(1, allowed));  // bound by the launcher
     return;

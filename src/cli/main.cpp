@@ -5,17 +5,23 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <new>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <system_error>
 
 #include "attnres/cuda.hpp"
+#include "attnres/data.hpp"
 #include "attnres/dist.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
@@ -37,6 +43,43 @@ void tune_openmp_wait(char** argv) {
   ::setenv("GOMP_SPINCOUNT", "3000", 1);
   ::setenv("ATTNRES_OMP_TUNED", "1", 1);
   ::execv("/proc/self/exe", argv);  // returns only on failure: then run untuned
+}
+
+// A process started with stdin, stdout or stderr closed would get those numbers for the first files
+// it opens, and its progress lines would land in metrics.jsonl or .lock: they point at /dev/null.
+void open_standard_fds() {
+  for (int fd = 0; fd <= 2; fd++) {
+    if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+      const int got = ::open("/dev/null", O_RDWR);
+      if (got != fd && got >= 0) ::close(got);  // fd was taken meanwhile: nothing to do
+    }
+  }
+}
+
+// A file the engine reads through a memory map (a checkpoint, a Hugging Face model) that another
+// program cuts meanwhile faults with SIGBUS: name it and end with exit 1 instead of "Bus error".
+// Nothing is written here: files already saved were saved by rename and are complete.
+void on_sigbus(int sig, siginfo_t* info, void*) {
+  const char* path = attnres::mapped_file_at(info->si_addr);
+  if (path == nullptr) {  // not a mapped input: a real fault, with its core dump
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  const auto say = [](const char* t) { (void)!::write(2, t, std::strlen(t)); };
+  say("\nerror: the file '");
+  say(path);
+  say("' was cut or rewritten by another program while it was being read; the command stopped "
+      "(files it had saved are intact): run it again once the file is complete\n");
+  ::_exit(1);
+}
+
+void install_sigbus_handler() {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGBUS, &sa, nullptr);
 }
 
 }  // namespace
@@ -64,11 +107,44 @@ namespace {
 constexpr int kMaxThreads = 4096;  // far above any machine's cores; libgomp dies at 65536
 constexpr int64_t kMaxConfigBytes = 1 << 20;  // a --config file
 
+// A [section] opened twice: CLI11 keeps the first value of a key set in both (a run trained with
+// the options the file's later lines replaced).
+void check_sections_once(const std::string& path) {
+  std::istringstream in(attnres::read_file(path));
+  std::map<std::string, int> first_line;
+  std::string line;
+  for (int no = 1; std::getline(in, line); no++) {
+    const size_t b = line.find_first_not_of(" \t");
+    if (b == std::string::npos || line[b] != '[') continue;
+    const size_t e = line.find(']', b);
+    if (e == std::string::npos) continue;
+    std::string name = line.substr(b + 1, e - b - 1);
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    const auto [it, fresh] = first_line.emplace(name, no);
+    attnres::check(fresh, "the --config file '" + path + "' opens the section [" + name +
+                              "] twice (lines " + std::to_string(it->second) + " and " +
+                              std::to_string(no) +
+                              "); a key set in both would keep its first value: merge them into "
+                              "one section");
+  }
+}
+
 // Checks what CLI11 cannot before it reads anything: the --config file is a regular file of at
 // most 1 MiB (a FIFO would block it, /dev/zero would never end), and OMP_NUM_THREADS is in range.
 void check_inputs_before_parsing(int argc, char** argv) {
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
+    // Paths and options are recorded in JSON (train_config.json, results.json), which holds UTF-8
+    // only; a prompt is text for the tokenizer, which takes any bytes.
+    std::string shown;
+    const bool prompt_value = i > 1 && std::string(argv[i - 1]) == "--prompt";
+    const bool utf8 = attnres::append_sanitized_utf8(a, shown) == 0;
+    attnres::check(prompt_value || utf8,
+                   "the argument '" + shown +
+                       "' is not valid UTF-8 (shown with U+FFFD for the bad bytes); attnres "
+                       "records paths and options in JSON files, which hold UTF-8 only: rename "
+                       "the file or directory");
     std::string path;
     if (a == "--config" && i + 1 < argc) path = argv[i + 1];
     if (a.rfind("--config=", 0) == 0) path = a.substr(9);
@@ -84,6 +160,7 @@ void check_inputs_before_parsing(int argc, char** argv) {
     attnres::check(
         std::filesystem::file_size(path) <= kMaxConfigBytes,
         "the --config file '" + path + "' is over 1 MiB; give a TOML/INI file of options");
+    check_sections_once(path);
   }
   if (const char* e = std::getenv("OMP_NUM_THREADS")) {
     char* end = nullptr;
@@ -129,6 +206,19 @@ int report_exception() {
                  "than this process can get; lower --batch-size, --seq-len, --d-model or "
                  "--n-layer (or raise ulimit -v). Checkpoints already saved are intact.\n");
     return 1;
+  } catch (const nlohmann::json::type_error& e) {
+    std::fflush(stdout);
+    if (e.id == 316) {  // dump() of a string that is not UTF-8: a path (e.g. the working dir)
+      std::fprintf(stderr,
+                   "\nerror: a path or text to be recorded in a JSON file is not valid UTF-8 "
+                   "(%s); attnres records paths in JSON files, which hold UTF-8 only: rename the "
+                   "file or directory (or the one you run from) to a UTF-8 name\n",
+                   e.what());
+      return 1;
+    }
+    std::fprintf(stderr, "\ninternal error: %s\n(please report this with the command you ran)\n",
+                 e.what());
+    return 2;
   } catch (const std::filesystem::filesystem_error& e) {
     std::fflush(stdout);
     std::fprintf(stderr,
@@ -155,6 +245,32 @@ int report_exception() {
                  e.what());
     return 2;
   }
+}
+
+// oneDNN splits a product over omp_get_max_threads() threads and computes only the parts of the
+// threads it gets: under OMP_THREAD_LIMIT below the count, OMP_DYNAMIC=true or
+// OMP_MAX_ACTIVE_LEVELS=0 every product was partly left out (a wrong loss, exit 0). The team asked
+// for is the team given: no dynamic teams, one active level, at most the thread limit.
+void use_every_requested_thread() {
+  omp_set_dynamic(0);
+  if (omp_get_max_active_levels() < 1) omp_set_max_active_levels(1);
+  if (omp_get_max_threads() > omp_get_thread_limit()) omp_set_num_threads(omp_get_thread_limit());
+}
+
+// The output of a command whose product is what it prints (eval, generate, info, ...) must have
+// been written: to a full disk or /dev/full it was lost with exit 0.
+bool g_output_is_the_product = false;
+
+int check_output_written(int code) {
+  errno = 0;
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout);
+  if (!failed || !g_output_is_the_product || code != 0) return code;
+  const int err = errno;
+  std::fprintf(stderr,
+               "\nerror: the output could not be written to stdout%s%s; free space or "
+               "send it elsewhere\n",
+               err ? ": " : "", err ? std::strerror(err) : "");
+  return 1;
 }
 
 int run_main(int argc, char** argv) {
@@ -204,8 +320,12 @@ int run_main(int argc, char** argv) {
                            "other's files); run this command without mpirun");
     }
     if (threads > 0) omp_set_num_threads(threads);
+    use_every_requested_thread();
     // A command that runs a model has oneDNN generate its GEMM kernels before anything large is
     // allocated (see prepare_gemm).
+    for (const char* prints : {"eval", "generate", "info", "inspect", "bench", "report"}) {
+      g_output_is_the_product |= app.got_subcommand(prints);
+    }
     for (const char* computes :
          {"train", "eval", "generate", "inspect", "bench", "compare", "scale", "import-hf"}) {
       if (app.got_subcommand(computes)) attnres::prepare_gemm();
@@ -258,9 +378,13 @@ int run_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  open_standard_fds();
+  install_sigbus_handler();
+  int code = 0;
   try {
-    return run_main(argc, argv);
+    code = run_main(argc, argv);
   } catch (...) {  // setting up the commands failed (e.g. out of memory, no thread)
-    return report_exception();
+    code = report_exception();
   }
+  return check_output_written(code);
 }

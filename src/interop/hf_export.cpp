@@ -109,17 +109,6 @@ void write_weights(const Model& model, const std::string& path) {
   w.write(path);
 }
 
-// A new, empty directory named prefix + six random characters (mkdtemp), next to --out.
-fs::path make_temp_dir(const std::string& prefix) {
-  std::string name = prefix + "XXXXXX";
-  if (::mkdtemp(name.data()) == nullptr) {
-    const int err = errno;
-    throw Error("cannot create a temporary directory '" + name +
-                "' next to --out: " + errno_text(err) + "; check that the directory is writable");
-  }
-  return name;
-}
-
 }  // namespace
 
 void export_hf(const Model& model, const std::string& tokenizer_model, const std::string& out_dir,
@@ -156,7 +145,7 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
   check(!ec, "cannot create the directory of --out '" + out_dir + "': " + ec.message());
   // Both names are fresh directories made by mkdtemp: a path someone placed there (a link, a
   // directory of theirs) is never written into or removed.
-  const fs::path tmp = make_temp_dir(out.string() + ".tmp.");
+  const fs::path tmp = make_temp_dir(out.string() + ".tmp.", "next to --out");
   const mode_t mask = ::umask(0);  // (mkdtemp's 0700 would hide the export from other users)
   ::umask(mask);
   (void)::chmod(tmp.c_str(), 0777 & ~mask);
@@ -174,7 +163,7 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
       write_file_atomic((tmp / "tokenizer_config.json").string(), tc.dump(2) + "\n");
     }
     if (exists) {
-      const fs::path old = make_temp_dir(out.string() + ".old.");
+      const fs::path old = make_temp_dir(out.string() + ".old.", "next to --out");
       fs::rename(out, old);  // replaces the empty directory mkdtemp made
       if (::rename(tmp.c_str(), out.c_str()) != 0) {
         const int err = errno;

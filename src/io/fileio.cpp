@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,6 +68,19 @@ const char* kind_of(mode_t m) {
 
 }  // namespace
 
+namespace {
+
+// procfs, sysfs, debugfs, tracefs, securityfs, cgroup v1/v2, configfs, bpf (linux/magic.h).
+bool is_kernel_interface(long type) {
+  for (long magic : {0x9fa0L, 0x62656572L, 0x64626720L, 0x74726163L, 0x73636673L, 0x27e0ebL,
+                     0x63677270L, 0x62656570L, 0xcafe4a11L}) {
+    if (type == magic) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 int open_regular_file(const std::string& path, int flags, const char* verb) {
   // O_NONBLOCK: opening a FIFO must not wait for its other end (it is refused below); regular
   // files ignore it. Then the descriptor is made blocking again for the caller's reads/writes.
@@ -93,8 +107,27 @@ int open_regular_file(const std::string& path, int flags, const char* verb) {
     throw Error(std::string("cannot ") + verb + " '" + path + "': it is " + kind +
                 ", not a regular file; give the path of a file");
   }
+  // /proc and /sys files pass as empty regular files, but reading one may block (/proc/kmsg) or
+  // never end (/proc/self/pagemap).
+  struct statfs fsst {};
+  if (::fstatfs(fd, &fsst) == 0 && is_kernel_interface(fsst.f_type)) {
+    ::close(fd);
+    throw Error(std::string("cannot ") + verb + " '" + path +
+                "': it is a file of /proc or /sys (a kernel interface, not a file on disk); "
+                "give the path of a file");
+  }
   (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
+}
+
+std::string make_temp_dir(const std::string& prefix, const std::string& where) {
+  std::string name = prefix + "XXXXXX";
+  if (::mkdtemp(name.data()) == nullptr) {
+    const int err = errno;
+    throw Error("cannot create a temporary directory '" + name + "' " + where + ": " +
+                errno_text(err) + "; check that the directory is writable");
+  }
+  return name;
 }
 
 std::string errno_text(int err) {
@@ -281,6 +314,52 @@ void write_file_atomic(const std::string& path, std::string_view data) {
 // ---------------------------------------------------------------------------------------------
 // MappedFile
 
+namespace {
+
+// The live mappings, for mapped_file_at in a signal handler: fixed slots, no allocation, no lock.
+struct MapSlot {
+  std::atomic<int> state{0};  // 0 free, 1 being written, 2 published
+  const uint8_t* begin = nullptr;
+  size_t size = 0;
+  char path[256] = {};
+};
+MapSlot g_maps[64];
+
+void publish_mapping(const uint8_t* begin, size_t size, const std::string& path) {
+  for (MapSlot& s : g_maps) {
+    int free = 0;
+    if (!s.state.compare_exchange_strong(free, 1)) continue;
+    s.begin = begin;
+    s.size = size;
+    const size_t n = std::min(path.size(), sizeof s.path - 1);
+    std::memcpy(s.path, path.data(), n);
+    s.path[n] = '\0';
+    s.state.store(2, std::memory_order_release);
+    return;
+  }  // (all slots taken: that mapping's fault is reported without its name)
+}
+
+void retract_mapping(const uint8_t* begin) {
+  for (MapSlot& s : g_maps) {
+    if (s.state.load(std::memory_order_acquire) == 2 && s.begin == begin) {
+      s.state.store(0, std::memory_order_release);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+const char* mapped_file_at(const void* addr) {
+  const auto* a = static_cast<const uint8_t*>(addr);
+  for (MapSlot& s : g_maps) {
+    if (s.state.load(std::memory_order_acquire) == 2 && a >= s.begin && a < s.begin + s.size) {
+      return s.path;
+    }
+  }
+  return nullptr;
+}
+
 MappedFile MappedFile::open(const std::string& path) {
   const int fd = open_regular_file(path, O_RDONLY, "open");
   struct stat st {};
@@ -297,6 +376,7 @@ MappedFile MappedFile::open(const std::string& path) {
                   " bytes): " + errno_text(err) + "; check available memory / address space");
     }
     m.data_ = static_cast<const uint8_t*>(p);
+    publish_mapping(m.data_, m.size_, path);
   }
   // The mapping keeps the inode alive; the descriptor is no longer needed.
   ::close(fd);
@@ -306,7 +386,10 @@ MappedFile MappedFile::open(const std::string& path) {
 MappedFile::~MappedFile() { release(); }
 
 void MappedFile::release() noexcept {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (data_ != nullptr) {
+    retract_mapping(data_);
+    ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
   data_ = nullptr;
   size_ = 0;
 }

@@ -1,4 +1,4 @@
-// token_cache.cpp — FNV-1a hashing and the mmapped token cache file.
+// token_cache.cpp — FNV-1a hashing and the token cache file.
 #include <bit>
 #include <cinttypes>
 #include <cstdio>
@@ -59,10 +59,11 @@ void write_token_cache(const std::string& path, const std::vector<int32_t>& toke
 
 TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int32_t vocab_size) {
   TokenCache tc;
-  tc.file_ = MappedFile::open(path);
+  tc.path_ = path;
+  const std::string bytes = read_file(path);
   const std::string f = "token cache '" + path + "'";
-  const uint8_t* p = tc.file_.data();
-  const uint64_t size = tc.file_.size();
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  const uint64_t size = bytes.size();
   check(size >= kTokenCacheHeaderBytes, f + " is truncated (" + std::to_string(size) +
                                             " bytes, the header alone is 40)" + kRebuild);
   check(std::memcmp(p, kMagic, 8) == 0,
@@ -88,12 +89,12 @@ TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int3
             std::to_string(vocab_size) + kRebuild);
   check(key == expected_key, f + " was built from a different corpus or tokenizer (key mismatch)" +
                                  std::string(kRebuild));
-  tc.tokens_ = reinterpret_cast<const int32_t*>(p + kTokenCacheHeaderBytes);
-  tc.count_ = static_cast<int64_t>(count);
+  tc.tokens_.resize(static_cast<size_t>(count));
+  if (payload > 0) std::memcpy(tc.tokens_.data(), p + kTokenCacheHeaderBytes, payload);
 
   // Every id is checked once here so the model's embedding lookup can trust them.
-  const int32_t* t = tc.tokens_;
-  const int64_t n = tc.count_;
+  const int32_t* t = tc.tokens_.data();
+  const int64_t n = static_cast<int64_t>(count);
   int bad = 0;
 #pragma omp parallel for reduction(| : bad) schedule(static)
   for (int64_t i = 0; i < n; ++i) bad |= (t[i] < 0 || t[i] >= vocab_size) ? 1 : 0;

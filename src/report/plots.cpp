@@ -22,11 +22,11 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-// Runs `python script run_dir`; returns the exit status and the output.
+// Runs `python script run_dir out_dir`; returns the exit status and the output.
 int run_python(const std::string& python, const std::string& script, const std::string& run_dir,
-               std::string& out) {
-  const std::string cmd =
-      shell_quote(python) + " " + shell_quote(script) + " " + shell_quote(run_dir) + " 2>&1";
+               const std::string& out_dir, std::string& out) {
+  const std::string cmd = shell_quote(python) + " " + shell_quote(script) + " " +
+                          shell_quote(run_dir) + " " + shell_quote(out_dir) + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return -1;
   std::array<char, 4096> buf;
@@ -35,12 +35,32 @@ int run_python(const std::string& python, const std::string& script, const std::
   return ::pclose(p);
 }
 
+// The plots drawn in `tmp` replace those in run_dir by rename: a symbolic link at a plot's name is
+// replaced, never written through (it would overwrite the file it points to).
+void move_plots_into(const std::filesystem::path& tmp, const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  for (const fs::directory_entry& e : fs::directory_iterator(tmp)) {
+    if (e.path().extension() == ".png")
+      fs::rename(e.path(), fs::path(run_dir) / e.path().filename());
+  }
+}
+
 }  // namespace
 
 bool render_plots(const std::string& run_dir, std::string* why) {
   namespace fs = std::filesystem;
-  const std::string script = (fs::path(run_dir) / ".plot_report.py").string();
-  write_file_atomic(script, kPlotScript);
+  // The script and its plots live in a directory of our own: Python puts the script's directory
+  // first on sys.path, so a json.py or matplotlib.py in run_dir (another user's results) would run.
+  const fs::path tmp =
+      make_temp_dir((fs::path(run_dir) / ".plots.").string(), "in '" + run_dir + "'");
+  const std::string script = (tmp / "plot_report.py").string();
+  std::error_code ec;
+  try {
+    write_file_atomic(script, kPlotScript);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
   // Debian's matplotlib belongs to /usr/bin/python3, which another python3 may shadow on PATH.
   std::vector<std::string> pythons;
   if (const char* env = std::getenv("ATTNRES_PYTHON")) pythons.push_back(env);
@@ -50,7 +70,7 @@ bool render_plots(const std::string& run_dir, std::string* why) {
   int st = -1;
   for (const std::string& py : pythons) {
     out.clear();
-    st = run_python(py, script, run_dir, out);
+    st = run_python(py, script, run_dir, tmp.string(), out);
     if (st == 0) break;
     // A Python with matplotlib whose run failed: that is the error to report (another python3
     // without matplotlib would hide it).
@@ -58,8 +78,15 @@ bool render_plots(const std::string& run_dir, std::string* why) {
                          (WIFEXITED(st) && WEXITSTATUS(st) == 127);
     if (!missing) break;
   }
-  std::error_code ec;
-  fs::remove(script, ec);
+  if (st == 0) {
+    try {
+      move_plots_into(tmp, run_dir);
+    } catch (...) {
+      fs::remove_all(tmp, ec);
+      throw;
+    }
+  }
+  fs::remove_all(tmp, ec);
   if (st == 0) return true;
   if (why) {
     if (out.find("No module named 'matplotlib'") != std::string::npos) {

@@ -245,6 +245,15 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
                                  "move it away or use another --out");
     }
   }
+  // A tokenizer.model with no run beside it is another's (an import-hf checkpoint's, a user's):
+  // the new run would replace it, and the checkpoint it belongs to could no longer be read.
+  // (Checked at the start: by stage 5 the new run's own tokenizer is there.)
+  // (tokens.bin beside it: a run that was stopped while preparing its data.)
+  check(!check_only || !kept.empty() || !stale.empty() || present("tokens.bin") ||
+            !present("tokenizer.model"),
+        "'" + (d / "tokenizer.model").string() + "' is not a run's (no run is in '" + out_dir +
+            "'; e.g. the tokenizer of an import-hf checkpoint there): a new run would replace it; "
+            "use another --out");
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
     for (const std::string& n : v) s += (s.empty() ? "" : ", ") + n;

@@ -366,13 +366,8 @@ class Trainer {
     // would replace the old run's tokenizer.model, and a kill -9 before stage 5 would leave the
     // old run reading its text through the new run's tokenizer.
     if (root_ && ranks_ == 1 && !cfg_.resume && cfg_.overwrite && cfg_.data_dir.empty()) {
-      std::string name = (fs::path(cfg_.out_dir) / ".overwrite.tmp.XXXXXX").string();
-      if (::mkdtemp(name.data()) == nullptr) {
-        const int err = errno;
-        throw Error("cannot create a staging directory in --out '" + cfg_.out_dir +
-                    "': " + errno_text(err) + "; check that it is writable");
-      }
-      staging_ = name;
+      staging_ = make_temp_dir((fs::path(cfg_.out_dir) / ".overwrite.tmp.").string(),
+                               "in --out '" + cfg_.out_dir + "'");
       dopt.out_dir = staging_.str();
     }
     // A given tokenizer is copied in when the run starts; a resume reads the run's own copy (the
