@@ -558,6 +558,25 @@ TEST(Faults, RunDirectoriesHaveOneOwner) {
     }
   }
   RunLock again(td.path);  // released with its holder
+  // Tenth hostile pass: deleting a live run's .lock let a second `train --overwrite` in, and a run
+  // whose directory was moved went on saving at the old path (a new run there got mixed in).
+  {
+    const fs::path live = dir / "live";
+    fs::create_directories(live);
+    RunLock first(live.string());
+    fs::remove(live / ".lock");
+    EXPECT_THROW(RunLock second(live.string()), Error);
+    first.check_in_place();
+    fs::rename(live, dir / "moved");
+    fs::create_directories(live);  // a new directory at the old name
+    try {
+      first.check_in_place();
+      ADD_FAILURE() << "a moved run directory was not noticed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("was moved, renamed or replaced"), std::string::npos)
+          << e.what();
+    }
+  }
 
   write_corpus(dir / "c.txt");
   TrainConfig c = tiny_config(dir);

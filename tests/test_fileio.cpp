@@ -274,6 +274,17 @@ TEST(FileIO, AppendFileKeepsWholeLines) {
     f.append("{\"c\":3}\n");
   }
   EXPECT_EQ(read_file(p), "{\"a\":1}\n{\"c\":3}\n");
+  // Tenth hostile pass: a hard-linked backup of the run (cp -al) gained the live run's lines.
+  const std::string backup = d.file("backup.jsonl");
+  ASSERT_EQ(::link(p.c_str(), backup.c_str()), 0);
+  {
+    AppendFile f;
+    f.open(p);
+    f.append("{\"d\":4}\n");
+  }
+  EXPECT_EQ(read_file(backup), "{\"a\":1}\n{\"c\":3}\n");
+  EXPECT_EQ(read_file(p), "{\"a\":1}\n{\"c\":3}\n{\"d\":4}\n");
+  write_file_atomic(p, "{\"a\":1}\n{\"c\":3}\n");
   struct rlimit old {};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
   struct sigaction ign {

@@ -432,6 +432,15 @@ int64_t AppendFile::open(const std::string& path) {
   fd_ = open_regular_file(path, O_RDWR | O_CREAT | O_NOFOLLOW, "append to");
   struct stat st {};
   (void)::fstat(fd_, &st);
+  if (st.st_nlink > 1) {
+    // A hard link (a backup made with cp -al or rsync --link-dest): appending would add this
+    // run's lines to the other name too. Append to a private copy, put in place by rename.
+    close();
+    write_file_atomic(path, read_file(path));
+    path_ = path;
+    fd_ = open_regular_file(path, O_RDWR | O_NOFOLLOW, "append to");
+    (void)::fstat(fd_, &st);
+  }
   // Drop a torn last line: find the last newline in the file's tail and cut after it.
   int64_t size = st.st_size, keep = size;
   char buf[4096];

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -180,16 +181,22 @@ void RunDir::prune(const std::string& keep_name) const {
   }
 }
 
-RunLock::RunLock(const std::string& out_dir) {
+RunLock::RunLock(const std::string& out_dir) : out_dir_(out_dir) {
   const std::string path = (fs::path(out_dir) / ".lock").string();
+  dfd_ = ::open(out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd_ < 0) {
+    const int err = errno;
+    throw Error("cannot lock the run directory '" + out_dir + "': " + errno_text(err));
+  }
   fd_ = open_regular_file(path, O_RDWR | O_CREAT | O_NOFOLLOW, "lock the run directory with");
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  if (::flock(dfd_, LOCK_EX | LOCK_NB) != 0 || ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     char pid[32] = {0};
     const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
     std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string("?");
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
     ::close(fd_);
-    fd_ = -1;
+    ::close(dfd_);
+    fd_ = dfd_ = -1;
     throw Error("another attnres process (pid " + holder + ") is training in '" + out_dir +
                 "'; wait for it to finish, stop it, or use another --out (two runs in one "
                 "directory would mix their checkpoints and logs)");
@@ -199,7 +206,19 @@ RunLock::RunLock(const std::string& out_dir) {
 }
 
 RunLock::~RunLock() {
-  if (fd_ >= 0) ::close(fd_);  // (releases the lock)
+  if (fd_ >= 0) ::close(fd_);  // (releases the locks)
+  if (dfd_ >= 0) ::close(dfd_);
+}
+
+void RunLock::check_in_place() const {
+  struct stat held {
+  }, now{};
+  const bool same = ::fstat(dfd_, &held) == 0 && ::stat(out_dir_.c_str(), &now) == 0 &&
+                    held.st_dev == now.st_dev && held.st_ino == now.st_ino;
+  check(same, "the run directory '" + out_dir_ +
+                  "' was moved, renamed or replaced while the run trained; so as not to split the "
+                  "run or mix it with another, nothing more is written. Its checkpoints are where "
+                  "the directory went: continue with `attnres train --resume --out NEW_PLACE`");
 }
 
 std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only) {

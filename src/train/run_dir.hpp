@@ -53,8 +53,15 @@ class RunLock {
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
 
+  // Error when out_dir no longer names the locked directory (it was moved, renamed or replaced
+  // while the run trained): what the run would write next would land in another run's place, or
+  // split this one in two. Called before each save.
+  void check_in_place() const;
+
  private:
-  int fd_ = -1;
+  std::string out_dir_;
+  int fd_ = -1;   // .lock: holds the pid for the message of a refused second run
+  int dfd_ = -1;  // the directory itself, flocked: deleting .lock or moving the run keeps the lock
 };
 
 // A new run's claim on out_dir. If it holds a run with something to lose (latest, a complete

@@ -637,6 +637,7 @@ class Trainer {
                        "weights or optimizer state at step " + std::to_string(at_step),
                        "the ranks' replicas diverged, which is a bug: please report it with the "
                        "command line");
+    if (root_) lock_->check_in_place();
     if (!opt_->sharded()) {
       if (root_) run_dir_->save(*model_, *opt_, at_step);
       return;
@@ -815,6 +816,7 @@ class Trainer {
     if (!res_.interrupted) {
       res_.model_path = (fs::path(cfg_.out_dir) / "model.safetensors").string();
       if (root_) {
+        lock_->check_in_place();
         save_model(res_.model_path, *model_,
                    {{"tokenizer", data_.tokenizer_ref},
                     {"step", std::to_string(step)},
