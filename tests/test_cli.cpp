@@ -555,9 +555,10 @@ TEST(Cli, TenthHostilePassIsHandled) {
   };
   // Started with stdout and stderr closed, train's progress lines went into metrics.jsonl or
   // .lock (the first files it opened took descriptors 1 and 2).
-  const int st = std::system((std::string(ATTNRES_CLI_PATH) + " train --data " + data + kTinyModel +
-                              " --steps 6 --log-every 1 --out " + run_dir.string() + " <&- >&- 2>&-")
-                                 .c_str());
+  const int st =
+      std::system((std::string(ATTNRES_CLI_PATH) + " train --data " + data + kTinyModel +
+                   " --steps 6 --log-every 1 --out " + run_dir.string() + " <&- >&- 2>&-")
+                      .c_str());
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
   {
     std::ifstream log(run_dir / "metrics.jsonl");
