@@ -190,6 +190,14 @@ class StrictFlagConfig : public CLI::ConfigTOML {
   }
 };
 
+// A bug, not the user's doing: exit 2.
+int internal_error(const std::exception& e) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "\ninternal error: %s\n(please report this with the command you ran)\n",
+               e.what());
+  return 2;
+}
+
 // The message and exit code of the exception being handled: 1 for what the user can fix (an
 // Error, out of memory, a path, a thread that could not start), 2 for an internal error.
 int report_exception() {
@@ -216,9 +224,7 @@ int report_exception() {
                    e.what());
       return 1;
     }
-    std::fprintf(stderr, "\ninternal error: %s\n(please report this with the command you ran)\n",
-                 e.what());
-    return 2;
+    return internal_error(e);
   } catch (const std::filesystem::filesystem_error& e) {
     std::fflush(stdout);
     std::fprintf(stderr,
@@ -236,14 +242,9 @@ int report_exception() {
                    e.what());
       return 1;
     }
-    std::fprintf(stderr, "\ninternal error: %s\n(please report this with the command you ran)\n",
-                 e.what());
-    return 2;
+    return internal_error(e);
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "\ninternal error: %s\n(please report this with the command you ran)\n",
-                 e.what());
-    return 2;
+    return internal_error(e);
   }
 }
 
@@ -321,11 +322,11 @@ int run_main(int argc, char** argv) {
     }
     if (threads > 0) omp_set_num_threads(threads);
     use_every_requested_thread();
-    // A command that runs a model has oneDNN generate its GEMM kernels before anything large is
-    // allocated (see prepare_gemm).
     for (const char* prints : {"eval", "generate", "info", "inspect", "bench", "report"}) {
       g_output_is_the_product |= app.got_subcommand(prints);
     }
+    // A command that runs a model has oneDNN generate its GEMM kernels before anything large is
+    // allocated (see prepare_gemm).
     for (const char* computes :
          {"train", "eval", "generate", "inspect", "bench", "compare", "scale", "import-hf"}) {
       if (app.got_subcommand(computes)) attnres::prepare_gemm();

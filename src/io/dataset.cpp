@@ -4,11 +4,11 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
 
 #include "attnres/data.hpp"
 #include "attnres/error.hpp"
+#include "core/parallel.hpp"
 #include "core/rng.hpp"
 
 namespace attnres {
@@ -103,18 +103,12 @@ std::vector<int32_t> encode_parallel(const Tokenizer& tok, std::string_view text
   if (nchunks <= 1) return tok.encode(text);
 
   std::vector<std::vector<int32_t>> parts(static_cast<size_t>(nchunks));
-  std::exception_ptr err;
+  RegionErrors errors;  // (an exception must not leave the region)
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < nchunks; ++i) {
-    try {
-      parts[i] = tok.encode(text.substr(cuts[i], cuts[i + 1] - cuts[i]));
-    } catch (...) {
-      // Exceptions must not cross the OpenMP region boundary; keep the first and rethrow below.
-#pragma omp critical(attnres_encode_error)
-      if (!err) err = std::current_exception();
-    }
+    errors.run([&] { parts[i] = tok.encode(text.substr(cuts[i], cuts[i + 1] - cuts[i])); });
   }
-  if (err) std::rethrow_exception(err);
+  errors.rethrow();
   size_t total = 0;
   for (const auto& p : parts) total += p.size();
   std::vector<int32_t> out;

@@ -66,10 +66,6 @@ const char* kind_of(mode_t m) {
   return "not a regular file";
 }
 
-}  // namespace
-
-namespace {
-
 // procfs, sysfs, debugfs, tracefs, securityfs, cgroup v1/v2, configfs, bpf (linux/magic.h).
 bool is_kernel_interface(long type) {
   for (long magic : {0x9fa0L, 0x62656572L, 0x64626720L, 0x74726163L, 0x73636673L, 0x27e0ebL,
@@ -437,7 +433,6 @@ int64_t AppendFile::open(const std::string& path) {
     // run's lines to the other name too. Append to a private copy, put in place by rename.
     close();
     write_file_atomic(path, read_file(path));
-    path_ = path;
     fd_ = open_regular_file(path, O_RDWR | O_NOFOLLOW, "append to");
     (void)::fstat(fd_, &st);
   }

@@ -188,7 +188,12 @@ RunLock::RunLock(const std::string& out_dir) : out_dir_(out_dir) {
     const int err = errno;
     throw Error("cannot lock the run directory '" + out_dir + "': " + errno_text(err));
   }
-  fd_ = open_regular_file(path, O_RDWR | O_CREAT | O_NOFOLLOW, "lock the run directory with");
+  try {
+    fd_ = open_regular_file(path, O_RDWR | O_CREAT | O_NOFOLLOW, "lock the run directory with");
+  } catch (...) {
+    ::close(dfd_);  // (a constructor that throws runs no destructor)
+    throw;
+  }
   if (::flock(dfd_, LOCK_EX | LOCK_NB) != 0 || ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     char pid[32] = {0};
     const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
