@@ -68,9 +68,10 @@ void BM_Attention(benchmark::State& st) {
 }
 BENCHMARK(BM_Attention)->Arg(0)->Arg(1)->ArgNames({"backward"})->Unit(benchmark::kMillisecond);
 
-// One depth mixer over S sources (Full AttnRes reads up to 2 L + 1 of them).
+// One depth mixer over S sources (Full AttnRes reads up to 2 L + 1 of them), width d (512: the
+// bench model; 128: the deep, narrow models of the fidelity studies, 32 sublayers).
 void BM_DepthMix(benchmark::State& st) {
-  const int64_t N = 2048, d = 512, S = st.range(0);
+  const int64_t N = 2048, S = st.range(0), d = st.range(3);
   const bool backward = st.range(1) == 1, reference = st.range(2) == 1;
   std::vector<std::vector<float>> v, r, g;
   std::vector<ops::DepthSource> src;
@@ -102,13 +103,38 @@ void BM_DepthMix(benchmark::State& st) {
                                            benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_DepthMix)
-    ->Args({9, 0, 0})
-    ->Args({9, 0, 1})
-    ->Args({9, 1, 0})
-    ->Args({17, 0, 0})
-    ->Args({17, 1, 0})
-    ->ArgNames({"sources", "backward", "reference"})
+    ->Args({9, 0, 0, 512})
+    ->Args({9, 0, 1, 512})
+    ->Args({9, 1, 0, 512})
+    ->Args({17, 0, 0, 512})
+    ->Args({17, 1, 0, 512})
+    ->Args({33, 0, 0, 128})
+    ->Args({33, 1, 0, 128})
+    ->ArgNames({"sources", "backward", "reference", "d"})
     ->Unit(benchmark::kMillisecond);
+
+// The bandwidth the depth mix is bound by: S arrays of (N,d) floats summed into one, source by
+// source in tiles as the mix reads them (the same bytes as a forward mixer, no scoring).
+void BM_StreamSum(benchmark::State& st) {
+  const int64_t N = 2048, S = st.range(0), d = st.range(1);
+  std::vector<std::vector<float>> v;
+  for (int64_t i = 0; i < S; i++) v.push_back(randv(N * d, 10 + i));
+  std::vector<float> x(N * d);
+  for (auto _ : st) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+      for (int64_t i = 0; i < S; i++) {
+        const float* s = v[i].data();
+        for (int64_t k = n0 * d; k < (n0 + 32) * d; k++) x[k] = i ? x[k] + s[k] : s[k];
+      }
+    }
+    benchmark::DoNotOptimize(x.data());
+  }
+  st.counters["GB/s"] =
+      benchmark::Counter(double(S) * N * d * sizeof(float),
+                         benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_StreamSum)->Args({17, 512})->Args({33, 128})->Unit(benchmark::kMillisecond);
 
 void BM_Exp(benchmark::State& st) {
   const int64_t n = 1 << 20;

@@ -507,7 +507,9 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
   EXPECT_NE(log.find("--modes lists 'full' twice"), std::string::npos) << log;
   EXPECT_EQ(run(base + " --modes prenorm --sweep lr=1e-3,1e-3" + other, &log), 1);
   EXPECT_NE(log.find("lists '1e-3' twice"), std::string::npos) << log;
-  for (const char* key : {"seed", "residual", "steps", "tokenizer", "data", "help"}) {
+  // (tokenizer-model: each configuration trained its own tokenizer; eleventh hostile pass)
+  for (const char* key :
+       {"seed", "residual", "steps", "tokenizer", "tokenizer-model", "data", "help"}) {
     EXPECT_EQ(run(base + " --modes prenorm --sweep " + std::string(key) + "=1,2" + other, &log), 1)
         << key;
     EXPECT_NE(log.find("cannot vary inside one comparison"), std::string::npos) << key << log;

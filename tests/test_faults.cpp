@@ -203,6 +203,29 @@ TEST(Faults, StopSignalsSaveACheckpointAndResumeExactly) {
   }
 }
 
+// Eleventh hostile pass: `timeout` sends SIGTERM to the run and then to its whole process group,
+// and a closing terminal sends SIGHUP with SIGTERM. The second signal, microseconds after the
+// first, was taken for a second Ctrl-C (leave now, exit 130): the run ended with no checkpoint.
+// Signals within a second of the first are one request: the run saves and exits 0.
+TEST(Faults, EchoedStopSignalsStillSaveACheckpoint) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  for (int second : {SIGTERM, SIGHUP}) {
+    const fs::path out = dir / (second == SIGTERM ? "term" : "hup");
+    const pid_t pid = spawn_cli(train_args(dir / "c.txt", out, 100000, 0), out.string() + ".log");
+    ASSERT_TRUE(wait_until([&] { return metrics_lines(out) >= 2; }, 60))
+        << slurp(out.string() + ".log");
+    ASSERT_EQ(0, ::kill(pid, SIGTERM));
+    ASSERT_EQ(0, ::kill(pid, second));
+    const int code = wait_for(pid);
+    const std::string log = slurp(out.string() + ".log");
+    ASSERT_EQ(code, 0) << log;
+    EXPECT_NE(log.find("stopped at step"), std::string::npos) << log;
+    EXPECT_GT(check_latest_loads(out), 0);
+  }
+}
+
 // A stop signal landing while oneDNN's sgemm runs on a thread used to corrupt the heap (Debian
 // 12's libdnnl: a handler running on a thread inside dnnl_sgemm; glibc aborted with "corrupted
 // size vs. prev_size"), i.e. Ctrl-C during training could crash instead of saving. The CLI now
@@ -711,6 +734,46 @@ TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {
   EXPECT_FALSE(fs::exists(ck / "step_00000004"));
   EXPECT_TRUE(fs::exists(ck / "step_00000008"));
   fs::remove(ck / "step_00000002" / "notes.txt");
+  // Eleventh pass: a resumed run's save replaced whatever sat at its step's name (a checkpoint
+  // holding the user's notes, a file, a step_N.tmp directory of the user's), after `latest` was
+  // rolled back by hand. Refused at the start of the resumed run; nothing is deleted.
+  TrainConfig rc = c;
+  rc.resume = true;
+  const std::vector<std::pair<fs::path, std::string>> in_the_way = {
+      {ck / "step_00000008" / "NOTES.txt", "my notes"},
+      {ck / "step_00000008.tmp" / "x", "data"},
+  };
+  for (const auto& [file, text] : in_the_way) {
+    SCOPED_TRACE(file.string());
+    std::ofstream(dir / "run" / "latest") << "step_00000006\n";
+    fs::create_directories(file.parent_path());
+    std::ofstream(file) << text;
+    try {
+      train(rc, {});
+      ADD_FAILURE() << "a resumed run replaced the user's files at a later step's name";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is in the way of the checkpoint of step 8"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(slurp(file), text);
+    fs::remove(file);
+  }
+  fs::remove_all(ck / "step_00000008.tmp");
+  // A file of the user's named like the checkpoint a save is about to write (planted after the
+  // run started): the save is refused with the previous checkpoint intact, the file kept.
+  std::ofstream(dir / "run" / "latest") << "step_00000006\n";
+  TrainEvents plant;
+  plant.on_step = [&](const StepInfo& si) {
+    if (si.step == 7) {
+      fs::remove_all(ck / "step_00000008");
+      std::ofstream(ck / "step_00000008") << "the user's";
+    }
+  };
+  EXPECT_THROW(train(rc, plant), Error);
+  EXPECT_EQ(slurp(ck / "step_00000008"), "the user's");
+  EXPECT_EQ(trim(slurp(dir / "run" / "latest")), "step_00000006");
+  fs::remove(ck / "step_00000008");
   // What the engine leaves is claimed: its checkpoints and an interrupted save's temp files.
   fs::create_directories(ck / "step_00000100.tmp");
   std::ofstream(ck / "step_00000100.tmp" / "model.safetensors.tmp.123.0") << "partial";

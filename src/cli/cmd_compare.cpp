@@ -247,7 +247,7 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
     // compare sets itself (the mode) cannot be swept.
     static const std::set<std::string> fixed = {
         "seed",      "residual",  "steps",      "batch-size",   "seq-len",    "grad-accum",
-        "data",      "tokenizer", "vocab-size", "val-fraction", "out",        "resume",
+        "data",      "tokenizer", "vocab-size", "tokenizer-model", "val-fraction", "out", "resume",
         "init-from", "help",      "config",     "eval-batches", "eval-every", "device"};
     check(!fixed.count(key),
           "--sweep " + key +

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -25,6 +26,8 @@ namespace {
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_handling{false};  // a stop handler is installed
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGHUP};
+// Stop signals this soon after the first are echoes of it, not a second request.
+constexpr std::chrono::milliseconds kSignalEcho{1000};
 
 sigset_t stop_signal_set() {
   sigset_t set;
@@ -36,11 +39,17 @@ sigset_t stop_signal_set() {
 // The only thread that ever receives SIGINT/SIGTERM/SIGUSR1/SIGHUP (see start_signal_thread).
 void signal_thread() {
   const sigset_t set = stop_signal_set();
+  std::chrono::steady_clock::time_point first_stop;
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
     if (g_handling.load()) {
-      if (g_stop.load()) std::_Exit(130);  // second Ctrl-C: leave now
+      // A second stop signal leaves at once, unless it came within kSignalEcho of the first:
+      // `timeout` signals the run and then its whole process group, and a closing terminal sends
+      // SIGHUP with SIGTERM; those are one request to stop, and the checkpoint must be saved.
+      const auto now = std::chrono::steady_clock::now();
+      if (g_stop.load() && now - first_stop >= kSignalEcho) std::_Exit(130);
+      if (!g_stop.load()) first_stop = now;
       g_stop.store(true);
       continue;
     }
@@ -77,7 +86,8 @@ void TrainArgs::finalize() {
 const std::atomic<bool>* install_stop_handler() {
   // SIGINT/SIGTERM, and SIGUSR1 (mpirun forwards it to every rank while SIGINT/SIGTERM kill the
   // job after a few seconds: `kill -USR1 <mpirun pid>` stops a multi-process run with a
-  // checkpoint) set the flag; a second one exits at once. Delivered by start_signal_thread's
+  // checkpoint) set the flag; a second one (a second or more after the first) exits at once.
+  // Delivered by start_signal_thread's
   // thread.
   // SIGHUP too: a closed terminal or SSH session stops the run with a checkpoint. And a closed
   // output pipe (`| head`, a dead tee or SSH) must not kill the run: with SIGPIPE ignored the

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -26,6 +27,56 @@ std::string step_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
   return buf;
+}
+
+// "step_<digits>", or "step_<digits>.tmp" (a save that was interrupted).
+bool is_step_name(const std::string& n) {
+  const std::string digits = n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0
+                                 ? n.substr(5, n.size() - 9)
+                                 : n.substr(std::min<size_t>(5, n.size()));
+  return n.rfind("step_", 0) == 0 && !digits.empty() &&
+         digits.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// Whether `p` is a checkpoint RunDir::save wrote: a step directory (not a link) holding only the
+// files a save writes (and the temp files of one that was interrupted). Anything else under
+// checkpoints/ is the user's, and --overwrite must not delete it.
+bool is_saved_checkpoint(const fs::path& p) {
+  if (!is_step_name(p.filename().string()) || !fs::is_directory(fs::symlink_status(p))) {
+    return false;
+  }
+  for (const auto& e : fs::directory_iterator(p)) {
+    const std::string n = e.path().filename().string();
+    const bool known = n == "model.safetensors" || n == "optimizer.safetensors" ||
+                       n == "tokenizer.model" || n.find(".tmp.") != std::string::npos;
+    if (!known || !fs::is_regular_file(fs::symlink_status(e.path()))) return false;
+  }
+  return true;
+}
+
+// The step number of a checkpoint directory's name (step_<digits>, or step_<digits>.tmp), or -1.
+int64_t step_of_name(const std::string& n) {
+  if (!is_step_name(n)) return -1;
+  const std::string digits = n.substr(5, n.find('.') == std::string::npos ? std::string::npos
+                                                                         : n.find('.') - 5);
+  return digits.size() > 18 ? INT64_MAX : std::stoll(digits);
+}
+
+// A save replaces `p` (its step's directory, or the temp directory of an interrupted save) only
+// when it is absent or a checkpoint a save wrote; anything else is the user's.
+void check_replaceable(const fs::path& p, int64_t step, const std::string& out_dir) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(p, ec))) return;
+  try {
+    if (is_saved_checkpoint(p)) return;
+  } catch (const fs::filesystem_error&) {  // (unreadable: not known to be ours)
+  }
+  throw Error("'" + p.string() + "' is in the way of the checkpoint of step " +
+              std::to_string(step) +
+              ": it is not a checkpoint this run saved (a file, a link, or a directory holding "
+              "files a save does not write), and it is left alone; move it away and continue "
+              "with `attnres train --resume --out " +
+              out_dir + "`");
 }
 
 void fsync_dir(const std::string& dir) {
@@ -72,6 +123,8 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
     }
     if (named == name + "\n") return;
   }
+  check_replaceable(tmp, step, out_dir_);
+  check_replaceable(dir, step, out_dir_);
   try {
     fs::create_directories(root);
     fs::remove_all(tmp, ec);
@@ -100,6 +153,14 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
   }
   write_file_atomic((fs::path(out_dir_) / "latest").string(), name + "\n");
   prune(name);
+}
+
+void RunDir::check_later_saves_clear(int64_t step, int64_t last) const {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(ckpt_root(), ec)) {
+    const int64_t n = step_of_name(e.path().filename().string());
+    if (n > step && n <= last) check_replaceable(e.path(), n, out_dir_);
+  }
 }
 
 std::string RunDir::latest() const {
@@ -135,35 +196,6 @@ std::string RunDir::last_checkpoint_note() const {
   if (!fs::exists(latest)) return " (no checkpoint was saved before it)";
   return ". The last good checkpoint is named in '" + latest.string() + "'";
 }
-
-namespace {
-
-// "step_<digits>", or "step_<digits>.tmp" (a save that was interrupted).
-bool is_step_name(const std::string& n) {
-  const std::string digits = n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0
-                                 ? n.substr(5, n.size() - 9)
-                                 : n.substr(std::min<size_t>(5, n.size()));
-  return n.rfind("step_", 0) == 0 && !digits.empty() &&
-         digits.find_first_not_of("0123456789") == std::string::npos;
-}
-
-// Whether `p` is a checkpoint RunDir::save wrote: a step directory (not a link) holding only the
-// files a save writes (and the temp files of one that was interrupted). Anything else under
-// checkpoints/ is the user's, and --overwrite must not delete it.
-bool is_saved_checkpoint(const fs::path& p) {
-  if (!is_step_name(p.filename().string()) || !fs::is_directory(fs::symlink_status(p))) {
-    return false;
-  }
-  for (const auto& e : fs::directory_iterator(p)) {
-    const std::string n = e.path().filename().string();
-    const bool known = n == "model.safetensors" || n == "optimizer.safetensors" ||
-                       n == "tokenizer.model" || n.find(".tmp.") != std::string::npos;
-    if (!known || !fs::is_regular_file(fs::symlink_status(e.path()))) return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 void RunDir::prune(const std::string& keep_name) const {
   std::vector<std::string> names;

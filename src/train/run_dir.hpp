@@ -26,6 +26,11 @@ class RunDir {
   // untouched; the partial step_N.tmp directory is removed.
   void save(const Model& model, AdamW& opt, int64_t step) const;
 
+  // Error when a later save of this run (a step in (step, last]) would have to replace something
+  // under checkpoints/ that is not a checkpoint a save wrote (a user's file, or a checkpoint
+  // directory holding one): said at the start of a resumed run, not after the steps up to it.
+  void check_later_saves_clear(int64_t step, int64_t last) const;
+
   // Path of the newest complete checkpoint directory; Error if there is none.
   std::string latest() const;
 

@@ -558,6 +558,7 @@ class Trainer {
                 " steps, more than the checkpoint's step " + std::to_string(start_) +
                 "; the two files are not of one checkpoint (restore the directory or resume from "
                 "an earlier checkpoint)");
+      if (root_) run_dir_->check_later_saves_clear(start_, cfg_.steps);
       prior_seconds_ = logged_seconds_at(fs::path(cfg_.out_dir) / "metrics.jsonl", start_);
       msg("resumed from " + dir + " at step " + std::to_string(start_));
     } else if (root_) {
