@@ -616,3 +616,60 @@ TEST(Compare, PresetWarmupScalesWithExplicitSteps) {
 }
 
 }  // namespace
+
+namespace {
+
+// Eleventh hostile pass: options the user gave were replaced without a word. compare's automatic
+// block size overrode --block-layers (given or swept: two runs of the same model, "+0.0000"), and
+// scale overrode --warmup, --n-head and --eval-every (and dropped --n-layer, --d-model, --steps).
+TEST(Compare, GivenOptionsAreNeverReplacedSilently) {
+  TempDir td;
+  const fs::path dir(td.path);
+  const std::string data = corpus(dir);
+  const std::string common = " --seeds 1 --no-plots --tokenizer byte --data " + data;
+  const std::string tiny = common + " --steps 4";
+  std::string log;
+  auto block_sizes = [&](const fs::path& out) {
+    std::map<std::string, int64_t> s;
+    const json r = json::parse(slurp(out / "results.json"));
+    for (const auto& g : r["groups"]) s[g["name"]] = g["residual"]["block_size"].get<int64_t>();
+    return s;
+  };
+  const fs::path a = dir / "a", b = dir / "b";
+  ASSERT_EQ(run("compare --preset tiny --modes block --block-layers 2" + tiny + " --out " +
+                    a.string(),
+                &log),
+            0)
+      << log;
+  EXPECT_EQ(block_sizes(a), (std::map<std::string, int64_t>{{"block", 4}})) << log;
+  ASSERT_EQ(run("compare --preset tiny --modes block --sweep block-layers=1,2" + tiny + " --out " +
+                    b.string(),
+                &log),
+            0)
+      << log;
+  EXPECT_EQ(block_sizes(b), (std::map<std::string, int64_t>{{"block block-layers=1", 2},
+                                                             {"block block-layers=2", 4}}))
+      << log;
+  const std::string sizes = " --sizes 1x32,2x32 --modes prenorm --min-steps 4 --seq-len 16 "
+                            "--batch-size 2 --tokens-per-param 0.01";
+  for (const char* o : {"--n-layer 3", "--d-model 48", "--steps 9"}) {
+    EXPECT_EQ(run("scale" + sizes + common + " " + o + " --out " + (dir / "bad").string(), &log), 1)
+        << o;
+    EXPECT_NE(log.find("is set for each size by scale"), std::string::npos) << o << log;
+  }
+  const fs::path c = dir / "c";
+  ASSERT_EQ(run("--threads 1 scale" + sizes + common +
+                    " --warmup 0 --n-head 4 --eval-every 2 --out " + c.string(),
+                &log),
+            0)
+      << log;
+  for (const char* size : {"L1_d32", "L2_d32"}) {
+    const json j =
+        json::parse(slurp(c / size / "runs" / "prenorm" / "seed1337" / "train_config.json"));
+    EXPECT_EQ(j["warmup_steps"], 0) << size;
+    EXPECT_EQ(j["eval_every"], 2) << size;
+    EXPECT_EQ(j["model"]["n_head"], 4) << size;
+  }
+}
+
+}  // namespace

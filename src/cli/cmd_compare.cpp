@@ -291,12 +291,13 @@ std::vector<Group> make_groups(const CompareArgs& a, const std::vector<std::stri
       g.args = a.base;
       g.name = mode;
       apply_train_args(g.args, {"--residual=" + mode});
-      bool sets_block = a.app->count("--block-size") > 0;
+      // (--block-layers N is --block-size 2N: either, given or swept, decides S)
+      bool sets_block = a.app->count("--block-size") > 0 || a.app->count("--block-layers") > 0;
       for (const auto& [k, v] : combo) {
         apply_train_args(g.args, {"--" + k + "=" + v});
         g.name += " " + k + "=" + v;
         g.sweep[k] = v;
-        sets_block |= k == "block-size";
+        sets_block |= k == "block-size" || k == "block-layers";
       }
       if (mode == "block" && !sets_block) {
         // About 4-8 blocks: the smallest S >= 2 with ceil(L / S) <= 8.

@@ -206,6 +206,13 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
   check(a.tokens_per_param > 0 && a.tokens_per_param <= 1e4,
         "--tokens-per-param must be in (0, 1e4]");
   check(a.min_steps >= 1, "--min-steps must be >= 1");
+  // What each size sets itself: the model's shape (--sizes) and its budget (--tokens-per-param,
+  // --min-steps). Given as well, they were dropped without a word (eleventh hostile pass).
+  for (const char* o : {"--n-layer", "--d-model", "--steps"}) {
+    check(app->count(o) == 0,
+          std::string(o) + " is set for each size by scale (--sizes LAYERSxWIDTH; the steps by "
+                           "--tokens-per-param and --min-steps); leave it out");
+  }
   std::vector<json> results;
   for (size_t i = 0; i < sizes.size(); i++) {
     CompareArgs c = a.cmp;
@@ -219,11 +226,20 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
     const double per_step = static_cast<double>(b.batch_size * b.seq_len * b.grad_accum);
     const int64_t steps = std::max<int64_t>(
         a.min_steps, static_cast<int64_t>(std::ceil(a.tokens_per_param * params / per_step)));
-    apply_train_args(
-        c.base, {"--n-layer=" + std::to_string(z.n_layer), "--d-model=" + std::to_string(z.d_model),
-                 "--n-head=" + std::to_string(z.d_model / 32), "--steps=" + std::to_string(steps),
-                 "--warmup=" + std::to_string(std::min<int64_t>(100, steps / 10)),
-                 "--eval-every=" + std::to_string(std::max<int64_t>(1, steps / 5))});
+    apply_train_args(c.base, {"--n-layer=" + std::to_string(z.n_layer),
+                              "--d-model=" + std::to_string(z.d_model),
+                              "--steps=" + std::to_string(steps)});
+    // Defaults that scale with the size; a value the user gave is kept for every size.
+    auto by_size = [&](const char* o, int64_t v) {
+      if (app->count(o) == 0) apply_train_args(c.base, {std::string(o) + "=" + std::to_string(v)});
+    };
+    by_size("--n-head", z.d_model / 32);
+    by_size("--warmup", std::min<int64_t>(100, steps / 10));
+    by_size("--eval-every", std::max<int64_t>(1, steps / 5));
+    check(c.base.cfg.model.d_model % c.base.cfg.model.n_head == 0,
+          "--n-head " + std::to_string(c.base.cfg.model.n_head) + " does not divide the width " +
+              std::to_string(z.d_model) + " of size " + z.name() +
+              "; leave it out (width/32 heads) or give one that divides every width");
     std::printf("\n=== scale: size %zu/%zu, %s: %lld layers, d %lld, %lld steps (%.3g tokens)\n",
                 i + 1, sizes.size(), z.name().c_str(), static_cast<long long>(z.n_layer),
                 static_cast<long long>(z.d_model), static_cast<long long>(steps),
