@@ -725,6 +725,23 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
   }
   r = run("eval " + model + " --data " + data);  // (the text as it is now, asked for by name)
   EXPECT_EQ(r.code, 0) << r.out;
+  // Eleventh hostile pass: a model copied into another run's directory was scored on that run's
+  // validation split (which it may have trained on) as held-out text. The final model records its
+  // run's settings, and eval and inspect refuse another run's defaults for it.
+  const fs::path other = dir / "other";
+  ASSERT_EQ(run("train --data " + data + kTinyModel + " --steps 4 --lr 2e-3 --out " +
+                other.string())
+                .code,
+            0);
+  fs::copy_file(model, other / "model.safetensors", fs::copy_options::overwrite_existing);
+  const std::string copied = (other / "model.safetensors").string();
+  for (const std::string& cmd : {"eval " + copied, "inspect " + copied}) {
+    r = run(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, "was not trained by the run")) << r.out;
+  }
+  r = run("eval " + copied + " --data " + data + " --val-fraction 0.1");
+  EXPECT_EQ(r.code, 0) << r.out;
 }
 
 }  // namespace

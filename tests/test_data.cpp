@@ -177,7 +177,7 @@ TEST(TokenCache, RoundTripAndCorruption) {
   std::vector<int32_t> toks;
   for (int i = 0; i < 1000; ++i) toks.push_back((i * 37) % 300);
   write_token_cache(p, toks, 300, 0xabcdef);
-  EXPECT_EQ(fs::file_size(p), 40u + 4000u);
+  EXPECT_EQ(fs::file_size(p), 48u + 4000u);
   {
     TokenCache tc = TokenCache::open(p, 0xabcdef, 300);
     ASSERT_EQ(tc.size(), 1000);
@@ -218,12 +218,17 @@ TEST(TokenCache, RoundTripAndCorruption) {
   bad_magic[0] = 'X';
   expect_bad(bad_magic, 0xabcdef, 300, "bad magic");
   std::string bad_version = good;
-  bad_version[8] = 2;
-  expect_bad(bad_version, 0xabcdef, 300, "version 2");
+  bad_version[8] = 1;
+  expect_bad(bad_version, 0xabcdef, 300, "version 1");
   std::string bad_token = good;
   int32_t big = 300;
-  std::memcpy(bad_token.data() + 40 + 4 * 17, &big, 4);
+  std::memcpy(bad_token.data() + 48 + 4 * 17, &big, 4);
   expect_bad(bad_token, 0xabcdef, 300, "token id 300 at index 17");
+  // Eleventh hostile pass: ids altered inside the vocabulary (zeroed in place between two runs)
+  // were trained on and scored as the validation text.
+  std::string altered = good;
+  std::memset(altered.data() + 48, 0, 400);
+  expect_bad(altered, 0xabcdef, 300, "checksum mismatch");
   // A hostile count that would overflow count*4.
   std::string bad_count = good;
   uint64_t huge = ~uint64_t{0} / 2;

@@ -50,12 +50,14 @@ std::string hex64(uint64_t v);
 // ---------------------------------------------------------------------------------------------
 // Token cache
 //
-// Format (little-endian): "ARTOKCCH", u32 version = 1, u32 reserved = 0, u64 count,
-// u64 vocab_size, u64 key, then count int32 token ids. key = fnv1a64(corpus text + tokenizer ref
-// + tokenizer model bytes), so any change to the corpus or tokenizer invalidates the cache.
+// Format (little-endian): "ARTOKCCH", u32 version = 2, u32 reserved = 0, u64 count,
+// u64 vocab_size, u64 key, u64 checksum, then count int32 token ids. key = fnv1a64(corpus text +
+// tokenizer ref + tokenizer model bytes), so any change to the corpus or tokenizer invalidates
+// the cache; checksum = fnv1a64 of the token ids' bytes, so a cache whose ids were altered after
+// it was written (bad sectors, an edit in place) is rebuilt rather than trained on.
 
-constexpr uint32_t kTokenCacheVersion = 1;
-constexpr size_t kTokenCacheHeaderBytes = 40;
+constexpr uint32_t kTokenCacheVersion = 2;
+constexpr size_t kTokenCacheHeaderBytes = 48;
 
 // Writes `tokens` atomically as a token cache; Error if an id is outside [0, vocab_size).
 void write_token_cache(const std::string& path, const std::vector<int32_t>& tokens,

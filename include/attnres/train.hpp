@@ -102,6 +102,12 @@ struct TrainConfig {
   static TrainConfig from_json(const std::string& text);
 };
 
+// A train_config.json's fingerprint (of its text), recorded in every checkpoint and final model
+// of the run: of its settings, not of where the run lives (out_dir, runtime) or how the file is
+// laid out, so runs in other directories (other rank counts) write identical checkpoints and a
+// moved run resumes.
+std::string train_config_fingerprint(const std::string& json_text);
+
 struct StepInfo {
   int64_t step = 0, total_steps = 0;
   double loss = 0, lr = 0, grad_norm = 0;

@@ -81,14 +81,14 @@ void run_eval(const EvalArgs& a) {
   std::string data = a.data;
   double val_fraction = a.val_fraction;
   std::optional<Corpus> corpus;
-  const fs::path tc = dir / "train_config.json";
-  if (fs::exists(tc)) {
-    const TrainConfig t = TrainConfig::from_json(read_file(tc.string()));
-    if (data.empty()) {
-      data = t.data_path;
-      corpus = read_trained_corpus(t, dir.string());
+  if (data.empty() || val_fraction < 0) {
+    if (const auto t = run_config_beside(a.model, meta)) {
+      if (data.empty()) {
+        data = t->data_path;
+        corpus = read_trained_corpus(*t, dir.string());
+      }
+      if (val_fraction < 0) val_fraction = t->val_fraction;
     }
-    if (val_fraction < 0) val_fraction = t.val_fraction;
   }
   check(!data.empty(), "no --data given and no train_config.json beside '" + a.model + "'");
   if (val_fraction < 0) val_fraction = 0.1;

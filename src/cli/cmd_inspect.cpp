@@ -40,14 +40,12 @@ void run_inspect(const InspectArgs& a) {
     std::string data = a.data;
     double val_fraction = 0.1;
     std::optional<Corpus> trained;
-    const fs::path tc = dir / "train_config.json";
-    if (fs::exists(tc)) {
-      const TrainConfig t = TrainConfig::from_json(read_file(tc.string()));
-      if (data.empty()) {
-        data = t.data_path;
-        trained = read_trained_corpus(t, dir.string());
+    if (data.empty()) {
+      if (const auto t = run_config_beside(a.model, meta)) {
+        data = t->data_path;
+        trained = read_trained_corpus(*t, dir.string());
+        val_fraction = t->val_fraction;
       }
-      val_fraction = t.val_fraction;
     }
     check(!data.empty(), "give --text or --data (no train_config.json beside '" + a.model + "')");
     const Corpus corpus = trained ? std::move(*trained) : read_corpus(data);

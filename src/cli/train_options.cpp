@@ -19,6 +19,7 @@
 #include "attnres/safetensors.hpp"
 #include "attnres/tokenizer.hpp"
 #include "cli/commands.hpp"
+#include "train/run_dir.hpp"
 
 namespace attnres::cli {
 
@@ -366,6 +367,21 @@ Corpus read_trained_corpus(const TrainConfig& t, const std::string& run_dir) {
             "): its validation split would no longer be held-out text. Restore the corpus, or "
             "pass --data to measure on the text as it is now");
   return c;
+}
+
+std::optional<TrainConfig> run_config_beside(const std::string& model, const Metadata& meta) {
+  namespace fs = std::filesystem;
+  const fs::path tc = fs::path(model).parent_path() / "train_config.json";
+  if (!fs::exists(tc)) return std::nullopt;
+  const std::string text = read_file(tc.string());
+  TrainConfig t = TrainConfig::from_json(text);
+  const auto rec = meta.find(kConfigHashKey);  // (absent: a model of an older build)
+  check(rec == meta.end() || rec->second == train_config_fingerprint(text),
+        "'" + model + "' was not trained by the run whose '" + tc.string() +
+            "' is beside it (the model records other settings): that run's corpus and "
+            "validation split say nothing about it. Give --data (and --val-fraction) to measure "
+            "it on text you choose");
+  return t;
 }
 
 }  // namespace attnres::cli

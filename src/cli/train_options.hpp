@@ -3,9 +3,11 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "attnres/checkpoint.hpp"
 #include "attnres/data.hpp"
 #include "attnres/train.hpp"
 
@@ -58,5 +60,10 @@ void remove_stop_handler();
 // eval and inspect without --data. Error when the text is no longer the one the run trained on
 // (its fingerprint): the "validation split" would then hold training text.
 Corpus read_trained_corpus(const TrainConfig& t, const std::string& run_dir);
+
+// The settings of the run beside `model` (its directory's train_config.json, text in *json), or
+// nothing when there is none. Error when the model records another run's settings (a model copied
+// into another run's directory: that run's corpus and split say nothing held-out about it).
+std::optional<TrainConfig> run_config_beside(const std::string& model, const Metadata& meta);
 
 }  // namespace attnres::cli

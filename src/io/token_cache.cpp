@@ -51,6 +51,9 @@ void write_token_cache(const std::string& path, const std::vector<int32_t>& toke
   std::memcpy(header + 16, &count, 8);
   std::memcpy(header + 24, &vocab, 8);
   std::memcpy(header + 32, &key, 8);
+  const uint64_t sum = fnv1a64(std::string_view(reinterpret_cast<const char*>(tokens.data()),
+                                                tokens.size() * sizeof(int32_t)));
+  std::memcpy(header + 40, &sum, 8);
   AtomicFileWriter w(path);
   w.write(header, sizeof(header));
   w.write(tokens.data(), tokens.size() * sizeof(int32_t));
@@ -65,15 +68,17 @@ TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int3
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
   const uint64_t size = bytes.size();
   check(size >= kTokenCacheHeaderBytes, f + " is truncated (" + std::to_string(size) +
-                                            " bytes, the header alone is 40)" + kRebuild);
+                                            " bytes, the header alone is " +
+                                            std::to_string(kTokenCacheHeaderBytes) + ")" + kRebuild);
   check(std::memcmp(p, kMagic, 8) == 0,
         f + " is not a token cache (bad magic)" + std::string(kRebuild));
   uint32_t version;
-  uint64_t count, vocab, key;
+  uint64_t count, vocab, key, sum;
   std::memcpy(&version, p + 8, 4);
   std::memcpy(&count, p + 16, 8);
   std::memcpy(&vocab, p + 24, 8);
   std::memcpy(&key, p + 32, 8);
+  std::memcpy(&sum, p + 40, 8);
   check(version == kTokenCacheVersion, f + " has format version " + std::to_string(version) +
                                            ", expected " + std::to_string(kTokenCacheVersion) +
                                            kRebuild);
@@ -106,6 +111,10 @@ TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int3
                 kRebuild);
     }
   }
+  check(fnv1a64(std::string_view(bytes).substr(kTokenCacheHeaderBytes)) == sum,
+        f + " does not hold the tokens it was written with (checksum mismatch): it was altered "
+            "or damaged" +
+            std::string(kRebuild));
   return tc;
 }
 

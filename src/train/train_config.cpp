@@ -1,6 +1,7 @@
 // TrainConfig validation and its JSON form (train_config.json in the run directory).
 #include <nlohmann/json.hpp>
 
+#include "attnres/data.hpp"
 #include "attnres/error.hpp"
 #include "attnres/train.hpp"
 #include "core/json_field.hpp"
@@ -165,6 +166,13 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
     throw Error(std::string("training config JSON is invalid: ") + e.what());
   }
   return c;
+}
+
+std::string train_config_fingerprint(const std::string& json_text) {
+  nlohmann::json j = parse_json(json_text);
+  j.erase("out_dir");
+  j.erase("runtime");  // (where it trains: a resume may change it)
+  return hex64(fnv1a64(j.dump()));
 }
 
 }  // namespace attnres

@@ -63,15 +63,6 @@ std::string mflops_text(double flops) {
   return b;
 }
 
-// A train_config.json's fingerprint, recorded in every checkpoint: of its settings, not of where
-// the run lives (out_dir) or how the file is laid out, so runs in other directories (other rank
-// counts) write identical checkpoints and a moved run resumes.
-std::string config_fingerprint(const std::string& text) {
-  nlohmann::json j = parse_json(text);
-  j.erase("out_dir");
-  j.erase("runtime");  // (where it trains: a resume may change it)
-  return hex64(fnv1a64(j.dump()));
-}
 
 std::string format_mib(int64_t bytes) {
   char buf[32];
@@ -499,7 +490,7 @@ class Trainer {
             ? data_.tokenizer_path
             : (fs::path(cfg_.out_dir) / fs::path(data_.tokenizer_path).filename()).string();
     run_dir_.emplace(cfg_.out_dir, cfg_.keep_checkpoints, data_.tokenizer_ref, tok_path,
-                     config_fingerprint(cfg_text_), data_.tokenizer_fingerprint);
+                     train_config_fingerprint(cfg_text_), data_.tokenizer_fingerprint);
     // Gradients are summed where they live: MPI for host memory, NCCL (or host staging) for GPUs.
     if (ranks_ > 1) {
       std::string note;
@@ -528,7 +519,7 @@ class Trainer {
       }
       start_ = checkpoint_step(r.metadata(), cfg_.steps, dir + "/model.safetensors");
       const auto saved_with = r.metadata().find(kConfigHashKey);  // (absent: an older build's)
-      check(saved_with == r.metadata().end() || saved_with->second == config_fingerprint(cfg_text_),
+      check(saved_with == r.metadata().end() || saved_with->second == train_config_fingerprint(cfg_text_),
             "'" + cfg_path_.string() + "' is not the configuration checkpoint '" + dir +
                 "' was trained with: it was edited. --resume continues a run as it started; "
                 "restore the file, or start a new run from these weights with --init-from " +
@@ -821,6 +812,7 @@ class Trainer {
         save_model(res_.model_path, *model_,
                    {{"tokenizer", data_.tokenizer_ref},
                     {"step", std::to_string(step)},
+                    {kConfigHashKey, train_config_fingerprint(cfg_text_)},
                     {kTokenizerHashKey, data_.tokenizer_fingerprint}});
       }
     }
