@@ -1,4 +1,5 @@
 // `attnres export-hf`: an attnres PreNorm model as a Hugging Face LlamaForCausalLM directory.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -162,7 +163,12 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
                                  {"add_eos_token", false}};
       write_file_atomic((tmp / "tokenizer_config.json").string(), tc.dump(2) + "\n");
     }
-    if (exists) {
+    // One atomic swap where the file system offers it: a kill at any moment leaves the old
+    // export or the new one at --out (two renames left nothing there in between). tmp then
+    // holds the old export.
+    if (exists && ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) == 0) {
+      fs::remove_all(tmp, ec);
+    } else if (exists) {
       const fs::path old = make_temp_dir(out.string() + ".old.", "next to --out");
       fs::rename(out, old);  // replaces the empty directory mkdtemp made
       if (::rename(tmp.c_str(), out.c_str()) != 0) {
