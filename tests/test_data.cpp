@@ -368,10 +368,15 @@ TEST(PrepareData, ByteEndToEndAndCacheReuse) {
   EXPECT_EQ(r.files.size(), 2u);
 
   // A corrupt cache is rebuilt rather than trusted.
-  write_file_atomic(d.file("out/tokens.bin"), "garbage");
+  write_file_atomic(d.file("out/tokens.bin"), "ARTOKCCH garbage");
   PreparedData s = prepare_data(opt);
   EXPECT_FALSE(s.cache_reused);
   EXPECT_EQ(s.train.size() + s.val.size(), r.train.size() + r.val.size());
+  // A file that is no token cache at all is the user's: refused, never replaced (eleventh
+  // hostile pass).
+  write_file_atomic(d.file("out/tokens.bin"), "my own tokens");
+  EXPECT_NE(error_of([&] { prepare_data(opt); }).find("is not a token cache"), std::string::npos);
+  EXPECT_EQ(read_file(d.file("out/tokens.bin")), "my own tokens");
 }
 
 TEST(PrepareData, BpeTrainsOnceAndReuses) {

@@ -697,6 +697,7 @@ TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {
   const std::vector<std::pair<fs::path, std::string>> planted = {
       {ck / "step_backup" / "model.safetensors", "a backup"},
       {ck / step / "notes.txt", "my notes"},
+      {ck / step / "notes.tmp.keep", "a name with .tmp. in it (eleventh pass)"},
       {ck / "step_00000099.tmp" / "data" / "x", "data"},
   };
   auto expect_refused = [&](const std::string& what) {

@@ -436,6 +436,14 @@ TEST(ImportHf, CliWritesACheckpointOrNothing) {
   r = run_cli("import-hf " + fixture("llama_gqa") + " --out x --block-layers 2");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("--block-layers is an option of --residual block"), std::string::npos);
+  // Eleventh hostile pass: --block-size outside --residual block was dropped without a word (an
+  // AttnRes export kept its own blocks; full and prenorm have none).
+  for (const char* rest : {"", " --residual full", " --residual prenorm"}) {
+    r = run_cli("import-hf " + fixture("llama_gqa") + " --out x --block-size 5" + rest);
+    EXPECT_EQ(r.code, 1) << rest;
+    EXPECT_NE(r.out.find("--block-size is an option of --residual block"), std::string::npos)
+        << r.out;
+  }
 }
 
 namespace {

@@ -59,6 +59,10 @@ std::string hex64(uint64_t v);
 constexpr uint32_t kTokenCacheVersion = 2;
 constexpr size_t kTokenCacheHeaderBytes = 48;
 
+// Whether `path` starts as a token cache does (any version): a file that does not is the user's,
+// never replaced by one. Error when it is not a regular file.
+bool is_token_cache_file(const std::string& path);
+
 // Writes `tokens` atomically as a token cache; Error if an id is outside [0, vocab_size).
 void write_token_cache(const std::string& path, const std::vector<int32_t>& tokens,
                        int32_t vocab_size, uint64_t key);

@@ -24,6 +24,7 @@ struct ImportArgs {
   std::string dir, out;
   HfImportOptions opt;
   int64_t block_layers = 0;
+  bool block_size_given = false;  // --block-size on the command line
   bool overwrite = false;
 };
 
@@ -77,6 +78,9 @@ void print_source(const HfSource& s) {
 }
 
 void run_import(ImportArgs& a) {
+  // (an AttnRes export's own blocks are kept: --block-size alone was dropped without a word)
+  check(!a.block_size_given || a.opt.residual.mode == ResidualMode::block,
+        "--block-size is an option of --residual block");
   if (a.block_layers > 0) {
     check(a.opt.residual.mode == ResidualMode::block,
           "--block-layers is an option of --residual block");
@@ -183,7 +187,10 @@ void add_import_hf(CLI::App& app) {
                 "max_position_embeddings)")
       ->check(CLI::Range(int64_t{1}, kMaxSeqLen));
   s->add_flag("--overwrite", a->overwrite, "Replace --out if it exists");
-  s->callback([a] { run_import(*a); });
+  s->callback([a, bs] {
+    a->block_size_given = bs->count() > 0;
+    run_import(*a);
+  });
 }
 
 }  // namespace attnres::cli

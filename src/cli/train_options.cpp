@@ -374,7 +374,13 @@ std::optional<TrainConfig> run_config_beside(const std::string& model, const Met
   const fs::path tc = fs::path(model).parent_path() / "train_config.json";
   if (!fs::exists(tc)) return std::nullopt;
   const std::string text = read_file(tc.string());
-  TrainConfig t = TrainConfig::from_json(text);
+  TrainConfig t;
+  try {
+    t = TrainConfig::from_json(text);
+  } catch (const Error& e) {
+    throw Error("'" + tc.string() + "' (the settings of the run beside '" + model +
+                "') is damaged: " + e.what() + "; restore it, or give --data and --val-fraction");
+  }
   const auto rec = meta.find(kConfigHashKey);  // (absent: a model of an older build)
   check(rec == meta.end() || rec->second == train_config_fingerprint(text),
         "'" + model + "' was not trained by the run whose '" + tc.string() +

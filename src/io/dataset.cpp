@@ -205,7 +205,11 @@ PreparedData prepare_data(const DataOptions& opt) {
   const uint64_t key = fnv1a64(pd.tokenizer->model_data(), fnv1a64(pd.tokenizer_ref, text_hash));
 
   const std::string cache_path = join_path(opt.out_dir, "tokens.bin");
-  if (std::filesystem::exists(cache_path, ec)) {
+  if (std::filesystem::exists(std::filesystem::symlink_status(cache_path, ec))) {
+    check(is_token_cache_file(cache_path),
+          "'" + cache_path +
+              "' is not a token cache, and a run keeps its tokens under that name: it is left "
+              "alone; move it away, or use another --out");
     try {
       pd.tokens = TokenCache::open(cache_path, key, vocab);
       pd.cache_reused = true;

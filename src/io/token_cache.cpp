@@ -1,4 +1,7 @@
 // token_cache.cpp — FNV-1a hashing and the token cache file.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cinttypes>
 #include <cstdio>
@@ -6,6 +9,7 @@
 
 #include "attnres/data.hpp"
 #include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
 
 namespace attnres {
 
@@ -58,6 +62,14 @@ void write_token_cache(const std::string& path, const std::vector<int32_t>& toke
   w.write(header, sizeof(header));
   w.write(tokens.data(), tokens.size() * sizeof(int32_t));
   w.commit();
+}
+
+bool is_token_cache_file(const std::string& path) {
+  const int fd = open_regular_file(path, O_RDONLY | O_CLOEXEC, "read");
+  char magic[sizeof kMagic] = {};
+  const ssize_t n = ::pread(fd, magic, sizeof magic, 0);
+  ::close(fd);
+  return n == static_cast<ssize_t>(sizeof magic) && std::memcmp(magic, kMagic, sizeof magic) == 0;
 }
 
 TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int32_t vocab_size) {

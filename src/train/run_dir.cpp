@@ -38,6 +38,22 @@ bool is_step_name(const std::string& n) {
          digits.find_first_not_of("0123456789") == std::string::npos;
 }
 
+// Whether `n` is the temp file of a write of one of `files` (fileio's "<name>.tmp.<pid>.<n>").
+bool is_temp_of(const std::string& n, std::initializer_list<const char*> files) {
+  for (const char* f : files) {
+    const std::string head = std::string(f) + ".tmp.";
+    if (n.rfind(head, 0) != 0) continue;
+    const std::string rest = n.substr(head.size());
+    const size_t dot = rest.find('.');
+    if (dot != std::string::npos && dot > 0 && dot + 1 < rest.size() &&
+        rest.find_first_not_of("0123456789.") == std::string::npos &&
+        rest.find('.', dot + 1) == std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Whether `p` is a checkpoint RunDir::save wrote: a step directory (not a link) holding only the
 // files a save writes (and the temp files of one that was interrupted). Anything else under
 // checkpoints/ is the user's, and --overwrite must not delete it.
@@ -48,7 +64,9 @@ bool is_saved_checkpoint(const fs::path& p) {
   for (const auto& e : fs::directory_iterator(p)) {
     const std::string n = e.path().filename().string();
     const bool known = n == "model.safetensors" || n == "optimizer.safetensors" ||
-                       n == "tokenizer.model" || n.find(".tmp.") != std::string::npos;
+                       n == "tokenizer.model" ||
+                       is_temp_of(n, {"model.safetensors", "optimizer.safetensors",
+                                      "tokenizer.model"});
     if (!known || !fs::is_regular_file(fs::symlink_status(e.path()))) return false;
   }
   return true;
@@ -345,8 +363,7 @@ std::string first_stranger_in_run_dir(const std::string& dir) {
       ours = true;
       for (const auto& c : fs::directory_iterator(e.path())) ours &= is_saved_checkpoint(c.path());
     } else if (fs::is_regular_file(st)) {
-      ours = n.find(".tmp.") != std::string::npos;
-      for (const char* f : kFiles) ours |= n == f;
+      for (const char* f : kFiles) ours |= n == f || is_temp_of(n, {f});
     }
     if (!ours) return n;
   }
