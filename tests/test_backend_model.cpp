@@ -490,7 +490,9 @@ TEST_P(BackendRuns, DeviceStepMatchesTheHostStep) {
     // on cuda-host, where the two runs' gradients are the same bits; on a GPU a replayed GEMM may
     // use another cuBLAS algorithm, and AdamW's first steps magnify the tiniest gradients'
     // rounding up to about lr)
-    EXPECT_LT(worst, std::string(GetParam()) == "cuda-host" ? 1e-7 : 2 * lr);
+    // (cuda-host: 2 ulps of a weight near 1; the device's AdamW functor and the host loop may
+    // round the update's last bit differently (FMA contraction: 1.19e-7 on an AVX2 Zen 3 build)
+    EXPECT_LT(worst, std::string(GetParam()) == "cuda-host" ? 2.5e-7 : 2 * lr);
     if (graphs) {
       EXPECT_EQ(ds.captures(), 2);     // forward+backward, update
       EXPECT_EQ(ds.replays(), 7 + 3);  // each ran uncaptured once first

@@ -131,11 +131,15 @@ TEST_P(Modes, WholeModelGradientMatchesFiniteDifferences) {
   std::vector<float> grads(m.grads(), m.grads() + m.layout().total());
   auto loss = [&] { return m.forward(tok.data(), tgt.data(), B, T); };
   for (const ParamEntry& e : m.layout().entries()) {
-    // Step 3e-3: random depth-attention parameters curve the loss (1e-2 is truncation-limited).
-    // Floor 5e-3 on the sampled gradient norm: fp32 forward noise is ~1e-4 per difference.
-    EXPECT_LT(fd_check(loss, m.param(e.name), e.numel, grads.data() + e.offset, 3e-3, 32, 7, 5e-3),
-              3e-2)
-        << e.name;
+    // Step 3e-3: random depth-attention parameters curve the loss (1e-2 is truncation-limited
+    // for some). Floor 5e-3 on the sampled gradient norm: fp32 forward noise is ~1e-4 per
+    // difference. A small gradient can still be noise-limited at 3e-3 (the sigmoid gate's key norm
+    // on an AVX2 build: 0.24 at 3e-4, 0.057 at 1e-3, 0.035 at 3e-3, 0.0068 at 1e-2, 0.0020 at
+    // 3e-2), so a step of 1e-2 is also tried: a wrong gradient fails at both.
+    const auto check_at = [&](double step) {
+      return fd_check(loss, m.param(e.name), e.numel, grads.data() + e.offset, step, 32, 7, 5e-3);
+    };
+    EXPECT_LT(std::min(check_at(3e-3), check_at(1e-2)), 3e-2) << e.name;
   }
 }
 

@@ -113,6 +113,43 @@ TEST(Safetensors, RoundTripF32I32AndMetadata) {
   EXPECT_EQ(first, w[0]);
 }
 
+// Eleventh hostile pass: a checkpoint whose tensor bytes were zeroed in place (header intact)
+// loaded as a model and eval printed ln(vocab) as its loss. The writer records a checksum of the
+// data, and the reader refuses altered bytes; files of other writers (no checksum) still load.
+TEST(Safetensors, AlteredTensorDataIsRefused) {
+  TempDir d;
+  const std::string p = d.file("m.safetensors");
+  std::vector<float> w(37);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * static_cast<float>(i) - 3.0f;
+  SafetensorsWriter sw;
+  sw.add_f32("a", {37}, w.data());
+  sw.add_f32("b", {5}, w.data() + 3);
+  sw.write(p);
+  const std::string good = read_file(p);
+  ASSERT_EQ(SafetensorsReader::open(p).metadata().count(kDataChecksumKey), 1u);
+  uint64_t n;
+  std::memcpy(&n, good.data(), 8);
+  for (const uint64_t at : {uint64_t{0}, uint64_t{37 * 4 - 1}, uint64_t{37 * 4 + 19}}) {
+    std::string bad = good;
+    bad[8 + n + at] ^= 0x01;  // one bit, in the first byte, a tail byte, the last tensor
+    write_file_atomic(p, bad);
+    try {
+      SafetensorsReader::open(p);
+      ADD_FAILURE() << "an altered byte at " << at << " loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+    }
+  }
+  // Without the key (another writer's file), the data is taken as it is.
+  std::string header = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t hn = header.size();
+  std::string plain(reinterpret_cast<const char*>(&hn), 8);
+  plain += header + std::string(8, '\0');
+  write_file_atomic(p, plain);
+  EXPECT_EQ(SafetensorsReader::open(p).read_f32("a"), (std::vector<float>{0.0f, 0.0f}));
+}
+
 TEST(Safetensors, ReadsBF16F16AndI64) {
   TempDir d;
   // bf16 1.0 = 0x3f80, -2.0 = 0xc000; f16 1.0 = 0x3c00, 0.5 = 0x3800, smallest subnormal 0x0001.

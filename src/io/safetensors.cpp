@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "attnres/data.hpp"
 #include "attnres/error.hpp"
 #include "core/json_field.hpp"
 
@@ -19,6 +20,20 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // same cap as the Python reference
+
+// One tensor's bytes folded into h: FNV-1a over 8-byte words, then the tail bytes (a word at a
+// time: the whole check costs a fraction of reading the file).
+uint64_t fold_bytes(const uint8_t* p, uint64_t n, uint64_t h) {
+  constexpr uint64_t kPrime = 0x100000001b3ULL;
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * kPrime;
+  }
+  for (; i < n; i++) h = (h ^ p[i]) * kPrime;
+  return h;
+}
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
 
@@ -254,6 +269,19 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
               ") and " + q(order[i]->name) + " [" + std::to_string(order[i]->begin) + "," +
               std::to_string(order[i]->end) + ") overlap; the file is corrupt");
   }
+  // The checksum an attnres writer records (files of other writers have none): bytes altered
+  // since the save (bad sectors, an edit in place) must not load as a model.
+  const auto rec = r.metadata_.find(kDataChecksumKey);
+  if (rec != r.metadata_.end()) {
+    uint64_t sum = kDataChecksumSeed;
+    for (const TensorInfo* ti : order)
+      sum = fold_bytes(r.data_start_ + ti->begin, ti->end - ti->begin, sum);
+    check(rec->second == hex64(sum),
+          "checkpoint " + f +
+              " does not hold the tensor data it was saved with (checksum mismatch): it was "
+              "altered or damaged after it was written; use another checkpoint, or re-save it "
+              "from a good copy");
+  }
   return r;
 }
 
@@ -413,11 +441,13 @@ void SafetensorsWriter::add_i32(const std::string& name, std::vector<int64_t> sh
 void SafetensorsWriter::write(const std::string& path) const {
   // ordered_json keeps tensors in insertion order, matching the data layout, for easy inspection.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata_) m[k] = v;
-    header["__metadata__"] = std::move(m);
-  }
+  uint64_t sum = kDataChecksumSeed;
+  for (const auto& e : entries_)
+    sum = fold_bytes(static_cast<const uint8_t*>(e.data), e.nbytes, sum);
+  nlohmann::ordered_json m = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : metadata_) m[k] = v;
+  m[kDataChecksumKey] = hex64(sum);
+  header["__metadata__"] = std::move(m);
   uint64_t offset = 0;
   for (const auto& e : entries_) {
     nlohmann::ordered_json t = nlohmann::ordered_json::object();

@@ -29,6 +29,11 @@ void TrainConfig::validate() const {
        "AdamW betas must be in [0, 1)");
   need(adamw.eps > 0, "AdamW eps must be > 0");
   need(adamw.weight_decay >= 0, "--weight-decay must be >= 0");
+  // AdamW multiplies every decayed weight by 1 - lr x wd each step: at 1 or more it zeroes the
+  // weights or flips their sign (eleventh hostile pass: 1e30 made a finite garbage model).
+  need(adamw.lr * adamw.weight_decay < 1,
+       "--weight-decay x --lr must be below 1 (AdamW scales each weight by 1 - lr x wd every "
+       "step); lower --weight-decay");
   need(grad_clip >= 0, "--grad-clip must be >= 0 (0 disables)");
   need(eval_every >= 0 && eval_batches >= 1, "--eval-every must be >= 0, --eval-batches >= 1");
   need(save_every >= 0 && keep_checkpoints >= 1, "--save-every >= 0, --keep-checkpoints >= 1");
