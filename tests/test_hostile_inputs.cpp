@@ -129,6 +129,14 @@ TEST(HostileInputs, ConfigSizesAreBounded) {
   c.resolve();
   c.ffn_hidden = int64_t{1} << 50;
   expect_error([&] { c.validate(); }, {"ffn_hidden"});
+  // Eleventh hostile pass: --weight-decay 1e30 trained a finite garbage model (every weight
+  // scaled by 1 - lr wd, about -1e27), saved with exit 0.
+  TrainConfig t;
+  t.adamw.lr = 1e-3;
+  t.adamw.weight_decay = 1e30;
+  expect_error([&] { t.validate(); }, {"--weight-decay x --lr must be below 1"});
+  t.adamw.weight_decay = 999.0;  // lr x wd = 0.999: a strong decay, but a decay
+  t.validate();
 }
 
 // The tokenizer reference comes from checkpoint metadata: it may only name a file beside the
