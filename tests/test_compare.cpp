@@ -507,6 +507,13 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
   EXPECT_NE(log.find("--modes lists 'full' twice"), std::string::npos) << log;
   EXPECT_EQ(run(base + " --modes prenorm --sweep lr=1e-3,1e-3" + other, &log), 1);
   EXPECT_NE(log.find("lists '1e-3' twice"), std::string::npos) << log;
+  // Eleventh hostile pass: the same model twice under two names (an option the mode does not
+  // use, one value written two ways), reported as two results differing by 0.
+  for (const char* sw : {" --modes prenorm,block --sweep block-size=1,2",
+                         " --modes prenorm --sweep lr=1e-3,0.001"}) {
+    EXPECT_EQ(run(base + sw + other, &log), 1) << sw;
+    EXPECT_NE(log.find("would train the same model"), std::string::npos) << sw << log;
+  }
   // (tokenizer-model: each configuration trained its own tokenizer; eleventh hostile pass)
   for (const char* key :
        {"seed", "residual", "steps", "tokenizer", "tokenizer-model", "data", "help"}) {

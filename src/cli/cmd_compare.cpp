@@ -311,6 +311,17 @@ std::vector<Group> make_groups(const CompareArgs& a, const std::vector<std::stri
       groups.push_back(std::move(g));
     }
   }
+  // Two configurations that train the same model (a swept option the mode does not use, or one
+  // value written two ways) would be reported as two results differing by a made-up 0.
+  std::vector<std::string> fp;
+  for (const Group& g : groups) fp.push_back(train_config_fingerprint(g.args.cfg.to_json()));
+  for (size_t i = 0; i < groups.size(); i++) {
+    for (size_t j = i + 1; j < groups.size(); j++) {
+      check(fp[i] != fp[j], "'" + groups[i].name + "' and '" + groups[j].name +
+                                "' would train the same model (a swept option that mode does "
+                                "not use, or one value written two ways); drop one of them");
+    }
+  }
   return groups;
 }
 
