@@ -775,6 +775,17 @@ TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {
   EXPECT_EQ(slurp(ck / "step_00000008"), "the user's");
   EXPECT_EQ(trim(slurp(dir / "run" / "latest")), "step_00000006");
   fs::remove(ck / "step_00000008");
+  // Twelfth pass: `train --out RUN/checkpoints/step_N --overwrite` put a new run's model into the
+  // checkpoint RUN's `latest` names. A run's checkpoints/ and its checkpoints are refused.
+  for (const fs::path& in : {ck / "step_00000006", fs::path(ck), ck / "step_00000099"}) {
+    try {
+      claim_out_dir(in.string(), true, true);
+      ADD_FAILURE() << in << " was accepted as a new run's place";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("inside another run's checkpoints/"), std::string::npos)
+          << e.what();
+    }
+  }
   // What the engine leaves is claimed: its checkpoints and an interrupted save's temp files.
   fs::create_directories(ck / "step_00000100.tmp");
   std::ofstream(ck / "step_00000100.tmp" / "model.safetensors.tmp.123.0") << "partial";

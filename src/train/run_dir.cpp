@@ -278,6 +278,22 @@ void RunLock::check_in_place() const {
 
 std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only) {
   const fs::path d = out_dir;
+  {  // Another run's checkpoints/ or one of its checkpoints is that run's, never a new run's place.
+    const fs::path a = fs::absolute(d).lexically_normal();
+    const fs::path p = a.has_filename() ? a : a.parent_path();
+    auto is_run = [](const fs::path& r) {
+      std::error_code ec;
+      return fs::exists(fs::symlink_status(r / "latest", ec)) ||
+             fs::exists(fs::symlink_status(r / "train_config.json", ec));
+    };
+    const bool inside = (p.filename() == "checkpoints" && is_run(p.parent_path())) ||
+                        (p.parent_path().filename() == "checkpoints" &&
+                         is_run(p.parent_path().parent_path()));
+    check(!inside, "--out '" + out_dir +
+                       "' is inside another run's checkpoints/ directory, whose files belong to "
+                       "that run (a new run there would replace a checkpoint's weights); use "
+                       "another --out");
+  }
   auto present = [&](const char* n) { return fs::exists(fs::symlink_status(d / n)); };
   // Only what the engine wrote is ever deleted: regular files, and a checkpoints/ directory of
   // step_* directories. Anything else under those names is the user's: refused, never removed.
