@@ -130,9 +130,9 @@ void BM_StreamSum(benchmark::State& st) {
     }
     benchmark::DoNotOptimize(x.data());
   }
-  st.counters["GB/s"] =
-      benchmark::Counter(double(S) * N * d * sizeof(float),
-                         benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  st.counters["GB/s"] = benchmark::Counter(double(S) * N * d * sizeof(float),
+                                           benchmark::Counter::kIsIterationInvariantRate,
+                                           benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_StreamSum)->Args({17, 512})->Args({33, 128})->Unit(benchmark::kMillisecond);
 

@@ -729,10 +729,10 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
   // validation split (which it may have trained on) as held-out text. The final model records its
   // run's settings, and eval and inspect refuse another run's defaults for it.
   const fs::path other = dir / "other";
-  ASSERT_EQ(run("train --data " + data + kTinyModel + " --steps 4 --lr 2e-3 --out " +
-                other.string())
-                .code,
-            0);
+  ASSERT_EQ(
+      run("train --data " + data + kTinyModel + " --steps 4 --lr 2e-3 --out " + other.string())
+          .code,
+      0);
   fs::copy_file(model, other / "model.safetensors", fs::copy_options::overwrite_existing);
   const std::string copied = (other / "model.safetensors").string();
   for (const std::string& cmd : {"eval " + copied, "inspect " + copied}) {

@@ -477,6 +477,16 @@ TEST(Compare, TasksScoreEveryRunsFinalModel) {
             1);
   EXPECT_NE(log.find("bad.jsonl' line 1"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(fs::path(td.path) / "cmp2" / "runs"));
+  // Twelfth hostile pass: another run's model copied over a kept run's was scored and recorded
+  // as that run's. The model records its run's settings; scoring refuses a stranger.
+  const fs::path full = out / "runs" / "full" / "seed1337" / "model.safetensors";
+  fs::copy_file(out / "runs" / "prenorm" / "seed1337" / "model.safetensors", full,
+                fs::copy_options::overwrite_existing);
+  std::ofstream(fs::path(td.path) / "edited" / "mc.jsonl", std::ios::app)
+      << mc.substr(0, mc.find('\n') + 1);
+  EXPECT_EQ(run(cmd + " --tasks " + (fs::path(td.path) / "edited" / "mc.jsonl").string(), &log), 1)
+      << log;
+  EXPECT_NE(log.find("was not trained by the run"), std::string::npos) << log;
 }
 
 TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
@@ -507,6 +517,16 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
   EXPECT_NE(log.find("--modes lists 'full' twice"), std::string::npos) << log;
   EXPECT_EQ(run(base + " --modes prenorm --sweep lr=1e-3,1e-3" + other, &log), 1);
   EXPECT_NE(log.find("lists '1e-3' twice"), std::string::npos) << log;
+  // Twelfth hostile pass: a user's report.md or results.json in --out was replaced at the end.
+  for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
+           {"report.md", "# my notes\n"}, {"results.json", "{\"my\": \"results\"}\n"}}) {
+    const fs::path mine = dir / ("mine_" + name);
+    fs::create_directories(mine);
+    std::ofstream(mine / name) << text;
+    EXPECT_EQ(run(base + " --modes prenorm --out " + mine.string(), &log), 1) << name;
+    EXPECT_NE(log.find("is not the " + name + " of an earlier run"), std::string::npos) << log;
+    EXPECT_EQ(slurp(mine / name), text);
+  }
   // Eleventh hostile pass: the same model twice under two names (an option the mode does not
   // use, one value written two ways), reported as two results differing by 0.
   for (const char* sw : {" --modes prenorm,block --sweep block-size=1,2",
@@ -643,10 +663,10 @@ TEST(Compare, GivenOptionsAreNeverReplacedSilently) {
     return s;
   };
   const fs::path a = dir / "a", b = dir / "b";
-  ASSERT_EQ(run("compare --preset tiny --modes block --block-layers 2" + tiny + " --out " +
-                    a.string(),
-                &log),
-            0)
+  ASSERT_EQ(
+      run("compare --preset tiny --modes block --block-layers 2" + tiny + " --out " + a.string(),
+          &log),
+      0)
       << log;
   EXPECT_EQ(block_sizes(a), (std::map<std::string, int64_t>{{"block", 4}})) << log;
   ASSERT_EQ(run("compare --preset tiny --modes block --sweep block-layers=1,2" + tiny + " --out " +
@@ -655,10 +675,11 @@ TEST(Compare, GivenOptionsAreNeverReplacedSilently) {
             0)
       << log;
   EXPECT_EQ(block_sizes(b), (std::map<std::string, int64_t>{{"block block-layers=1", 2},
-                                                             {"block block-layers=2", 4}}))
+                                                            {"block block-layers=2", 4}}))
       << log;
-  const std::string sizes = " --sizes 1x32,2x32 --modes prenorm --min-steps 4 --seq-len 16 "
-                            "--batch-size 2 --tokens-per-param 0.01";
+  const std::string sizes =
+      " --sizes 1x32,2x32 --modes prenorm --min-steps 4 --seq-len 16 "
+      "--batch-size 2 --tokens-per-param 0.01";
   for (const char* o : {"--n-layer 3", "--d-model 48", "--steps 9"}) {
     EXPECT_EQ(run("scale" + sizes + common + " " + o + " --out " + (dir / "bad").string(), &log), 1)
         << o;

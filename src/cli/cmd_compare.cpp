@@ -246,9 +246,10 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
     // What every configuration must share (the seeds, the data and the token budget) or what
     // compare sets itself (the mode) cannot be swept.
     static const std::set<std::string> fixed = {
-        "seed",      "residual",  "steps",      "batch-size",   "seq-len",    "grad-accum",
-        "data",      "tokenizer", "vocab-size", "tokenizer-model", "val-fraction", "out", "resume",
-        "init-from", "help",      "config",     "eval-batches", "eval-every", "device"};
+        "seed",         "residual",     "steps",      "batch-size", "seq-len",
+        "grad-accum",   "data",         "tokenizer",  "vocab-size", "tokenizer-model",
+        "val-fraction", "out",          "resume",     "init-from",  "help",
+        "config",       "eval-batches", "eval-every", "device"};
     check(!fixed.count(key),
           "--sweep " + key +
               " cannot vary inside one comparison: every configuration shares the "
@@ -424,6 +425,7 @@ void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& r
       if (!model) {
         Metadata meta;
         model = load_model(model_path, &meta);
+        run_config_beside(model_path, meta);  // (a model copied in from another run: refused)
         tok = load_checkpoint_tokenizer(meta, model_path, model->config().vocab_size);
         std::printf("scoring %s seed %s on %zu task(s)\n",
                     run.value("group", std::string()).c_str(), run.at("seed").dump().c_str(),
@@ -443,6 +445,27 @@ void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& r
 
 }  // namespace
 
+void check_own_outputs(const std::string& out, const char* json_name, const char* md_name,
+                       const char* json_key) {
+  const fs::path js = fs::path(out) / json_name, md = fs::path(out) / md_name;
+  std::error_code ec;
+  bool ours = false;
+  if (fs::exists(fs::symlink_status(js, ec))) {
+    try {
+      ours = parse_json(read_file(js.string())).contains(json_key);
+    } catch (const std::exception&) {  // (Error or a JSON exception: not an earlier output)
+    }
+    check(ours, "'" + js.string() + "' is not the " + json_name +
+                    " of an earlier run of this command, and it would be replaced: it is left "
+                    "alone; move it away, or use another --out");
+  }
+  check(ours || !fs::exists(fs::symlink_status(md, ec)),
+        "'" + md.string() + "' is not the " + md_name + " of an earlier run of this command (no " +
+            json_name +
+            " is beside it), and it would be replaced: it is left alone; move it away, or use "
+            "another --out");
+}
+
 bool run_compare(CompareArgs& a) {
   apply_preset(a);
   a.base.finalize();
@@ -450,6 +473,8 @@ bool run_compare(CompareArgs& a) {
   check(a.seeds >= 1 && a.seeds <= 100, "--seeds must be in [1, 100]");
   std::vector<Group> groups = make_groups(a, modes, sweep_combos(a));
   const std::vector<Task> tasks = read_tasks(a.tasks);  // (checked before anything trains)
+  // (a user's report.md or results.json in --out was replaced at the end: twelfth pass)
+  check_own_outputs(a.out, "results.json", "report.md", "groups");
   // One comparison per directory: a second one deleted the first's unfinished runs while they
   // trained, and both wrote results.json.
   fs::create_directories(a.out);

@@ -210,9 +210,11 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
   // --min-steps). Given as well, they were dropped without a word (eleventh hostile pass).
   for (const char* o : {"--n-layer", "--d-model", "--steps"}) {
     check(app->count(o) == 0,
-          std::string(o) + " is set for each size by scale (--sizes LAYERSxWIDTH; the steps by "
-                           "--tokens-per-param and --min-steps); leave it out");
+          std::string(o) +
+              " is set for each size by scale (--sizes LAYERSxWIDTH; the steps by "
+              "--tokens-per-param and --min-steps); leave it out");
   }
+  check_own_outputs(a.cmp.out, "scaling.json", "scaling.md", "modes");
   std::vector<json> results;
   for (size_t i = 0; i < sizes.size(); i++) {
     CompareArgs c = a.cmp;
@@ -226,9 +228,9 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
     const double per_step = static_cast<double>(b.batch_size * b.seq_len * b.grad_accum);
     const int64_t steps = std::max<int64_t>(
         a.min_steps, static_cast<int64_t>(std::ceil(a.tokens_per_param * params / per_step)));
-    apply_train_args(c.base, {"--n-layer=" + std::to_string(z.n_layer),
-                              "--d-model=" + std::to_string(z.d_model),
-                              "--steps=" + std::to_string(steps)});
+    apply_train_args(
+        c.base, {"--n-layer=" + std::to_string(z.n_layer), "--d-model=" + std::to_string(z.d_model),
+                 "--steps=" + std::to_string(steps)});
     // Defaults that scale with the size; a value the user gave is kept for every size.
     auto by_size = [&](const char* o, int64_t v) {
       if (app->count(o) == 0) apply_train_args(c.base, {std::string(o) + "=" + std::to_string(v)});

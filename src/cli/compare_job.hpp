@@ -27,4 +27,9 @@ struct CompareArgs {
 // Returns false when interrupted (rerunning continues); throws Error on bad options or data.
 bool run_compare(CompareArgs& a);
 
+// Error unless what compare or scale writes at the top of `out` replaces only its own earlier
+// output: json_name (if present) a JSON object with json_key, md_name only beside such a file.
+void check_own_outputs(const std::string& out, const char* json_name, const char* md_name,
+                       const char* json_key);
+
 }  // namespace attnres::cli

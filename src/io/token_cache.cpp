@@ -79,9 +79,9 @@ TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int3
   const std::string f = "token cache '" + path + "'";
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
   const uint64_t size = bytes.size();
-  check(size >= kTokenCacheHeaderBytes, f + " is truncated (" + std::to_string(size) +
-                                            " bytes, the header alone is " +
-                                            std::to_string(kTokenCacheHeaderBytes) + ")" + kRebuild);
+  check(size >= kTokenCacheHeaderBytes,
+        f + " is truncated (" + std::to_string(size) + " bytes, the header alone is " +
+            std::to_string(kTokenCacheHeaderBytes) + ")" + kRebuild);
   check(std::memcmp(p, kMagic, 8) == 0,
         f + " is not a token cache (bad magic)" + std::string(kRebuild));
   uint32_t version;
@@ -124,7 +124,8 @@ TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int3
     }
   }
   check(fnv1a64(std::string_view(bytes).substr(kTokenCacheHeaderBytes)) == sum,
-        f + " does not hold the tokens it was written with (checksum mismatch): it was altered "
+        f +
+            " does not hold the tokens it was written with (checksum mismatch): it was altered "
             "or damaged" +
             std::string(kRebuild));
   return tc;

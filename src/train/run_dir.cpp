@@ -63,10 +63,9 @@ bool is_saved_checkpoint(const fs::path& p) {
   }
   for (const auto& e : fs::directory_iterator(p)) {
     const std::string n = e.path().filename().string();
-    const bool known = n == "model.safetensors" || n == "optimizer.safetensors" ||
-                       n == "tokenizer.model" ||
-                       is_temp_of(n, {"model.safetensors", "optimizer.safetensors",
-                                      "tokenizer.model"});
+    const bool known =
+        n == "model.safetensors" || n == "optimizer.safetensors" || n == "tokenizer.model" ||
+        is_temp_of(n, {"model.safetensors", "optimizer.safetensors", "tokenizer.model"});
     if (!known || !fs::is_regular_file(fs::symlink_status(e.path()))) return false;
   }
   return true;
@@ -75,8 +74,8 @@ bool is_saved_checkpoint(const fs::path& p) {
 // The step number of a checkpoint directory's name (step_<digits>, or step_<digits>.tmp), or -1.
 int64_t step_of_name(const std::string& n) {
   if (!is_step_name(n)) return -1;
-  const std::string digits = n.substr(5, n.find('.') == std::string::npos ? std::string::npos
-                                                                         : n.find('.') - 5);
+  const std::string digits =
+      n.substr(5, n.find('.') == std::string::npos ? std::string::npos : n.find('.') - 5);
   return digits.size() > 18 ? INT64_MAX : std::stoll(digits);
 }
 
@@ -286,9 +285,9 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
       return fs::exists(fs::symlink_status(r / "latest", ec)) ||
              fs::exists(fs::symlink_status(r / "train_config.json", ec));
     };
-    const bool inside = (p.filename() == "checkpoints" && is_run(p.parent_path())) ||
-                        (p.parent_path().filename() == "checkpoints" &&
-                         is_run(p.parent_path().parent_path()));
+    const bool inside =
+        (p.filename() == "checkpoints" && is_run(p.parent_path())) ||
+        (p.parent_path().filename() == "checkpoints" && is_run(p.parent_path().parent_path()));
     check(!inside, "--out '" + out_dir +
                        "' is inside another run's checkpoints/ directory, whose files belong to "
                        "that run (a new run there would replace a checkpoint's weights); use "

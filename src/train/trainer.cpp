@@ -63,7 +63,6 @@ std::string mflops_text(double flops) {
   return b;
 }
 
-
 std::string format_mib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -519,7 +518,8 @@ class Trainer {
       }
       start_ = checkpoint_step(r.metadata(), cfg_.steps, dir + "/model.safetensors");
       const auto saved_with = r.metadata().find(kConfigHashKey);  // (absent: an older build's)
-      check(saved_with == r.metadata().end() || saved_with->second == train_config_fingerprint(cfg_text_),
+      check(saved_with == r.metadata().end() ||
+                saved_with->second == train_config_fingerprint(cfg_text_),
             "'" + cfg_path_.string() + "' is not the configuration checkpoint '" + dir +
                 "' was trained with: it was edited. --resume continues a run as it started; "
                 "restore the file, or start a new run from these weights with --init-from " +
