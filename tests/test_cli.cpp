@@ -333,6 +333,8 @@ TEST(Cli, SecondHostilePassIsRefusedClearly) {
       run("train" + tiny + " --out " + (dir / "c").string() + " --steps 99999999999999999999999"),
       "--steps");
   refused(run("bench --steps 0"), "--steps");
+  refused(run("bench --modes ''"), "--modes lists no residual mode");  // (exit 0, empty tables)
+  refused(run("bench --modes full,full"), "--modes lists 'full' twice");
   refused(run("train" + tiny + " --out " + (dir / "c").string() + " --grad-accum 99999999999"),
           "--grad-accum must be in [1, 1048576]");
   refused(run("train --data " + data + " --out " + (dir / "c").string() +

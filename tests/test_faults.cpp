@@ -680,6 +680,27 @@ TEST(Faults, AStopRightAfterASaveKeepsThatCheckpoint) {
   EXPECT_FALSE(train(rc, {}).interrupted);
 }
 
+// Twelfth hostile pass: a comparison's run resumed with the data directory it recorded (relative
+// to the first invocation's working directory, or the comparison's place before it moved), and
+// made a tokenizer and token cache wherever that path now pointed, over a user's files there.
+// The data directory is the invocation's.
+TEST(Faults, AResumedRunUsesTheInvocationsDataDirectory) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.data_dir = (dir / "old" / "data").string();
+  c.save_every = 2;
+  ASSERT_TRUE(train_until_stopped_at(c, 4).interrupted);
+  fs::rename(dir / "old", dir / "new");
+  TrainConfig rc = c;
+  rc.resume = true;
+  rc.data_dir = (dir / "new" / "data").string();
+  const TrainResult r = train(rc, {});
+  EXPECT_FALSE(r.interrupted);
+  EXPECT_FALSE(fs::exists(dir / "old")) << "the resumed run wrote to the recorded data directory";
+}
+
 // Seventh hostile pass: a checkpoints/ directory counted as the engine's when its entries were
 // named step_*, so --overwrite deleted the user's step_backup/ (or notes kept in a checkpoint).
 TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {

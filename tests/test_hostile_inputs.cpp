@@ -287,6 +287,13 @@ TEST(HostileInputs, CheckpointStepsMustBeCountsInRange) {
   bytes.replace(at, 16, "\"adam_steps\":\"-\"");
   write_bytes(td.file("o.safetensors"), bytes);
   AdamW back(m->layout(), AdamWConfig{});
+  // (the edit breaks the file's checksum; without one, as another writer's file, the value is
+  // checked itself)
+  expect_error([&] { load_optimizer(td.file("o.safetensors"), *m, back); }, {"checksum mismatch"});
+  const size_t key = bytes.find(kDataChecksumKey);
+  ASSERT_NE(key, std::string::npos);
+  bytes[key + std::strlen(kDataChecksumKey) - 1] = 'X';  // another key of the same length
+  write_bytes(td.file("o.safetensors"), bytes);
   expect_error([&] { load_optimizer(td.file("o.safetensors"), *m, back); },
                {"adam_steps is '-'", "not a count"});
 }

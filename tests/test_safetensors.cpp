@@ -122,6 +122,7 @@ TEST(Safetensors, AlteredTensorDataIsRefused) {
   std::vector<float> w(37);
   for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * static_cast<float>(i) - 3.0f;
   SafetensorsWriter sw;
+  sw.set_metadata("config", "{\"block_size\":2,\"norm_eps\":1e-10}");
   sw.add_f32("a", {37}, w.data());
   sw.add_f32("b", {5}, w.data() + 3);
   sw.write(p);
@@ -136,6 +137,24 @@ TEST(Safetensors, AlteredTensorDataIsRefused) {
     try {
       SafetensorsReader::open(p);
       ADD_FAILURE() << "an altered byte at " << at << " loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+    }
+  }
+  // Twelfth hostile pass: one byte of the config edited (block_size 2 -> 4, a key misspelt so
+  // that its default applied, norm_eps 1e-10 -> 1e-01) loaded as another model.
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\\\"block_size\\\":2", "\\\"block_size\\\":4"},
+           {"block_size", "block_sizf"},
+           {"1e-10", "1e-01"}}) {
+    std::string bad = good;
+    const size_t at = bad.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    bad.replace(at, from.size(), to);
+    write_file_atomic(p, bad);
+    try {
+      SafetensorsReader::open(p);
+      ADD_FAILURE() << "an edited config (" << to << ") loaded";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
     }

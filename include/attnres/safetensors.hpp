@@ -40,9 +40,10 @@ struct TensorInfo {
 };
 
 // Every file SafetensorsWriter writes records in its __metadata__, under this key, a checksum of
-// its tensor data (16 hex digits: FNV-1a over 8-byte words of each tensor's bytes, in file order,
-// from kDataChecksumSeed); SafetensorsReader::open verifies it where present.
-inline constexpr const char* kDataChecksumKey = "attnres_data_fnv1a64w";
+// its tensor data and other metadata (16 hex digits: FNV-1a over 8-byte words of each tensor's
+// bytes in file order, then of each other metadata entry "key\0value\0" in key order, from
+// kDataChecksumSeed); SafetensorsReader::open verifies it where present.
+inline constexpr const char* kDataChecksumKey = "attnres_fnv1a64w";
 inline constexpr uint64_t kDataChecksumSeed = 0xcbf29ce484222325ULL;
 
 class SafetensorsReader {

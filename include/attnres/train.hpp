@@ -103,10 +103,13 @@ struct TrainConfig {
 };
 
 // A train_config.json's fingerprint (of its text), recorded in every checkpoint and final model
-// of the run: of its settings, not of where the run lives (out_dir, runtime) or how the file is
-// laid out, so runs in other directories (other rank counts) write identical checkpoints and a
-// moved run resumes.
+// of the run: of its settings, not of where the run lives (out_dir, data_dir, runtime) or how the
+// file is laid out, so runs in other directories (other rank counts) write identical checkpoints
+// and a moved run resumes.
 std::string train_config_fingerprint(const std::string& json_text);
+// Whether a checkpoint's recorded fingerprint is that of json_text (by this build's rule, or the
+// earlier one that also covered data_dir).
+bool train_config_fingerprint_matches(const std::string& recorded, const std::string& json_text);
 
 struct StepInfo {
   int64_t step = 0, total_steps = 0;

@@ -532,6 +532,11 @@ void run_bench(const BenchArgs& a) {
   check(a.torch_pythons.empty() || a.dev.device == Device::cpu,
         "--torch compares with PyTorch on the CPU: drop --torch, or use --device cpu");
   const std::vector<std::string> modes = split_list(a.modes);
+  check(!modes.empty(), "--modes lists no residual mode (e.g. --modes prenorm,full,block)");
+  for (size_t i = 0; i < modes.size(); i++) {
+    for (size_t j = i + 1; j < modes.size(); j++)
+      check(modes[i] != modes[j], "--modes lists '" + modes[i] + "' twice");
+  }
   check(a.torch_pythons.empty() || std::find(modes.begin(), modes.end(), "prenorm") != modes.end(),
         "--torch compares PreNorm with PyTorch: include prenorm in --modes");
   const ModelConfig probe = bench_config(a, "prenorm");

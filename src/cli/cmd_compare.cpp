@@ -497,7 +497,7 @@ bool run_compare(CompareArgs& a) {
     for (int64_t s = 0; s < a.seeds; s++, k++) {
       TrainConfig c = g.args.cfg;
       c.seed = b.seed + static_cast<uint64_t>(s);
-      c.data_dir = data_dir;
+      c.data_dir = absolute_path(data_dir);
       // As the run records them (train_config.json), so a kept run of another corpus is refused.
       c.data_path = absolute_path(c.data_path);
       c.corpus_fingerprint = data.fingerprint;

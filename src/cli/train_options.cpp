@@ -382,7 +382,7 @@ std::optional<TrainConfig> run_config_beside(const std::string& model, const Met
                 "') is damaged: " + e.what() + "; restore it, or give --data and --val-fraction");
   }
   const auto rec = meta.find(kConfigHashKey);  // (absent: a model of an older build)
-  check(rec == meta.end() || rec->second == train_config_fingerprint(text),
+  check(rec == meta.end() || train_config_fingerprint_matches(rec->second, text),
         "'" + model + "' was not trained by the run whose '" + tc.string() +
             "' is beside it (the model records other settings): that run's corpus and "
             "validation split say nothing about it. Give --data (and --val-fraction) to measure "

@@ -35,6 +35,17 @@ uint64_t fold_bytes(const uint8_t* p, uint64_t n, uint64_t h) {
   return h;
 }
 
+// The metadata entries (sorted by key, as std::map keeps them) but the checksum's own, folded
+// into h after the tensor data: an edited config or step is as much a damaged file.
+uint64_t fold_metadata(const std::map<std::string, std::string>& meta, uint64_t h) {
+  for (const auto& [k, v] : meta) {
+    if (k == kDataChecksumKey) continue;
+    const std::string entry = k + '\0' + v + '\0';
+    h = fold_bytes(reinterpret_cast<const uint8_t*>(entry.data()), entry.size(), h);
+  }
+  return h;
+}
+
 std::string q(const std::string& s) { return "'" + s + "'"; }
 
 // Levenshtein distance, used only to suggest the nearest tensor name in an error message.
@@ -276,11 +287,12 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
     uint64_t sum = kDataChecksumSeed;
     for (const TensorInfo* ti : order)
       sum = fold_bytes(r.data_start_ + ti->begin, ti->end - ti->begin, sum);
+    sum = fold_metadata(r.metadata_, sum);
     check(rec->second == hex64(sum),
           "checkpoint " + f +
-              " does not hold the tensor data it was saved with (checksum mismatch): it was "
-              "altered or damaged after it was written; use another checkpoint, or re-save it "
-              "from a good copy");
+              " does not hold the tensor data and metadata it was saved with (checksum "
+              "mismatch): it was altered or damaged after it was written; use another "
+              "checkpoint, or re-save it from a good copy");
   }
   return r;
 }
@@ -446,7 +458,7 @@ void SafetensorsWriter::write(const std::string& path) const {
     sum = fold_bytes(static_cast<const uint8_t*>(e.data), e.nbytes, sum);
   nlohmann::ordered_json m = nlohmann::ordered_json::object();
   for (const auto& [k, v] : metadata_) m[k] = v;
-  m[kDataChecksumKey] = hex64(sum);
+  m[kDataChecksumKey] = hex64(fold_metadata(metadata_, sum));
   header["__metadata__"] = std::move(m);
   uint64_t offset = 0;
   for (const auto& e : entries_) {

@@ -173,11 +173,24 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
   return c;
 }
 
-std::string train_config_fingerprint(const std::string& json_text) {
+namespace {
+std::string fingerprint_of(const std::string& json_text, bool with_data_dir) {
   nlohmann::json j = parse_json(json_text);
   j.erase("out_dir");
-  j.erase("runtime");  // (where it trains: a resume may change it)
+  j.erase("runtime");                       // (where it trains: a resume may change it)
+  if (!with_data_dir) j.erase("data_dir");  // (where a comparison keeps its data: it may move)
   return hex64(fnv1a64(j.dump()));
+}
+}  // namespace
+
+std::string train_config_fingerprint(const std::string& json_text) {
+  return fingerprint_of(json_text, false);
+}
+
+bool train_config_fingerprint_matches(const std::string& recorded, const std::string& json_text) {
+  // (checkpoints of builds before 2026-12-03 fingerprinted data_dir too)
+  return recorded == fingerprint_of(json_text, false) ||
+         recorded == fingerprint_of(json_text, true);
 }
 
 }  // namespace attnres

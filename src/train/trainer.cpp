@@ -258,6 +258,10 @@ class Trainer {
                     "; restore the file from a backup or start the run again without --resume");
       }
       cfg_.out_dir = in_.out_dir;
+      // Where a comparison keeps its shared data: the invocation's (a path recorded relative to
+      // the first invocation's working directory, or before the comparison moved, would put a
+      // tokenizer and token cache wherever it now points; twelfth hostile pass).
+      if (!in_.data_dir.empty()) cfg_.data_dir = in_.data_dir;
       cfg_.resume = true;
       // Runtime choices, not part of the saved run.
       cfg_.zero1 = in_.zero1;
@@ -519,7 +523,7 @@ class Trainer {
       start_ = checkpoint_step(r.metadata(), cfg_.steps, dir + "/model.safetensors");
       const auto saved_with = r.metadata().find(kConfigHashKey);  // (absent: an older build's)
       check(saved_with == r.metadata().end() ||
-                saved_with->second == train_config_fingerprint(cfg_text_),
+                train_config_fingerprint_matches(saved_with->second, cfg_text_),
             "'" + cfg_path_.string() + "' is not the configuration checkpoint '" + dir +
                 "' was trained with: it was edited. --resume continues a run as it started; "
                 "restore the file, or start a new run from these weights with --init-from " +
