@@ -716,6 +716,13 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
   const std::string model = (run_dir / "model.safetensors").string();
   CliRun r = run("eval " + model);
   ASSERT_EQ(r.code, 0) << r.out;
+  // A step checkpoint is measured on its run's split (the run is two levels up; twelfth pass:
+  // "no train_config.json beside", and --data alone took a validation fraction of 0.1).
+  const std::string step =
+      (run_dir / "checkpoints" / "step_00000004" / "model.safetensors").string();
+  CliRun rs = run("eval " + step);
+  ASSERT_EQ(rs.code, 0) << rs.out;
+  EXPECT_EQ(rs.out.substr(rs.out.find("loss")), r.out.substr(r.out.find("loss"))) << rs.out;
   ASSERT_EQ(run("inspect " + model).code, 0);
   std::string text = attnres::testing::slurp(data);
   std::rotate(text.begin(), text.begin() + 2000, text.end());

@@ -117,4 +117,11 @@ TEST(Tasks, EvalTaskPrintsAccuracies) {
       << r.out;
   EXPECT_NE(r.out.find("(minimal pairs, 6 pairs): acc 0.3333 +- 0.2108"), std::string::npos)
       << r.out;
+  // Twelfth hostile pass: the loss's options were dropped without a word next to --task.
+  for (const char* o : {" --data /nonexistent", " --split train", " --seq-len 4", " --batches 2"}) {
+    const auto bad = attnres::testing::run_cli("eval " + dir() + "model.safetensors --task " +
+                                               dir() + "mc.jsonl" + o);
+    EXPECT_EQ(bad.code, 1) << o << bad.out;
+    EXPECT_NE(bad.out.find("does not apply to --task"), std::string::npos) << bad.out;
+  }
 }

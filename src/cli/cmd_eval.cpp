@@ -18,8 +18,6 @@
 #include "cli/train_options.hpp"
 #include "train/evaluate.hpp"
 
-namespace fs = std::filesystem;
-
 namespace attnres::cli {
 
 namespace {
@@ -76,16 +74,16 @@ void run_eval(const EvalArgs& a) {
     run_tasks(a, *model, *tok);
     return;
   }
-  const fs::path dir = fs::path(a.model).parent_path();
   // Defaults from the run that produced the model, when its train_config.json is beside it.
   std::string data = a.data;
   double val_fraction = a.val_fraction;
   std::optional<Corpus> corpus;
   if (data.empty() || val_fraction < 0) {
-    if (const auto t = run_config_beside(a.model, meta)) {
+    std::string run_dir;
+    if (const auto t = run_config_beside(a.model, meta, &run_dir)) {
       if (data.empty()) {
         data = t->data_path;
-        corpus = read_trained_corpus(*t, dir.string());
+        corpus = read_trained_corpus(*t, run_dir);
       }
       if (val_fraction < 0) val_fraction = t->val_fraction;
     }
@@ -160,7 +158,17 @@ void add_eval(CLI::App& app) {
                 "{\"sentence_good\", \"sentence_bad\"} (minimal pairs: acc); docs/INTEROP.md")
       ->check(CLI::ExistingFile);
   add_device_options(s, a->dev);
-  s->callback([a] { run_eval(*a); });
+  s->callback([a, s] {
+    // (the task file is the text: these were dropped without a word; twelfth hostile pass)
+    for (const char* o :
+         {"--data", "--split", "--val-fraction", "--seq-len", "--batch-size", "--batches"}) {
+      check(a->tasks.empty() || s->count(o) == 0,
+            std::string(o) +
+                " does not apply to --task (the task file is the text scored); "
+                "leave it out, or evaluate the loss and the tasks in two commands");
+    }
+    run_eval(*a);
+  });
 }
 
 }  // namespace attnres::cli

@@ -13,8 +13,6 @@
 #include "cli/commands.hpp"
 #include "cli/train_options.hpp"
 
-namespace fs = std::filesystem;
-
 namespace attnres::cli {
 
 namespace {
@@ -27,7 +25,6 @@ struct InspectArgs {
 void run_inspect(const InspectArgs& a) {
   Metadata meta;
   auto model = load_model(a.model, &meta);
-  const fs::path dir = fs::path(a.model).parent_path();
   auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
   const int64_t T_max = model->config().max_seq_len;
   const int64_t want = a.tokens > 0 ? std::min(a.tokens, T_max) : T_max;
@@ -41,9 +38,10 @@ void run_inspect(const InspectArgs& a) {
     double val_fraction = 0.1;
     std::optional<Corpus> trained;
     if (data.empty()) {
-      if (const auto t = run_config_beside(a.model, meta)) {
+      std::string run_dir;
+      if (const auto t = run_config_beside(a.model, meta, &run_dir)) {
         data = t->data_path;
-        trained = read_trained_corpus(*t, dir.string());
+        trained = read_trained_corpus(*t, run_dir);
         val_fraction = t->val_fraction;
       }
     }

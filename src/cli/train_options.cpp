@@ -369,10 +369,17 @@ Corpus read_trained_corpus(const TrainConfig& t, const std::string& run_dir) {
   return c;
 }
 
-std::optional<TrainConfig> run_config_beside(const std::string& model, const Metadata& meta) {
+std::optional<TrainConfig> run_config_beside(const std::string& model, const Metadata& meta,
+                                             std::string* run_dir) {
   namespace fs = std::filesystem;
-  const fs::path tc = fs::path(model).parent_path() / "train_config.json";
+  fs::path dir = fs::path(model).parent_path();
+  // A step checkpoint (RUN/checkpoints/step_N/model.safetensors): the run is two levels up.
+  if (!fs::exists(dir / "train_config.json") && dir.parent_path().filename() == "checkpoints") {
+    dir = dir.parent_path().parent_path();
+  }
+  const fs::path tc = dir / "train_config.json";
   if (!fs::exists(tc)) return std::nullopt;
+  if (run_dir) *run_dir = dir.string();
   const std::string text = read_file(tc.string());
   TrainConfig t;
   try {

@@ -61,9 +61,11 @@ void remove_stop_handler();
 // (its fingerprint): the "validation split" would then hold training text.
 Corpus read_trained_corpus(const TrainConfig& t, const std::string& run_dir);
 
-// The settings of the run beside `model` (its directory's train_config.json, text in *json), or
-// nothing when there is none. Error when the model records another run's settings (a model copied
-// into another run's directory: that run's corpus and split say nothing held-out about it).
-std::optional<TrainConfig> run_config_beside(const std::string& model, const Metadata& meta);
+// The settings of the run `model` belongs to (the train_config.json beside it, or two levels up
+// for a step checkpoint RUN/checkpoints/step_N/), or nothing when there is none; *run_dir (if
+// given) gets that run's directory. Error when the model records another run's settings (a model
+// copied into another run's directory: that run's corpus and split say nothing held-out about it).
+std::optional<TrainConfig> run_config_beside(const std::string& model, const Metadata& meta,
+                                             std::string* run_dir = nullptr);
 
 }  // namespace attnres::cli
