@@ -31,8 +31,14 @@ void run_info(const std::string& path) {
       static_cast<long long>(c.vocab_size), static_cast<long long>(c.max_seq_len),
       c.tied ? "yes" : "no", c.norm_eps, c.rope_theta);
   if (c.residual.is_attnres()) {
-    std::printf("  key_eps     %.9g\n  temperature %.9g\n", c.key_norm_eps(),
-                c.residual.temperature);
+    const ResidualConfig& r = c.residual;
+    std::printf("  block_size  %lld sublayers%s\n",
+                static_cast<long long>(r.effective_block_size()),
+                r.mode == ResidualMode::full ? " (full: one per block)" : "");
+    std::printf("  depth mix   gate %s, key norm %s, %lld head(s), query %s, window %lld%s\n",
+                to_string(r.gate), to_string(r.key_norm), static_cast<long long>(r.heads),
+                to_string(r.query), static_cast<long long>(r.window), r.window ? "" : " (all)");
+    std::printf("  key_eps     %.9g\n  temperature %.9g\n", c.key_norm_eps(), r.temperature);
   }
   // Parameter counts by role.
   std::map<std::string, int64_t> groups;
