@@ -517,20 +517,35 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
   EXPECT_NE(log.find("--modes lists 'full' twice"), std::string::npos) << log;
   EXPECT_EQ(run(base + " --modes prenorm --sweep lr=1e-3,1e-3" + other, &log), 1);
   EXPECT_NE(log.find("lists '1e-3' twice"), std::string::npos) << log;
-  // Twelfth hostile pass: a user's report.md or results.json in --out was replaced at the end.
-  for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
-           {"report.md", "# my notes\n"}, {"results.json", "{\"my\": \"results\"}\n"}}) {
+  // Thirteenth pass: --block-size given and --block-layers swept (or the reverse) set one S.
+  for (const char* sw :
+       {" --block-size 2 --sweep block-layers=1,2", " --block-layers 1 --sweep block-size=2,4",
+        " --sweep block-size=2,4 --sweep block-layers=1,2"}) {
+    EXPECT_EQ(run(base + " --modes block" + std::string(sw) + other, &log), 1) << sw;
+    EXPECT_NE(log.find("block-"), std::string::npos) << log;
+  }
+  // Twelfth hostile pass: a user's report.md or results.json in --out was replaced at the end
+  // (thirteenth: or a user's plot).
+  for (const auto& [name, text] :
+       std::vector<std::pair<std::string, std::string>>{{"report.md", "# my notes\n"},
+                                                        {"results.json", "{\"my\": \"results\"}\n"},
+                                                        {"val_loss.png", "my plot\n"}}) {
     const fs::path mine = dir / ("mine_" + name);
     fs::create_directories(mine);
     std::ofstream(mine / name) << text;
     EXPECT_EQ(run(base + " --modes prenorm --out " + mine.string(), &log), 1) << name;
-    EXPECT_NE(log.find("is not the " + name + " of an earlier run"), std::string::npos) << log;
+    EXPECT_NE(log.find("of an earlier run of this command"), std::string::npos) << log;
     EXPECT_EQ(slurp(mine / name), text);
   }
   // Eleventh hostile pass: the same model twice under two names (an option the mode does not
   // use, one value written two ways), reported as two results differing by 0.
-  for (const char* sw : {" --modes prenorm,block --sweep block-size=1,2",
-                         " --modes prenorm --sweep lr=1e-3,0.001"}) {
+  // (thirteenth pass: settings that cannot change the model, or that mean the same)
+  for (const char* sw :
+       {" --modes prenorm,block --sweep block-size=1,2", " --modes prenorm --sweep lr=1e-3,0.001",
+        " --modes prenorm --sweep router-lr-mult=1,2", " --modes prenorm --sweep log-every=1,2",
+        " --modes prenorm --sweep keep-checkpoints=1,2",
+        " --modes prenorm --n-head 2 --sweep n-kv-head=0,2",
+        " --modes block --sweep block-size=40,60"}) {
     EXPECT_EQ(run(base + sw + other, &log), 1) << sw;
     EXPECT_NE(log.find("would train the same model"), std::string::npos) << sw << log;
   }

@@ -203,6 +203,27 @@ TEST(Faults, StopSignalsSaveACheckpointAndResumeExactly) {
   }
 }
 
+// Thirteenth hostile pass: a kill (or a full disk) between a save's rename and the write of
+// `latest` left a complete checkpoint nothing named: --resume said there was nothing to resume,
+// a new run said to use --resume, and --overwrite deleted the checkpoint. The newest complete
+// checkpoint is resumed.
+TEST(Faults, ACheckpointThatLatestDoesNotNameYetIsResumed) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  ASSERT_EQ(0, run_cli_to_end(train_args(dir / "c.txt", dir / "ref", 40, 10), dir / "ref.log"))
+      << slurp(dir / "ref.log");
+  const fs::path out = dir / "run";
+  ASSERT_EQ(0, run_cli_to_end(train_args(dir / "c.txt", out, 40, 10), dir / "a.log"));
+  fs::remove_all(out / "checkpoints" / "step_00000040");
+  fs::remove(out / "model.safetensors");
+  fs::remove(out / "latest");  // (step_30 is complete; nothing names it)
+  ASSERT_EQ(0, run_cli_to_end(resume_args(out), dir / "b.log")) << slurp(dir / "b.log");
+  EXPECT_NE(slurp(dir / "b.log").find("step_00000030 at step 30"), std::string::npos)
+      << slurp(dir / "b.log");
+  expect_same_weights(dir / "ref" / "model.safetensors", out / "model.safetensors");
+}
+
 // Eleventh hostile pass: `timeout` sends SIGTERM to the run and then to its whole process group,
 // and a closing terminal sends SIGHUP with SIGTERM. The second signal, microseconds after the
 // first, was taken for a second Ctrl-C (leave now, exit 130): the run ended with no checkpoint.
@@ -626,7 +647,7 @@ TEST(Faults, RunDirectoriesHaveOneOwner) {
   EXPECT_TRUE(noted);
   // A run stopped before its first checkpoint leaves nothing to lose: a new start replaces it.
   EXPECT_EQ(claim_out_dir((dir / "run").string(), true).empty(), false);
-  std::ofstream(dir / "run" / "train_config.json") << "{}";
+  std::ofstream(dir / "run" / "train_config.json") << c.to_json();  // (what a run writes)
   EXPECT_NE(claim_out_dir((dir / "run").string(), false).find("before its first checkpoint"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(dir / "run" / "train_config.json"));
@@ -804,6 +825,23 @@ TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {
       ADD_FAILURE() << in << " was accepted as a new run's place";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("inside another run's checkpoints/"), std::string::npos)
+          << e.what();
+    }
+  }
+  // Thirteenth pass: the same through a link, and a user's train_config.json or run.json in a
+  // fresh --out (replaced and deleted as a stopped run's files).
+  fs::create_directory_symlink(ck / "step_00000006", dir / "link");
+  EXPECT_THROW(claim_out_dir((dir / "link").string(), true, true), Error);
+  fs::remove(dir / "link");
+  for (const char* name : {"train_config.json", "run.json", "metrics.jsonl"}) {
+    const fs::path fresh = dir / (std::string("fresh_") + name);
+    fs::create_directories(fresh);
+    std::ofstream(fresh / name) << "my notes\n";
+    try {
+      claim_out_dir(fresh.string(), false, true);
+      ADD_FAILURE() << "a user's " << name << " was claimed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is not what an attnres run writes"), std::string::npos)
           << e.what();
     }
   }

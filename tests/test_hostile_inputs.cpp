@@ -137,6 +137,20 @@ TEST(HostileInputs, ConfigSizesAreBounded) {
   expect_error([&] { t.validate(); }, {"--weight-decay x --lr must be below 1"});
   t.adamw.weight_decay = 999.0;  // lr x wd = 0.999: a strong decay, but a decay
   t.validate();
+  // Thirteenth pass: values that round to 1 or 0 in the float optimizer, and an evaluation
+  // count whose windows overflowed (no window evaluated, "final val loss -0.0000").
+  t.adamw.weight_decay = 0.0;
+  t.adamw.beta1 = 0.99999999;
+  expect_error([&] { t.validate(); }, {"betas must be in [0, 1) in single precision"});
+  t.adamw.beta1 = 0.9;
+  t.adamw.beta2 = 0.9999999999999999;
+  expect_error([&] { t.validate(); }, {"betas"});
+  t.adamw.beta2 = 0.999;
+  t.adamw.lr = 1e-300;
+  expect_error([&] { t.validate(); }, {"--lr must be in [1e-30, 10)"});
+  t.adamw.lr = 1e-3;
+  t.eval_batches = int64_t{1} << 61;
+  expect_error([&] { t.validate(); }, {"--eval-batches in [1, 2^30]"});
 }
 
 // The tokenizer reference comes from checkpoint metadata: it may only name a file beside the

@@ -99,6 +99,24 @@ TEST(Model, KvCacheDecodingMatchesFullForward) {
   }
 }
 
+// Thirteenth hostile pass: a block larger than the model allocated one buffer per sublayer of
+// the block (2^20 of them: 16 GB for a 35k-weight model). It is one block of every sublayer: the
+// same function and the same memory as S = the sublayer count.
+TEST(Model, ABlockLargerThanTheModelIsOneBlock) {
+  ModelConfig c = tiny(true, 2);
+  c.residual.mode = ResidualMode::block;
+  c.residual.block_size = c.n_sublayers();
+  Model a(c);
+  randomize(a, 9);
+  c.residual.block_size = int64_t{1} << 20;
+  Model b(c);
+  randomize(b, 9);
+  const int64_t T = 8;
+  auto tok = ids(2 * T, 13, 3), tgt = ids(2 * T, 13, 4);
+  EXPECT_EQ(a.forward(tok.data(), tgt.data(), 2, T), b.forward(tok.data(), tgt.data(), 2, T));
+  EXPECT_EQ(a.activation_bytes(), b.activation_bytes());
+}
+
 TEST(Model, InitIsDeterministicAndScaled) {
   Model a(tiny(false, 2)), b(tiny(false, 2));
   a.init_weights(42);

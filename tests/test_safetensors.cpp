@@ -159,6 +159,22 @@ TEST(Safetensors, AlteredTensorDataIsRefused) {
       EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
     }
   }
+  // Thirteenth pass: two flipped sign bits cancelled in a plain word-wise FNV, and the tensor
+  // table (names, shapes, offsets) was not covered: swapped names loaded.
+  {
+    std::string bad = good;
+    bad[8 + n + 3] ^= static_cast<char>(0x80);  // the sign bits of a[0] and a[2]
+    bad[8 + n + 11] ^= static_cast<char>(0x80);
+    write_file_atomic(p, bad);
+    EXPECT_THROW(SafetensorsReader::open(p), Error) << "two sign flips";
+    bad = good;
+    const size_t ia = bad.find("\"a\""), ib = bad.find("\"b\"");
+    ASSERT_TRUE(ia != std::string::npos && ib != std::string::npos && ia < 8 + n && ib < 8 + n);
+    bad[ia + 1] = 'b';
+    bad[ib + 1] = 'a';
+    write_file_atomic(p, bad);
+    EXPECT_THROW(SafetensorsReader::open(p), Error) << "swapped names";
+  }
   // Without the key (another writer's file), the data is taken as it is.
   std::string header = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
   header.append((8 - header.size() % 8) % 8, ' ');

@@ -257,9 +257,16 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
               std::string(key == "residual" ? " (compare the modes with --modes)"
                           : key == "seed"   ? " (use --seeds)"
                                             : " (run one compare per value)"));
-    const CLI::Option* given = a.app->get_option_no_throw("--" + key);
-    check(given == nullptr || given->count() == 0,
-          "--" + key + " is given and also swept (--sweep " + key + "=...); give only the sweep");
+    // (--block-size and --block-layers set the same S: either given decides what the other
+    // sweeps)
+    const std::string alias = key == "block-size"     ? "block-layers"
+                              : key == "block-layers" ? "block-size"
+                                                      : key;
+    for (const std::string& k : {key, alias}) {
+      const CLI::Option* given = a.app->get_option_no_throw("--" + k);
+      check(given == nullptr || given->count() == 0,
+            "--" + k + " is given and also swept (--sweep " + key + "=...); give only the sweep");
+    }
     for (size_t i = 0; i < vals.size(); i++) {
       for (size_t j = 0; j < i; j++) {
         check(vals[i] != vals[j], "--sweep " + key + " lists '" + vals[i] + "' twice");
@@ -267,7 +274,10 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
     }
     for (const std::string& other : a.sweeps) {
       if (&other == &sw) break;
-      check(other.substr(0, other.find('=')) != key, "--sweep " + key + " is given twice");
+      const std::string other_key = other.substr(0, other.find('='));
+      check(other_key != key, "--sweep " + key + " is given twice");
+      check(other_key != alias, "--sweep " + key + " and --sweep " + alias +
+                                    " both set the block size; sweep one of them");
     }
     std::vector<Combo> next;
     for (const auto& c : combos) {
@@ -280,6 +290,22 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
     combos = next;
   }
   return combos;
+}
+
+// What decides the model a configuration trains, with settings that cannot change it left out or
+// brought to one form (logging and checkpoint cadence; the router's rate where there is no
+// router; the decay fraction outside wsd; n_kv_head 0 = n_head; a block larger than the model).
+std::string model_fingerprint(TrainConfig c) {
+  c.model.resolve();
+  c.model.residual.block_size = std::min(c.model.residual.block_size, c.model.n_sublayers());
+  json j = json::parse(c.to_json());
+  for (const char* k : {"log_every", "save_every", "keep_checkpoints"}) j.erase(k);
+  if (c.model.residual.mode == ResidualMode::prenorm) {
+    j.erase("router_lr_mult");
+    j.erase("router_warmup");
+  }
+  if (c.schedule.kind != ScheduleKind::wsd) j.erase("decay_fraction");
+  return train_config_fingerprint(j.dump());
 }
 
 // The configurations: every mode times every combination of swept values.
@@ -315,7 +341,7 @@ std::vector<Group> make_groups(const CompareArgs& a, const std::vector<std::stri
   // Two configurations that train the same model (a swept option the mode does not use, or one
   // value written two ways) would be reported as two results differing by a made-up 0.
   std::vector<std::string> fp;
-  for (const Group& g : groups) fp.push_back(train_config_fingerprint(g.args.cfg.to_json()));
+  for (const Group& g : groups) fp.push_back(model_fingerprint(g.args.cfg));
   for (size_t i = 0; i < groups.size(); i++) {
     for (size_t j = i + 1; j < groups.size(); j++) {
       check(fp[i] != fp[j], "'" + groups[i].name + "' and '" + groups[j].name +
@@ -464,6 +490,18 @@ void check_own_outputs(const std::string& out, const char* json_name, const char
             json_name +
             " is beside it), and it would be replaced: it is left alone; move it away, or use "
             "another --out");
+  if (ours) return;
+  // The plots' names too (a user's val_loss.png was replaced: thirteenth hostile pass).
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool plot = n == "val_loss.png" || n == "output_rms.png" || n == "grad_norm.png" ||
+                      n == "scaling.png" ||
+                      (n.rfind("depth_weights_", 0) == 0 && e.path().extension() == ".png");
+    check(!plot, "'" + e.path().string() +
+                     "' is not a plot of an earlier run of this command (no " + json_name +
+                     " is beside it), and it would be replaced: it is left alone; "
+                     "move it away, or use another --out");
+  }
 }
 
 bool run_compare(CompareArgs& a) {

@@ -96,7 +96,9 @@ void run_import(ImportArgs& a) {
   check(a.overwrite || !path_exists(a.out),
         "--out '" + a.out + "' exists; pass --overwrite to replace it, or choose another path");
   {  // A run's model.safetensors, or one of its checkpoints', belongs with the run's other files.
-    const fs::path d = fs::absolute(dir_of(a.out)).lexically_normal();
+    std::error_code ec;  // (links resolved: a link into a run is that run)
+    fs::path d = fs::weakly_canonical(fs::absolute(dir_of(a.out)), ec);
+    if (ec) d = fs::absolute(dir_of(a.out)).lexically_normal();
     const bool in_run = path_exists((d / "train_config.json").string()) ||
                         d.parent_path().filename() == "checkpoints";
     check(!in_run, "--out '" + a.out +

@@ -21,8 +21,10 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // same cap as the Python reference
 
-// One tensor's bytes folded into h: FNV-1a over 8-byte words, then the tail bytes (a word at a
-// time: the whole check costs a fraction of reading the file).
+// Bytes folded into h: FNV-1a over 8-byte words (then the tail bytes), each step followed by a
+// shift-xor so that a difference in a word's top bits reaches the low bits the next multiply
+// spreads (plain word-wise FNV let two flipped sign bits cancel). A word at a time: the whole
+// check costs a fraction of reading the file.
 uint64_t fold_bytes(const uint8_t* p, uint64_t n, uint64_t h) {
   constexpr uint64_t kPrime = 0x100000001b3ULL;
   uint64_t i = 0;
@@ -30,9 +32,26 @@ uint64_t fold_bytes(const uint8_t* p, uint64_t n, uint64_t h) {
     uint64_t w;
     std::memcpy(&w, p + i, 8);
     h = (h ^ w) * kPrime;
+    h ^= h >> 32;
   }
-  for (; i < n; i++) h = (h ^ p[i]) * kPrime;
+  for (; i < n; i++) {
+    h = (h ^ p[i]) * kPrime;
+    h ^= h >> 32;
+  }
   return h;
+}
+
+uint64_t fold_text(const std::string& s, uint64_t h) {
+  return fold_bytes(reinterpret_cast<const uint8_t*>(s.data()), s.size(), h);
+}
+
+// A tensor's header entry (name, dtype, shape, byte range), so that renamed or reshaped tensors
+// are as much a damaged file as altered bytes.
+std::string entry_text(const std::string& name, DType dt, const std::vector<int64_t>& shape,
+                       uint64_t begin, uint64_t end) {
+  std::string t = name + '\0' + dtype_name(dt) + '\0';
+  for (int64_t d : shape) t += std::to_string(d) + ',';
+  return t + '\0' + std::to_string(begin) + '\0' + std::to_string(end) + '\0';
 }
 
 // The metadata entries (sorted by key, as std::map keeps them) but the checksum's own, folded
@@ -40,8 +59,7 @@ uint64_t fold_bytes(const uint8_t* p, uint64_t n, uint64_t h) {
 uint64_t fold_metadata(const std::map<std::string, std::string>& meta, uint64_t h) {
   for (const auto& [k, v] : meta) {
     if (k == kDataChecksumKey) continue;
-    const std::string entry = k + '\0' + v + '\0';
-    h = fold_bytes(reinterpret_cast<const uint8_t*>(entry.data()), entry.size(), h);
+    h = fold_text(k + '\0' + v + '\0', h);
   }
   return h;
 }
@@ -287,6 +305,8 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
     uint64_t sum = kDataChecksumSeed;
     for (const TensorInfo* ti : order)
       sum = fold_bytes(r.data_start_ + ti->begin, ti->end - ti->begin, sum);
+    for (const auto& [name, ti] : r.tensors_)
+      sum = fold_text(entry_text(name, ti.dtype, ti.shape, ti.begin, ti.end), sum);
     sum = fold_metadata(r.metadata_, sum);
     check(rec->second == hex64(sum),
           "checkpoint " + f +
@@ -454,8 +474,14 @@ void SafetensorsWriter::write(const std::string& path) const {
   // ordered_json keeps tensors in insertion order, matching the data layout, for easy inspection.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   uint64_t sum = kDataChecksumSeed;
-  for (const auto& e : entries_)
+  std::map<std::string, std::string> table;  // (by name, as the reader's map keeps them)
+  uint64_t at = 0;
+  for (const auto& e : entries_) {
     sum = fold_bytes(static_cast<const uint8_t*>(e.data), e.nbytes, sum);
+    table[e.name] = entry_text(e.name, e.dtype, e.shape, at, at + e.nbytes);
+    at += e.nbytes;
+  }
+  for (const auto& [name, text] : table) sum = fold_text(text, sum);
   nlohmann::ordered_json m = nlohmann::ordered_json::object();
   for (const auto& [k, v] : metadata_) m[k] = v;
   m[kDataChecksumKey] = hex64(fold_metadata(metadata_, sum));

@@ -12,6 +12,7 @@
 // All buffers and ops are the backend's (attnres/backend.hpp), the same calls on every backend.
 // Full AttnRes with static queries runs its backward by source (below, the backend's
 // depth_source_backward).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -32,7 +33,9 @@ class AttnResRouter final : public DepthRouter {
       : be_(be ? *be : *cpu_backend()),
         L_(c.n_sublayers()),
         d_(c.d_model),
-        S_(c.residual.effective_block_size()),
+        // (a block larger than the model is one block of all its sublayers: the same function,
+        // without S buffers for sublayers that do not exist; 2^20 of them took 16 GB)
+        S_(std::min(c.residual.effective_block_size(), c.n_sublayers())),
         window_(c.residual.window),
         dynamic_(c.residual.query == DepthQuery::dynamic),
         eps_(static_cast<float>(c.key_norm_eps())),

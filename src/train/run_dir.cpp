@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "attnres/checkpoint.hpp"
@@ -182,8 +183,24 @@ void RunDir::check_later_saves_clear(int64_t step, int64_t last) const {
 
 std::string RunDir::latest() const {
   const fs::path p = fs::path(out_dir_) / "latest";
-  check(fs::exists(p), "nothing to resume in '" + out_dir_ +
-                           "': it has no 'latest' checkpoint; start the run without --resume");
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(p, ec))) {
+    // A save renames its checkpoint into place before `latest` names it: a kill (or a full disk)
+    // in between leaves a complete checkpoint that nothing names. The newest such is the run's.
+    std::string newest;
+    for (const auto& e : fs::directory_iterator(ckpt_root(), ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.find('.') == std::string::npos && is_saved_checkpoint(e.path()) &&
+          fs::is_regular_file(e.path() / "model.safetensors", ec) &&
+          fs::is_regular_file(e.path() / "optimizer.safetensors", ec) &&
+          (newest.empty() || step_of_name(n) > step_of_name(newest))) {
+        newest = n;
+      }
+    }
+    check(!newest.empty(), "nothing to resume in '" + out_dir_ +
+                               "': it has no 'latest' checkpoint; start the run without --resume");
+    return (fs::path(ckpt_root()) / newest).string();
+  }
   std::string name = read_file(p.string());
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   // Only a checkpoint of this run: step_<digits> in its checkpoints directory (a path such as
@@ -275,15 +292,41 @@ void RunLock::check_in_place() const {
                   "the directory went: continue with `attnres train --resume --out NEW_PLACE`");
 }
 
+namespace {
+
+// Whether the regular file p, named n, holds what a run writes under that name (a user's notes
+// named train_config.json or run.json were replaced or deleted by a new run: thirteenth pass).
+bool looks_like_a_runs(const std::string& n, const fs::path& p) {
+  if (n != "train_config.json" && n != "run.json" && n != "metrics.jsonl") return true;
+  try {
+    std::string text = read_file(p.string());
+    if (n == "metrics.jsonl") {
+      if (text.empty()) return true;
+      text.resize(std::min(text.find('\n'), text.size()));  // (its first line)
+    }
+    const nlohmann::json j = nlohmann::json::parse(text);
+    if (n == "train_config.json")
+      return j.is_object() && j.contains("model") && j.contains("steps");
+    if (n == "run.json") return j.is_object() && j.contains("seed");
+    return j.is_object();
+  } catch (const std::exception&) {  // (unreadable, not JSON: not a run's)
+    return false;
+  }
+}
+
+}  // namespace
+
 std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only) {
   const fs::path d = out_dir;
   {  // Another run's checkpoints/ or one of its checkpoints is that run's, never a new run's place.
-    const fs::path a = fs::absolute(d).lexically_normal();
+    std::error_code ec;  // (links resolved: a link to a checkpoint is that checkpoint)
+    fs::path a = fs::weakly_canonical(fs::absolute(d), ec);
+    if (ec) a = fs::absolute(d).lexically_normal();
     const fs::path p = a.has_filename() ? a : a.parent_path();
     auto is_run = [](const fs::path& r) {
-      std::error_code ec;
-      return fs::exists(fs::symlink_status(r / "latest", ec)) ||
-             fs::exists(fs::symlink_status(r / "train_config.json", ec));
+      std::error_code e;
+      return fs::exists(fs::symlink_status(r / "latest", e)) ||
+             fs::exists(fs::symlink_status(r / "train_config.json", e));
     };
     const bool inside =
         (p.filename() == "checkpoints" && is_run(p.parent_path())) ||
@@ -301,7 +344,9 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
     if (std::string(n) == "model.safetensors") {  // (a Hugging Face model's weights are not ours)
       return is_attnres_checkpoint(p.string());
     }
-    if (std::string(n) != "checkpoints") return fs::is_regular_file(fs::symlink_status(p));
+    if (std::string(n) != "checkpoints") {
+      return fs::is_regular_file(fs::symlink_status(p)) && looks_like_a_runs(n, p);
+    }
     if (!fs::is_directory(fs::symlink_status(p))) return false;
     for (const auto& e : fs::directory_iterator(p)) {
       if (!is_saved_checkpoint(e.path())) return false;

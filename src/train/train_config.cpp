@@ -24,9 +24,13 @@ void TrainConfig::validate() const {
                static_cast<double>(grad_accum) <
            0x1p62,
        "the run's tokens (--steps x --batch-size x --seq-len x --grad-accum) must be below 2^62");
-  need(adamw.lr > 0 && adamw.lr < 10, "--lr must be in (0, 10)");
-  need(adamw.beta1 >= 0 && adamw.beta1 < 1 && adamw.beta2 >= 0 && adamw.beta2 < 1,
-       "AdamW betas must be in [0, 1)");
+  // The optimizer computes in float: a value that rounds to 0 or 1 there is refused (--beta1
+  // 0.99999999 became 1: nothing moved; --lr 1e-300 became 0).
+  need(adamw.lr > 0 && adamw.lr < 10 && static_cast<float>(adamw.lr) >= 1e-30f,
+       "--lr must be in [1e-30, 10)");
+  need(adamw.beta1 >= 0 && static_cast<float>(adamw.beta1) < 1.0f && adamw.beta2 >= 0 &&
+           static_cast<float>(adamw.beta2) < 1.0f,
+       "AdamW betas must be in [0, 1) in single precision (at most 0.99999994)");
   need(adamw.eps > 0, "AdamW eps must be > 0");
   need(adamw.weight_decay >= 0, "--weight-decay must be >= 0");
   // AdamW multiplies every decayed weight by 1 - lr x wd each step: at 1 or more it zeroes the
@@ -35,7 +39,10 @@ void TrainConfig::validate() const {
        "--weight-decay x --lr must be below 1 (AdamW scales each weight by 1 - lr x wd every "
        "step); lower --weight-decay");
   need(grad_clip >= 0, "--grad-clip must be >= 0 (0 disables)");
-  need(eval_every >= 0 && eval_batches >= 1, "--eval-every must be >= 0, --eval-batches >= 1");
+  // (eval_batches x batch_size windows: 2^61 / B overflowed and evaluated nothing, printing a
+  // loss of -0.0000; eval's --batches has the same bound)
+  need(eval_every >= 0 && eval_batches >= 1 && eval_batches <= int64_t{1} << 30,
+       "--eval-every must be >= 0, --eval-batches in [1, 2^30]");
   need(save_every >= 0 && keep_checkpoints >= 1, "--save-every >= 0, --keep-checkpoints >= 1");
   need(log_every >= 1, "--log-every must be >= 1");
   need(!out_dir.empty(), "--out must name a run directory");
