@@ -142,6 +142,8 @@ TEST(HostileInputs, ConfigSizesAreBounded) {
   t.adamw.weight_decay = 0.0;
   t.adamw.beta1 = 0.99999999;
   expect_error([&] { t.validate(); }, {"betas must be in [0, 1) in single precision"});
+  t.adamw.beta1 = 1e300;  // (beyond float: refused before any cast, which would be UB)
+  expect_error([&] { t.validate(); }, {"betas"});
   t.adamw.beta1 = 0.9;
   t.adamw.beta2 = 0.9999999999999999;
   expect_error([&] { t.validate(); }, {"betas"});

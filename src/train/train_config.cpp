@@ -28,8 +28,9 @@ void TrainConfig::validate() const {
   // 0.99999999 became 1: nothing moved; --lr 1e-300 became 0).
   need(adamw.lr > 0 && adamw.lr < 10 && static_cast<float>(adamw.lr) >= 1e-30f,
        "--lr must be in [1e-30, 10)");
-  need(adamw.beta1 >= 0 && static_cast<float>(adamw.beta1) < 1.0f && adamw.beta2 >= 0 &&
-           static_cast<float>(adamw.beta2) < 1.0f,
+  // (compared as doubles first: casting a value beyond float's range is undefined behaviour)
+  need(adamw.beta1 >= 0 && adamw.beta1 < 1 && static_cast<float>(adamw.beta1) < 1.0f &&
+           adamw.beta2 >= 0 && adamw.beta2 < 1 && static_cast<float>(adamw.beta2) < 1.0f,
        "AdamW betas must be in [0, 1) in single precision (at most 0.99999994)");
   need(adamw.eps > 0, "AdamW eps must be > 0");
   need(adamw.weight_decay >= 0, "--weight-decay must be >= 0");
