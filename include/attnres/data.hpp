@@ -44,6 +44,12 @@ constexpr uint64_t kFnv1a64Offset = 0xcbf29ce484222325ULL;
 
 // FNV-1a 64 of `data` continuing from `seed`, so fnv1a64(b, fnv1a64(a)) == fnv1a64(a + b).
 uint64_t fnv1a64(std::string_view data, uint64_t seed = kFnv1a64Offset);
+// A checksum of n bytes continuing from h, for integrity checks of large files (the token cache,
+// safetensors): FNV-1a over 8-byte words (then the tail bytes), each step followed by a
+// shift-xor so that a difference in a word's top bits reaches the bits the next multiply spreads
+// (plain word-wise FNV let two flipped sign bits cancel). A word at a time: a fraction of the cost
+// of reading the bytes. Not cryptographic: it finds damage and edits, not a forger.
+uint64_t checksum64(const void* p, uint64_t n, uint64_t h = kFnv1a64Offset);
 // v as 16 lowercase hex digits (the fingerprints in train_config.json and checkpoints).
 std::string hex64(uint64_t v);
 
@@ -53,7 +59,7 @@ std::string hex64(uint64_t v);
 // Format (little-endian): "ARTOKCCH", u32 version = 2, u32 reserved = 0, u64 count,
 // u64 vocab_size, u64 key, u64 checksum, then count int32 token ids. key = fnv1a64(corpus text +
 // tokenizer ref + tokenizer model bytes), so any change to the corpus or tokenizer invalidates
-// the cache; checksum = fnv1a64 of the token ids' bytes, so a cache whose ids were altered after
+// the cache; checksum = checksum64 of the token ids' bytes, so a cache whose ids were altered after
 // it was written (bad sectors, an edit in place) is rebuilt rather than trained on.
 
 constexpr uint32_t kTokenCacheVersion = 2;

@@ -40,13 +40,11 @@ struct TensorInfo {
 };
 
 // Every file SafetensorsWriter writes records in its __metadata__, under this key, a checksum of
-// its tensor data, tensor table and other metadata (16 hex digits: FNV-1a over 8-byte words with
-// a shift-xor after each step, of each tensor's bytes in file order, then of each tensor's entry
+// its tensor data, tensor table and other metadata (16 hex digits: checksum64 (attnres/data.hpp)
+// of each tensor's bytes in file order, then of each tensor's entry
 // "name\0dtype\0dims,\0begin\0end\0" by name, then of each other metadata entry
-// "key\0value\0" by key, from kDataChecksumSeed); SafetensorsReader::open verifies it where
-// present. Not cryptographic: it finds damage and edits, not a forger.
+// "key\0value\0" by key); SafetensorsReader::open verifies it where present.
 inline constexpr const char* kDataChecksumKey = "attnres_fnv1a64w";
-inline constexpr uint64_t kDataChecksumSeed = 0xcbf29ce484222325ULL;
 
 class SafetensorsReader {
  public:

@@ -88,8 +88,7 @@ const std::atomic<bool>* install_stop_handler() {
   // SIGINT/SIGTERM, and SIGUSR1 (mpirun forwards it to every rank while SIGINT/SIGTERM kill the
   // job after a few seconds: `kill -USR1 <mpirun pid>` stops a multi-process run with a
   // checkpoint) set the flag; a second one (a second or more after the first) exits at once.
-  // Delivered by start_signal_thread's
-  // thread.
+  // Delivered by start_signal_thread's thread.
   // SIGHUP too: a closed terminal or SSH session stops the run with a checkpoint. And a closed
   // output pipe (`| head`, a dead tee or SSH) must not kill the run: with SIGPIPE ignored the
   // progress lines are lost and the run goes on to save its work.

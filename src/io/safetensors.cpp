@@ -21,29 +21,7 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // same cap as the Python reference
 
-// Bytes folded into h: FNV-1a over 8-byte words (then the tail bytes), each step followed by a
-// shift-xor so that a difference in a word's top bits reaches the low bits the next multiply
-// spreads (plain word-wise FNV let two flipped sign bits cancel). A word at a time: the whole
-// check costs a fraction of reading the file.
-uint64_t fold_bytes(const uint8_t* p, uint64_t n, uint64_t h) {
-  constexpr uint64_t kPrime = 0x100000001b3ULL;
-  uint64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * kPrime;
-    h ^= h >> 32;
-  }
-  for (; i < n; i++) {
-    h = (h ^ p[i]) * kPrime;
-    h ^= h >> 32;
-  }
-  return h;
-}
-
-uint64_t fold_text(const std::string& s, uint64_t h) {
-  return fold_bytes(reinterpret_cast<const uint8_t*>(s.data()), s.size(), h);
-}
+uint64_t fold_text(const std::string& s, uint64_t h) { return checksum64(s.data(), s.size(), h); }
 
 // A tensor's header entry (name, dtype, shape, byte range), so that renamed or reshaped tensors
 // are as much a damaged file as altered bytes.
@@ -302,9 +280,9 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
   // since the save (bad sectors, an edit in place) must not load as a model.
   const auto rec = r.metadata_.find(kDataChecksumKey);
   if (rec != r.metadata_.end()) {
-    uint64_t sum = kDataChecksumSeed;
+    uint64_t sum = kFnv1a64Offset;
     for (const TensorInfo* ti : order)
-      sum = fold_bytes(r.data_start_ + ti->begin, ti->end - ti->begin, sum);
+      sum = checksum64(r.data_start_ + ti->begin, ti->end - ti->begin, sum);
     for (const auto& [name, ti] : r.tensors_)
       sum = fold_text(entry_text(name, ti.dtype, ti.shape, ti.begin, ti.end), sum);
     sum = fold_metadata(r.metadata_, sum);
@@ -473,11 +451,11 @@ void SafetensorsWriter::add_i32(const std::string& name, std::vector<int64_t> sh
 void SafetensorsWriter::write(const std::string& path) const {
   // ordered_json keeps tensors in insertion order, matching the data layout, for easy inspection.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  uint64_t sum = kDataChecksumSeed;
+  uint64_t sum = kFnv1a64Offset;
   std::map<std::string, std::string> table;  // (by name, as the reader's map keeps them)
   uint64_t at = 0;
   for (const auto& e : entries_) {
-    sum = fold_bytes(static_cast<const uint8_t*>(e.data), e.nbytes, sum);
+    sum = checksum64(static_cast<const uint8_t*>(e.data), e.nbytes, sum);
     table[e.name] = entry_text(e.name, e.dtype, e.shape, at, at + e.nbytes);
     at += e.nbytes;
   }

@@ -1,4 +1,4 @@
-// token_cache.cpp — FNV-1a hashing and the token cache file.
+// token_cache.cpp — FNV-1a hashing, checksums and the token cache file.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -36,6 +36,23 @@ uint64_t fnv1a64(std::string_view data, uint64_t seed) {
   return h;
 }
 
+uint64_t checksum64(const void* p, uint64_t n, uint64_t h) {
+  constexpr uint64_t kPrime = 0x100000001b3ULL;
+  const auto* b = static_cast<const uint8_t*>(p);
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, b + i, 8);
+    h = (h ^ w) * kPrime;
+    h ^= h >> 32;
+  }
+  for (; i < n; i++) {
+    h = (h ^ b[i]) * kPrime;
+    h ^= h >> 32;
+  }
+  return h;
+}
+
 void write_token_cache(const std::string& path, const std::vector<int32_t>& tokens,
                        int32_t vocab_size, uint64_t key) {
   check(vocab_size > 0,
@@ -55,8 +72,7 @@ void write_token_cache(const std::string& path, const std::vector<int32_t>& toke
   std::memcpy(header + 16, &count, 8);
   std::memcpy(header + 24, &vocab, 8);
   std::memcpy(header + 32, &key, 8);
-  const uint64_t sum = fnv1a64(std::string_view(reinterpret_cast<const char*>(tokens.data()),
-                                                tokens.size() * sizeof(int32_t)));
+  const uint64_t sum = checksum64(tokens.data(), tokens.size() * sizeof(int32_t));
   std::memcpy(header + 40, &sum, 8);
   AtomicFileWriter w(path);
   w.write(header, sizeof(header));
@@ -123,7 +139,7 @@ TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int3
                 kRebuild);
     }
   }
-  check(fnv1a64(std::string_view(bytes).substr(kTokenCacheHeaderBytes)) == sum,
+  check(checksum64(p + kTokenCacheHeaderBytes, payload) == sum,
         f +
             " does not hold the tokens it was written with (checksum mismatch): it was altered "
             "or damaged" +
