@@ -537,6 +537,18 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
     EXPECT_NE(log.find("of an earlier run of this command"), std::string::npos) << log;
     EXPECT_EQ(slurp(mine / name), text);
   }
+  // Thirteenth hostile pass: a user's tokenizer.model where compare keeps its own was trained
+  // over (train refused the same case).
+  {
+    const fs::path mine = dir / "mine_tokenizer";
+    fs::create_directories(mine / "data");
+    std::ofstream(mine / "data" / "tokenizer.model") << "my tokenizer\n";
+    EXPECT_EQ(run(base + " --modes prenorm --tokenizer bpe --vocab-size 300 --out " + mine.string(),
+                  &log),
+              1);
+    EXPECT_NE(log.find("was not prepared by attnres"), std::string::npos) << log;
+    EXPECT_EQ(slurp(mine / "data" / "tokenizer.model"), "my tokenizer\n");
+  }
   // Eleventh hostile pass: the same model twice under two names (an option the mode does not
   // use, one value written two ways), reported as two results differing by 0.
   // (thirteenth pass: settings that cannot change the model, or that mean the same)
@@ -545,7 +557,8 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
         " --modes prenorm --sweep router-lr-mult=1,2", " --modes prenorm --sweep log-every=1,2",
         " --modes prenorm --sweep keep-checkpoints=1,2",
         " --modes prenorm --n-head 2 --sweep n-kv-head=0,2",
-        " --modes block --sweep block-size=40,60"}) {
+        " --modes block --sweep block-size=40,60",
+        " --modes full --n-layer 2 --sweep attnres-window=0,4"}) {
     EXPECT_EQ(run(base + sw + other, &log), 1) << sw;
     EXPECT_NE(log.find("would train the same model"), std::string::npos) << sw << log;
   }

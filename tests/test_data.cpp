@@ -419,6 +419,61 @@ TEST(PrepareData, BpeTrainsOnceAndReuses) {
   EXPECT_EQ(r.tokenizer->vocab_size(), 420);
 }
 
+// Fourteenth hostile pass (found in the thirteenth): a tokenizer.model edited in a run stopped
+// before its first checkpoint was reused (the key named only the corpus and vocabulary), and a
+// user's tokenizer.model where a run keeps its own (compare's OUT/data) was trained over.
+TEST(PrepareData, TheTokenizerFileIsOursAndAsTrained) {
+  using attnres::testing::slurp;
+  TempDir d;
+  write_file_atomic(d.file("corpus.txt"), sample_text(20000));
+  DataOptions opt;
+  opt.corpus_path = d.file("corpus.txt");
+  opt.tokenizer = TokenizerKind::bpe;
+  opt.vocab_size = 400;
+  opt.out_dir = d.file("out");
+  const PreparedData p = prepare_data(opt);
+  const std::string trained = slurp(d.file("out/tokenizer.model"));
+  // Another valid SentencePiece model put in its place (one of another vocabulary) is retrained.
+  DataOptions other = opt;
+  other.vocab_size = 300;
+  other.out_dir = d.file("other");
+  prepare_data(other);
+  write_file_atomic(d.file("out/tokenizer.model"), slurp(d.file("other/tokenizer.model")));
+  const PreparedData q = prepare_data(opt);
+  EXPECT_TRUE(q.tokenizer_trained);
+  EXPECT_EQ(q.tokenizer->vocab_size(), 400);
+  EXPECT_EQ(q.tokenizer_fingerprint, p.tokenizer_fingerprint);
+  EXPECT_EQ(slurp(d.file("out/tokenizer.model")), trained);
+  // A key of the format before the checksum is trusted only where a fingerprint is checked.
+  const std::string key = slurp(d.file("out/tokenizer.model.trainkey"));
+  ASSERT_NE(key.rfind(':'), std::string::npos);
+  write_file_atomic(d.file("out/tokenizer.model.trainkey"), key.substr(0, key.rfind(':')));
+  DataOptions resume = opt;
+  resume.expect_tokenizer_fingerprint = p.tokenizer_fingerprint;
+  EXPECT_FALSE(prepare_data(resume).tokenizer_trained);
+  EXPECT_TRUE(prepare_data(opt).tokenizer_trained);
+  // A tokenizer.model with no key beside it is not replaced, whether trained or given.
+  const std::string mine = slurp(d.file("other/tokenizer.model"));
+  fs::create_directories(d.file("user"));
+  write_file_atomic(d.file("user/tokenizer.model"), mine);
+  DataOptions user = opt;
+  user.out_dir = d.file("user");
+  const std::string msg = error_of([&] { prepare_data(user); });
+  EXPECT_NE(msg.find("was not prepared by attnres"), std::string::npos) << msg;
+  user.tokenizer_model = d.file("out/tokenizer.model");
+  EXPECT_NE(error_of([&] { prepare_data(user); }).find("was not prepared by attnres"),
+            std::string::npos);
+  EXPECT_EQ(slurp(d.file("user/tokenizer.model")), mine);
+  // Given as --tokenizer-model itself, it is used where it is.
+  user.tokenizer_model = d.file("user/tokenizer.model");
+  EXPECT_EQ(prepare_data(user).tokenizer->vocab_size(), 300);
+  // A key left by a kill during training makes the file ours: it is trained again.
+  write_file_atomic(d.file("out/tokenizer.model.trainkey"), "training");
+  write_file_atomic(d.file("out/tokenizer.model"), "half a model");
+  EXPECT_TRUE(prepare_data(opt).tokenizer_trained);
+  EXPECT_EQ(slurp(d.file("out/tokenizer.model")), trained);
+}
+
 TEST(PrepareData, OutputDirInsideCorpusIsNotRead) {
   TempDir d;
   fs::create_directories(d.file("corpus"));

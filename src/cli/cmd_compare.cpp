@@ -297,7 +297,12 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
 // router; the decay fraction outside wsd; n_kv_head 0 = n_head; a block larger than the model).
 std::string model_fingerprint(TrainConfig c) {
   c.model.resolve();
-  c.model.residual.block_size = std::min(c.model.residual.block_size, c.model.n_sublayers());
+  ResidualConfig& r = c.model.residual;
+  r.block_size = std::min(r.block_size, c.model.n_sublayers());
+  // A window of at least every block's output is no window (the mixer sees all sources).
+  const int64_t blocks =
+      (c.model.n_sublayers() + r.effective_block_size() - 1) / r.effective_block_size();
+  if (r.window >= blocks) r.window = 0;
   json j = json::parse(c.to_json());
   for (const char* k : {"log_every", "save_every", "keep_checkpoints"}) j.erase(k);
   if (c.model.residual.mode == ResidualMode::prenorm) {

@@ -171,24 +171,47 @@ PreparedData prepare_data(const DataOptions& opt) {
     // Identifies what the model was trained from; bump "v1" if training settings change.
     const std::string train_key =
         hex64(fnv1a64("spm-bpe-v1:vocab=" + std::to_string(opt.vocab_size), text_hash));
+    const std::string key = read_if_exists(key_path);
+    // A tokenizer.model with no key beside it was not prepared here (a user's, an import's): it
+    // is never replaced. (A key is written before training starts, so a kill mid-training leaves
+    // a file that is still ours.)
+    auto check_replaceable = [&] {
+      check(
+          !std::filesystem::exists(std::filesystem::symlink_status(model_path, ec)) || !key.empty(),
+          "'" + model_path + "' was not prepared by attnres (no '" + key_path +
+              "' beside it), and a run keeps its tokenizer under that name: it is left alone; "
+              "move it away, pass it as --tokenizer-model, or use another --out");
+    };
     if (!opt.tokenizer_model.empty()) {
       // A given model: checked, then copied in (its key says it was not trained on this corpus).
       const std::string given = read_file(opt.tokenizer_model);
       load_sentencepiece(opt.tokenizer_model);
-      if (read_if_exists(model_path) != given) write_file_atomic(model_path, given);
+      if (read_if_exists(model_path) != given) {
+        check_replaceable();
+        write_file_atomic(model_path, given);
+      }
       write_file_atomic(key_path, "given:" + hex64(fnv1a64(given)));
       pd.tokenizer = load_sentencepiece(model_path);
-    } else if (read_if_exists(key_path) == train_key) {
+    } else if (key.rfind(train_key, 0) == 0) {
       try {
         pd.tokenizer = load_sentencepiece(model_path);
       } catch (const Error&) {
-        pd.tokenizer.reset();  // stale or corrupt: retrain below
+        pd.tokenizer.reset();  // corrupt: retrain below
+      }
+      // The key ends with the model's own checksum: a model edited since is retrained. (A key
+      // without it, from before: only a resume, whose fingerprint check follows, trusts it.)
+      const std::string stamped =
+          pd.tokenizer ? train_key + ":" + hex64(fnv1a64(pd.tokenizer->model_data())) : "";
+      if (key != stamped && !(key == train_key && !opt.expect_tokenizer_fingerprint.empty())) {
+        pd.tokenizer.reset();
       }
     }
     if (!pd.tokenizer) {
+      check_replaceable();
+      write_file_atomic(key_path, "training");
       train_sentencepiece(corpus.text, opt.vocab_size, model_path);
-      write_file_atomic(key_path, train_key);
       pd.tokenizer = load_sentencepiece(model_path);
+      write_file_atomic(key_path, train_key + ":" + hex64(fnv1a64(pd.tokenizer->model_data())));
       pd.tokenizer_trained = true;
     }
     pd.tokenizer_path = model_path;
