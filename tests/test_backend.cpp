@@ -2,8 +2,8 @@
 // tolerances, through the Backend interface the model uses: "cpu" (its wiring of the ops: the
 // device-memory conventions of the scalar mixes and the by-source backward), "cuda-host" (the
 // CUDA kernels emulated on the host) on every machine, "cuda" on a GPU (skipped, with the reason,
-// in builds without CUDA and on machines without a usable GPU). bf16 cases are skipped on
-// backends without bf16 (the CPU). Whole models: test_backend_model.
+// in builds without CUDA and on machines without a usable GPU). The CPU's bf16 products run
+// natively or widened to fp32 (gemm_bf16), depending on the CPU. Whole models: test_backend_model.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -78,14 +78,15 @@ class BackendOps : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     try {
-      keep_ = make_backend(GetParam());
+      // (the CPU: a backend of its own, whose precision the tests may change)
+      keep_ = GetParam() == std::string("cpu") ? make_cpu_backend() : make_backend(GetParam());
     } catch (const Error& e) {
       GTEST_SKIP() << "no " << GetParam() << " test: " << e.what();
     }
     be = keep_.get();
     g_be = be;
   }
-  // Whether the backend offers bf16 matmuls (the CPU does not: its bf16 tests are skipped).
+  // Whether the backend offers bf16 matmuls.
   bool offers_bf16() const {
     try {
       be->set_matmul_precision(MatmulPrecision::bf16);
@@ -221,8 +222,8 @@ TEST_P(BackendOps, MatmulMatchesCpu) {
 }
 
 // bf16 GEMMs: the CPU sgemm on bf16-rounded operands to fp32 rounding (the products of bf16 values
-// are exact in fp32; only the order of the additions differs), fp32 to bf16's ~3 digits. The CPU
-// backend refuses bf16.
+// are exact in fp32; only the order of the additions differs), fp32 to bf16's ~3 digits. The
+// shared CPU backend stays fp32 (a bf16 CPU backend is one of its own).
 TEST_P(BackendOps, Bf16MatmulMatchesRoundedCpu) {
   if (!offers_bf16()) GTEST_SKIP() << GetParam() << " has no bf16 matmuls";
   const int64_t N = 67, IC = 48, OC = 80;
@@ -527,6 +528,7 @@ TEST_P(BackendOps, BySourceBackwardMatchesCpu) {
 // unrounded, so an op that read v would be off by the rounding, ~1e-3).
 TEST_P(BackendOps, DepthOpsReadTheBf16Sources) {
   if (!offers_bf16()) GTEST_SKIP() << GetParam() << " has no bf16 matmuls";
+  if (be->is_cpu()) GTEST_SKIP() << "the CPU's depth ops read the fp32 sources (bf16 storage off)";
   const int64_t N = 70, d = 64, S = 4, H = 2;
   const ops::DepthMix m = depth_mix(d, H);
   std::vector<std::vector<float>> v, vr, r;
@@ -840,6 +842,8 @@ TEST_P(BackendOps, DecodeOpsMatchCpu) {
 // Rounding P or dS can land on the other side of a tie by the order of additions: 1e-4.
 TEST_P(BackendOps, Bf16AttentionMatchesRoundedReference) {
   if (!offers_bf16()) GTEST_SKIP() << GetParam() << " has no bf16 matmuls";
+  if (be->is_cpu())
+    GTEST_SKIP() << "the CPU's attention computes in fp32 (bf16 is its linear layers')";
   const ops::AttnShape s{2, 24, 4, 2, 16};
   const int64_t T = s.T, ld = s.ld(), HD = s.H * s.hd, G = s.H / s.Hkv, N = s.B * T;
   const int64_t att_n = s.B * s.H * T * T;

@@ -26,6 +26,7 @@
 #include "attnres/optim.hpp"
 #include "attnres/train.hpp"
 #include "backend/backend.hpp"
+#include "core/blas.hpp"
 #include "core/profile.hpp"
 #include "core/rng.hpp"
 #include "test_util.hpp"
@@ -731,10 +732,6 @@ TEST_P(BackendRuns, EvalAndGenerateOnTheDeviceMatchTheCpu) {
   const std::string text = gen("");
   EXPECT_GT(text.size(), std::string("a small").size());
   EXPECT_EQ(gen("--device " + std::string(GetParam())), text);
-  const auto bad = attnres::testing::run_cli("generate " + td.path +
-                                             "/model.safetensors --prompt x --precision bf16");
-  EXPECT_NE(bad.code, 0);
-  EXPECT_NE(bad.out.find("--device cuda"), std::string::npos) << bad.out;
 }
 
 // `attnres compare --device`: the same validation losses as on the CPU, and the report says where
@@ -830,9 +827,6 @@ TEST_P(BackendRuns, BenchOnTheDeviceMatchesTheCpu) {
       bench("graphs", "--cuda-graphs --device " + std::string(GetParam()), "--steps 2 --warmup 1");
   ASSERT_FALSE(g.is_discarded());
   for (const auto& r : g.at("modes")) EXPECT_GT(r.at("graph_replays").get<int64_t>(), 0) << r;
-  const auto bad = attnres::testing::run_cli("bench --precision bf16 --steps 1");
-  EXPECT_NE(bad.code, 0);
-  EXPECT_NE(bad.out.find("--device cuda"), std::string::npos) << bad.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, BackendRuns, ::testing::ValuesIn(kDevices),
@@ -841,3 +835,178 @@ INSTANTIATE_TEST_SUITE_P(Devices, BackendRuns, ::testing::ValuesIn(kDevices),
                            for (auto& ch : n) ch = ch == '-' ? '_' : ch;
                            return n;
                          });
+
+// ---- bf16 on the CPU (--precision bf16 --device cpu): the linear layers' products on bf16
+// operands, fp32 sums, master weights, optimizer and loss. The products themselves are checked
+// against a reference in test_ops (GemmBf16MatchesReferenceAllTransposes) and test_backend.
+
+// Every residual configuration: the loss and gradients within bf16's rounding of fp32's.
+TEST(CpuBf16, EveryModelStaysNearFp32) {
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(k.name);
+    ModelConfig c = config_of(k);
+    c.d_model = 64;
+    Model cpu(c), bf(c, make_backend(Device::cpu, MatmulPrecision::bf16));
+    ASSERT_EQ(bf.backend().matmul_precision(), MatmulPrecision::bf16);
+    EXPECT_EQ(cpu_backend()->matmul_precision(), MatmulPrecision::fp32);  // (shared: unchanged)
+    const std::vector<float> w = test_weights(cpu);
+    cpu.params_from_host(w.data());
+    bf.params_from_host(w.data());
+    const int64_t B = 2, T = 11;
+    const TokenBatch batch(B * T, c.vocab_size, 4);
+    cpu.zero_grad();
+    bf.zero_grad();
+    const double lc = cpu.forward(batch.tok.data(), batch.tgt.data(), B, T);
+    const double lb = bf.forward(batch.tok.data(), batch.tgt.data(), B, T);
+    EXPECT_NEAR(lb, lc, 2e-3 * lc);
+    EXPECT_NE(lb, lc);  // the products did round
+    cpu.backward();
+    bf.backward();
+    const std::vector<float> gc = cpu.grads_to_host(), gb = bf.grads_to_host();
+    EXPECT_LT(rel_diff(gb.data(), gc.data(), cpu.num_params()), 5e-2);
+  }
+}
+
+// KV-cache decoding with bf16 products: each weight is rounded once for the decoder's life; the
+// logits stay within bf16's rounding of the fp32 decoder's, and the bf16 model's own full
+// forward gives the same logits to fp32 summation order (prefill, then tokens one at a time).
+TEST(CpuBf16, DecoderStaysNearFp32AndMatchesTheBf16Forward) {
+  for (const Case& k : {kCases[0], kCases[1], kCases[3]}) {
+    SCOPED_TRACE(k.name);
+    ModelConfig c = config_of(k);
+    Model cpu(c), bf(c, make_backend(Device::cpu, MatmulPrecision::bf16));
+    const std::vector<float> w = test_weights(cpu);
+    cpu.params_from_host(w.data());
+    bf.params_from_host(w.data());
+    const int64_t T = 9, V = c.vocab_size;
+    const TokenBatch batch(T, V, 5);
+    auto run = [&](const Model& m) {
+      Decoder dec(m, T);
+      std::vector<float> all;
+      const float* l = dec.feed(batch.tok.data(), 3);
+      all.insert(all.end(), l, l + 3 * V);
+      for (int64_t t = 3; t < T; t++) {
+        l = dec.feed(&batch.tok[t], 1);
+        all.insert(all.end(), l, l + V);
+      }
+      return all;
+    };
+    const std::vector<float> lc = run(cpu), lb = run(bf);
+    EXPECT_LT(rel_diff(lb.data(), lc.data(), T * V), 2e-2);
+    EXPECT_GT(rel_diff(lb.data(), lc.data(), T * V), 1e-6);  // the products did round
+    bf.forward(batch.tok.data(), batch.tgt.data(), 1, T);
+    const std::vector<float> full = logits_of(bf, T * V);
+    EXPECT_LT(rel_diff(full.data(), lb.data(), T * V), 1e-5);
+    EXPECT_EQ(run(bf), lb);  // a second decoder: the same bits
+  }
+}
+
+// `train --precision bf16` on the CPU tracks the fp32 run over 200 steps in every residual mode;
+// its checkpoints stay fp32, and load and evaluate in either precision.
+TEST(CpuBf16, TrainingTracksFp32AndCheckpointsStayFp32) {
+  attnres::testing::TempDir td;
+  {
+    // Words drawn at random: a loss floor both runs approach (a text they could memorise would
+    // let two runs' losses part by chance as they fall towards zero).
+    const char* words[] = {"the", "cat", "sees", "a", "river", "dog", "likes", "hats", "and"};
+    std::ofstream f(td.path + "/corpus.txt");
+    Rng r(5);
+    for (int i = 0; i < 4000; i++) f << words[r.next_u64() % 9] << (i % 12 == 11 ? ".\n" : " ");
+  }
+  auto run = [&](const std::string& mode, const std::string& precision,
+                 std::vector<double>* losses) {
+    TrainConfig c;
+    c.data_path = td.path + "/corpus.txt";
+    c.out_dir = td.path + "/run_" + mode + "_" + precision;
+    c.data_dir = td.path + "/data";
+    c.model.n_layer = 2;
+    c.model.d_model = 32;
+    c.model.n_head = 4;
+    c.model.n_kv_head = 2;
+    c.model.residual.mode = parse_residual_mode(mode);
+    c.model.residual.block_size = 2;
+    c.batch_size = 4;
+    c.seq_len = 16;
+    c.steps = 200;
+    c.adamw.lr = 3e-3;
+    c.eval_every = 100;
+    c.eval_batches = 4;
+    c.save_every = 100;
+    c.log_every = 1000;
+    c.precision = parse_precision(precision);
+    TrainEvents ev;
+    ev.on_step = [losses](const StepInfo& si) { losses->push_back(si.loss); };
+    return train(c, ev);
+  };
+  for (const char* mode : {"prenorm", "full", "block"}) {
+    SCOPED_TRACE(mode);
+    std::vector<double> lc, lb;
+    const TrainResult rc = run(mode, "fp32", &lc), rb = run(mode, "bf16", &lb);
+    ASSERT_EQ(lc.size(), 200u);
+    ASSERT_EQ(lb.size(), 200u);
+    EXPECT_NEAR(lb[0], lc[0], 1e-3 * lc[0]);  // the same weights and batch, rounded products
+    EXPECT_NE(lb[0], lc[0]);
+    double worst = 0;  // the largest relative gap of the 20-step mean losses
+    for (size_t i = 0; i < 200; i += 20) {
+      double a = 0, b = 0;
+      for (size_t j = i; j < i + 20; j++) a += lc[j], b += lb[j];
+      worst = std::max(worst, std::abs(b - a) / a);
+    }
+    // (Measured here: 0.1-1.5 %. The fp32 runs of two seeds part by 1-3 % at 200 steps: bf16's
+    // rounding moves a run less than another seed does.)
+    EXPECT_LT(worst, 3e-2);
+    EXPECT_LT(lb.back(), 0.6 * lb.front());  // it learned
+    ASSERT_TRUE(rc.final_val_loss && rb.final_val_loss);
+    EXPECT_NEAR(*rb.final_val_loss, *rc.final_val_loss, 5e-2 * *rc.final_val_loss);  // 0-2.6 %
+    // The checkpoint holds fp32 weights, evaluated in either precision.
+    const std::string model = td.path + "/run_" + mode + "_bf16/model.safetensors";
+    std::ifstream f(model, std::ios::binary);
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(n));
+    EXPECT_EQ(header.find("BF16"), std::string::npos);
+    EXPECT_NE(header.find("\"F32\""), std::string::npos);
+    auto eval_loss = [&](const std::string& precision) {
+      const auto r = attnres::testing::run_cli("eval " + model + " --data " + td.path +
+                                               "/corpus.txt --batches 4 --precision " + precision);
+      EXPECT_EQ(r.code, 0) << r.out;
+      const size_t at = r.out.find("| loss ");
+      EXPECT_NE(at, std::string::npos) << r.out;
+      return at == std::string::npos ? -1.0 : std::stod(r.out.substr(at + 7));
+    };
+    const double e32 = eval_loss("fp32"), e16 = eval_loss("bf16");
+    EXPECT_GT(e32, 0.0);
+    EXPECT_NEAR(e16, e32, 1e-2 * e32);
+  }
+}
+
+// The CLI: bf16 on the CPU for generate and bench, and the note on a CPU without AVX512-BF16
+// (where the products are widened to fp32) exactly there.
+TEST(CpuBf16, CommandsRunAndSayWhenTheCpuHasNoBf16) {
+  attnres::testing::TempDir td;
+  ModelConfig cfg = config_of(kCases[1]);  // block
+  cfg.vocab_size = 256;
+  cfg.max_seq_len = 16;
+  Model m(cfg);
+  const std::vector<float> w = test_weights(m);
+  m.params_from_host(w.data());
+  save_model(td.path + "/model.safetensors", m, {});
+  const auto g = attnres::testing::run_cli("generate " + td.path +
+                                           "/model.safetensors --prompt 'a small' -n 8 "
+                                           "--temperature 0 --precision bf16");
+  EXPECT_EQ(g.code, 0) << g.out;
+  const auto b = attnres::testing::run_cli(
+      "bench --precision bf16 --d-model 32 --n-layer 2 --n-head 2 --seq-len 16 --batch-size 2 "
+      "--vocab 64 --steps 2 --warmup 1 --decode-tokens 4 --json " +
+      td.path + "/b.json");
+  EXPECT_EQ(b.code, 0) << b.out;
+  std::ifstream jf(td.path + "/b.json");
+  const auto j = nlohmann::json::parse(jf, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << b.out;
+  EXPECT_EQ(j.at("precision"), "bf16");
+  const std::string note = "this CPU has no AVX512-BF16";
+  for (const auto* r : {&g, &b}) {
+    EXPECT_EQ(r->out.find(note) != std::string::npos, !cpu_has_bf16()) << r->out;
+  }
+}

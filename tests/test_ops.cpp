@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <vector>
 
+#include "core/bf16.hpp"
 #include "core/blas.hpp"
 #include "core/simd.hpp"
 #include "core/vmath.hpp"
@@ -33,6 +36,68 @@ TEST(Ops, SgemmMatchesReferenceAllTransposes) {
       EXPECT_LT(rel_diff(C1.data(), C2.data(), M * N), 1e-5) << "ta=" << ta << " tb=" << tb;
     }
   }
+}
+
+// bf16 rounding by its definition (round to nearest, ties to even): values worked out by hand.
+TEST(Ops, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16_bits(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16_bits(-2.0f), 0xc000);
+  EXPECT_EQ(float_to_bf16_bits(1.00390625f), 0x3f80);  // 1 + 2^-8: a tie, to the even 1
+  EXPECT_EQ(float_to_bf16_bits(1.01171875f), 0x3f82);  // 1 + 3 2^-8: a tie, to the even 1 + 2^-6
+  EXPECT_EQ(float_to_bf16_bits(std::nextafter(1.00390625f, 2.0f)), 0x3f81);  // above: up
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::max()), 0x7f80);  // rounds to inf
+  EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(std::nanf("")))));
+  EXPECT_EQ(bf16_bits_to_float(0x3f82), 1.015625f);
+  // The threaded host conversion is the scalar one.
+  const auto x = randn(300001, 7, 100.0);
+  std::vector<uint16_t> b(x.size());
+  std::vector<float> back(x.size());
+  to_bf16_host(b.data(), x.data(), static_cast<int64_t>(x.size()));
+  from_bf16_host(back.data(), b.data(), static_cast<int64_t>(b.size()));
+  for (size_t i = 0; i < x.size(); i += 997) {
+    ASSERT_EQ(b[i], float_to_bf16_bits(x[i])) << i;
+    ASSERT_EQ(back[i], bf16_bits_to_float(b[i])) << i;
+  }
+}
+
+// gemm_bf16 (oneDNN's matmul primitive where the CPU has bf16, else widened) and its widened path
+// against the double-accumulating reference on the same bf16 values: every transpose, both betas,
+// leading dimensions wider than the rows, shapes thin and odd.
+TEST(Ops, GemmBf16MatchesReferenceAllTransposes) {
+  struct Case {
+    int64_t M, N, K;
+  };
+  for (const Case c : {Case{37, 29, 45}, Case{1, 64, 128}, Case{3, 70, 133}, Case{4, 5, 16},
+                       Case{130, 3, 17}, Case{64, 96, 1}}) {
+    for (int t = 0; t < 8; t++) {
+      const bool ta = t & 1, tb = t & 2;
+      const float beta = (t & 4) ? 1.0f : 0.0f;
+      const int64_t M = c.M, N = c.N, K = c.K;
+      const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+      auto bits = [](const std::vector<float>& v) {
+        std::vector<uint16_t> r(v.size());
+        for (size_t i = 0; i < v.size(); i++) r[i] = float_to_bf16_bits(v[i]);
+        return r;
+      };
+      const auto A = bits(randn((ta ? K : M) * lda, 1)), B = bits(randn((tb ? N : K) * ldb, 2));
+      const auto C0 = randn(M * ldc, 3);
+      auto fast = C0, widened = C0, ref = C0;
+      gemm_bf16(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, fast.data(), ldc);
+      gemm_bf16_widened(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, widened.data(), ldc);
+      gemm_bf16_reference(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, ref.data(), ldc);
+      const std::string what = "M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                               " K=" + std::to_string(K) + " ta=" + std::to_string(ta) +
+                               " tb=" + std::to_string(tb) + " beta=" + std::to_string(beta);
+      EXPECT_LT(rel_diff(fast.data(), ref.data(), M * ldc), 1e-5) << what;
+      EXPECT_LT(rel_diff(widened.data(), ref.data(), M * ldc), 1e-5) << what;
+      for (int64_t i = 0; i < M; i++) {  // the padding between rows is left alone
+        for (int64_t j = N; j < ldc; j++) ASSERT_EQ(fast[i * ldc + j], C0[i * ldc + j]) << what;
+      }
+    }
+  }
+  std::printf("gemm_bf16 ran %s\n", cpu_has_bf16() ? "natively (oneDNN, AVX512-BF16)"
+                                                   : "widened to fp32 (no AVX512-BF16 here)");
 }
 
 TEST(Ops, EmbeddingGradient) {

@@ -3,12 +3,15 @@
 (tools/reference_model.py, float32) on exactly the weights and batch the C++ benchmark used, and
 reports the loss at those weights so both sides are known to compute the same thing.
 
-Usage: PYTHON tools/bench_torch.py WEIGHTS.safetensors [--steps N] [--warmup N] [--threads N]
+Usage: PYTHON tools/bench_torch.py WEIGHTS.safetensors [--steps N] [--warmup N] [--threads N] [--bf16]
 Prints one JSON line: {"torch": version, "setups": [{"name", "tokens_per_s", "loss0"}, ...]}.
 Setups: the reference model eager and torch.compile'd; when this torch has them (2.x), the same model with its
 attention replaced by the fused F.scaled_dot_product_attention (what idiomatic PyTorch code uses),
-eager and torch.compile'd.
+eager and torch.compile'd. --bf16: every setup under CPU bf16 autocast (torch.autocast("cpu",
+torch.bfloat16): the linear layers and attention products in bf16 through oneDNN, float32 master
+weights and optimizer), as `attnres bench --precision bf16` is compared with.
 """
+import contextlib
 import argparse
 import json
 import os
@@ -60,7 +63,14 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--bf16", action="store_true", help="CPU bf16 autocast")
     args = ap.parse_args()
+
+    def autocast():
+        if args.bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+    tag = " bf16 autocast" if args.bf16 else ""
     torch.set_num_threads(args.threads)
     meta, t = load_safetensors(args.weights)
     c = json.loads(meta["config"])
@@ -79,15 +89,16 @@ def main():
         opt = torch.optim.AdamW(list(P.values()), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
 
         def step():
-            loss = ref.loss_fn(fwd(P, tokens), targets)
+            with autocast():
+                loss = ref.loss_fn(fwd(P, tokens).float(), targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
             opt.step()
             return loss
 
-        with torch.no_grad():
-            loss0 = float(ref.loss_fn(fwd(P, tokens), targets))
+        with torch.no_grad(), autocast():
+            loss0 = float(ref.loss_fn(fwd(P, tokens).float(), targets))
         for _ in range(args.warmup):
             step()
         times = []
@@ -96,7 +107,7 @@ def main():
             step()
             times.append(time.perf_counter() - t0)
         times.sort()
-        setups.append({"name": name, "tokens_per_s": B * T / times[len(times) // 2], "loss0": loss0})
+        setups.append({"name": name + tag, "tokens_per_s": B * T / times[len(times) // 2], "loss0": loss0})
 
     forward = lambda P, tok: ref.forward(P, cfg, tok)  # noqa: E731
     run("torch %s eager" % torch.__version__, forward)

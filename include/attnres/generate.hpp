@@ -11,6 +11,7 @@
 namespace attnres {
 
 class DepthRouter;
+struct MatmulMemo;  // (src/backend/backend.hpp)
 
 // Incremental inference over one sequence: each feed() runs only the new tokens, attending to the
 // cached keys/values of earlier positions. Runs on the model's backend (the cache lives there;
@@ -40,6 +41,7 @@ class Decoder {
   DevBuf<int32_t> tokens_;
   DevBuf<float> emb_, xn_, qkv_, q_, atty_, h13_, gate_, xf_, logits_;
   std::vector<float> host_logits_;  // where the backend's memory is not the host's
+  std::vector<MatmulMemo> wmemo_;   // the weights' bf16 copies (bf16 products), one per weight
 };
 
 struct SamplingConfig {

@@ -2,9 +2,12 @@
 #include "backend/backend.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "attnres/error.hpp"
+#include "core/blas.hpp"
 
 namespace attnres {
 
@@ -35,11 +38,29 @@ Device parse_device(const std::string& s) {
   throw Error("unknown device '" + s + "'; use cpu, cuda or cuda-host");
 }
 
+namespace {
+// Once per process: bf16 products on a CPU without AVX512-BF16 are widened to fp32 (the same
+// results, at fp32's speed or a little below), which a user asking for speed should know.
+void note_cpu_bf16_emulation() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (cpu_has_bf16()) return;
+    std::fprintf(stderr,
+                 "note: this CPU has no AVX512-BF16, so --precision bf16 products are computed by "
+                 "widening the bf16 operands to fp32: the same results as on a bf16 CPU, but no "
+                 "faster than --precision fp32 (use it here)\n");
+  });
+}
+}  // namespace
+
 std::shared_ptr<Backend> make_backend(Device d, MatmulPrecision p, int gpu) {
-  std::shared_ptr<Backend> be = d == Device::cpu         ? cpu_backend()
-                                : d == Device::cuda_host ? make_cuda_host_backend()
-                                                         : make_cuda_backend(gpu);
+  // (the shared CPU backend stays fp32: a bf16 CPU backend is a backend of its own)
+  std::shared_ptr<Backend> be =
+      d == Device::cpu         ? (p == MatmulPrecision::fp32 ? cpu_backend() : make_cpu_backend())
+      : d == Device::cuda_host ? make_cuda_host_backend()
+                               : make_cuda_backend(gpu);
   be->set_matmul_precision(p);
+  if (d == Device::cpu && p == MatmulPrecision::bf16) note_cpu_bf16_emulation();
   return be;
 }
 

@@ -24,6 +24,10 @@ struct MatmulMemo {
   const float* w_src = nullptr;
   int64_t N = 0, IC = 0, OC = 0;
   bool valid = false;
+  // Set by a caller whose weight stays unchanged while the memo lives (a decoder): the bf16 copy
+  // of w is made on the first product and reused by every later one of the same w (a backend
+  // may ignore it and round again); such a memo keeps nothing for a backward.
+  bool fixed_w = false;
 };
 
 // Work recorded by Backend::begin_capture / end_capture (a CUDA graph): run() queues it again,

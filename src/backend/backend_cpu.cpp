@@ -6,6 +6,7 @@
 
 #include "attnres/buffer.hpp"
 #include "backend/backend.hpp"
+#include "core/bf16.hpp"
 
 namespace attnres {
 
@@ -102,15 +103,56 @@ class CpuBackend final : public Backend {
                         const float* rstd, int64_t N, int64_t C) override {
     ops::rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, C);
   }
-  // fp32: nothing to keep between the passes (memos unused).
+  // bf16 (a backend of its own: make_backend never changes the shared one): both operands
+  // rounded into bf16 copies, products summed in fp32 into the fp32 output. With a memo the
+  // forward's copies are kept for the backward, which then rounds only dout. fp32: memos unused.
+  void set_matmul_precision(MatmulPrecision p) override {
+    if (p == precision_) return;
+    if (this == cpu_backend().get()) Backend::set_matmul_precision(p);  // (refuses bf16)
+    precision_ = p;
+  }
   void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int64_t IC,
-                      int64_t OC, bool accumulate, MatmulMemo* /*memo*/) override {
-    ops::matmul_forward(out, inp, w, N, IC, OC, accumulate);
+                      int64_t OC, bool accumulate, MatmulMemo* memo) override {
+    if (memo) memo->valid = false;
+    if (precision_ == MatmulPrecision::fp32 || N == 0 || IC == 0 || OC == 0) {
+      ops::matmul_forward(out, inp, w, N, IC, OC, accumulate);
+      return;
+    }
+    const uint16_t *a, *b;
+    if (memo && memo->fixed_w) {  // (rounded once: the caller's weights do not change)
+      const bool have = memo->w_src == w && memo->IC == IC && memo->OC == OC && !memo->w.empty();
+      b = have ? memo->w.data() : bf16_into(memo->w, w, OC * IC);
+      memo->w_src = w;
+      memo->IC = IC, memo->OC = OC;
+      a = bf16(bf_a_, inp, N * IC);
+    } else if (memo) {
+      a = bf16_into(memo->inp, inp, N * IC);
+      b = bf16_into(memo->w, w, OC * IC);
+      memo->inp_src = inp;
+      memo->w_src = w;
+      memo->N = N, memo->IC = IC, memo->OC = OC;
+      memo->valid = true;
+    } else {
+      a = bf16(bf_a_, inp, N * IC);
+      b = bf16(bf_b_, w, OC * IC);
+    }
+    ops::matmul_forward_bf16(out, a, b, N, IC, OC, accumulate);
   }
   void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                       int64_t N, int64_t IC, int64_t OC, MatmulMemo* /*memo*/) override {
-    ops::matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
+                       int64_t N, int64_t IC, int64_t OC, MatmulMemo* memo) override {
+    const bool kept = memo && memo->valid && memo->inp_src == inp && memo->w_src == w &&
+                      memo->N == N && memo->IC == IC && memo->OC == OC;
+    if (memo) memo->valid = false;  // used once
+    if (precision_ == MatmulPrecision::fp32 || N == 0 || IC == 0 || OC == 0) {
+      ops::matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
+      return;
+    }
+    const uint16_t* g = bf16(bf_c_, dout, N * OC);
+    const uint16_t* a = !dw ? nullptr : kept ? memo->inp.data() : bf16(bf_a_, inp, N * IC);
+    const uint16_t* b = !dinp ? nullptr : kept ? memo->w.data() : bf16(bf_b_, w, OC * IC);
+    ops::matmul_backward_bf16(dinp, dw, g, a, b, N, IC, OC);
   }
+  void to_bf16(uint16_t* out, const float* in, int64_t n) override { to_bf16_host(out, in, n); }
   void rope_forward(float* x, const float* cos_t, const float* sin_t, int64_t B, int64_t T,
                     int64_t n_heads, int64_t hd, int64_t ld, int64_t pos0) override {
     ops::rope_forward(x, cos_t, sin_t, B, T, n_heads, hd, ld, pos0);
@@ -211,7 +253,24 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  std::vector<ops::DepthReader> readers_;  // depth_source_backward's scratch
+  // x (n floats) rounded to bf16 into memo buffer b (grown as needed).
+  const uint16_t* bf16_into(DevBuf<uint16_t>& b, const float* x, int64_t n) {
+    if (b.backend() != this || static_cast<int64_t>(b.size()) < n) {
+      b.reset();
+      b.on(this).resize(static_cast<size_t>(n));
+    }
+    to_bf16_host(b.data(), x, n);
+    return b.data();
+  }
+  // x (n floats) rounded to bf16 into scratch s.
+  static const uint16_t* bf16(std::vector<uint16_t>& s, const float* x, int64_t n) {
+    if (static_cast<int64_t>(s.size()) < n) s.resize(static_cast<size_t>(n));
+    to_bf16_host(s.data(), x, n);
+    return s.data();
+  }
+
+  std::vector<uint16_t> bf_a_, bf_b_, bf_c_;  // bf16 operands without a memo
+  std::vector<ops::DepthReader> readers_;     // depth_source_backward's scratch
   std::vector<float> dq_part_;
 };
 

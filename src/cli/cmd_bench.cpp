@@ -359,10 +359,19 @@ double print_setup_and_ceiling(const BenchArgs& a) {
       static_cast<long long>(a.batch), static_cast<long long>(a.vocab), omp_get_max_threads(),
       static_cast<long long>(a.steps), static_cast<long long>(a.warmup));
   double ceiling = 0;
-  if (a.dev.device == Device::cpu) {
+  if (a.dev.device == Device::cpu && a.dev.precision == MatmulPrecision::fp32) {
     std::fflush(stdout);
     ceiling = sgemm_gflops(2048);
     std::printf("sgemm ceiling (2048^3, oneDNN): %.1f GFLOP/s\n\n", ceiling);
+  } else if (a.dev.device == Device::cpu) {  // bf16: the product the linear layers use
+    std::fflush(stdout);
+    const double fp32 = sgemm_gflops(2048);
+    ceiling = device_gemm_gflops(*open_backend(a.dev), 2048);
+    std::printf(
+        "GEMM ceiling (2048^3): fp32 sgemm %.1f GFLOP/s, bf16 %s %.1f GFLOP/s (%.2fx); "
+        "%%ceiling below is of bf16's\n\n",
+        fp32, cpu_has_bf16() ? "(oneDNN matmul)" : "(widened to fp32: no AVX512-BF16)", ceiling,
+        ceiling / fp32);
   } else {
     // Every op timed when the profiler is on (the one profiled step below); off, a branch per op.
     std::shared_ptr<Backend> be = make_profiled_backend(open_backend(a.dev));
@@ -472,9 +481,10 @@ json compare_torch(const BenchArgs& a, const json& base, const std::string& weig
   json out = json::array();
   for (const std::string& py : split_list(a.torch_pythons)) {
     char extra[128];
-    std::snprintf(extra, sizeof extra, " --steps %lld --warmup %lld --threads %d",
+    const bool bf16 = a.dev.precision == MatmulPrecision::bf16;  // (torch: CPU bf16 autocast)
+    std::snprintf(extra, sizeof extra, " --steps %lld --warmup %lld --threads %d%s",
                   static_cast<long long>(a.steps), static_cast<long long>(a.warmup),
-                  omp_get_max_threads());
+                  omp_get_max_threads(), bf16 ? " --bf16" : "");
     const std::string script = (fs::path(ATTNRES_SOURCE_DIR) / "tools" / "bench_torch.py").string();
     std::string all;
     const std::string line =
@@ -488,7 +498,9 @@ json compare_torch(const BenchArgs& a, const json& base, const std::string& weig
     for (auto& t : parsed["setups"]) {
       const double ours = base["tokens_per_s"], loss_c = base["loss0"];
       t["python"] = py;
-      t["same_loss"] = std::abs(t["loss0"].get<double>() - loss_c) < 1e-3 * std::abs(loss_c);
+      // (bf16: each side rounds other intermediates, so to bf16's rounding of the loss)
+      const double tol = a.dev.precision == MatmulPrecision::bf16 ? 1e-2 : 1e-3;
+      t["same_loss"] = std::abs(t["loss0"].get<double>() - loss_c) < tol * std::abs(loss_c);
       t["attnres_speedup"] = ours / t["tokens_per_s"].get<double>();
       out.push_back(t);
     }
@@ -619,9 +631,11 @@ void add_bench(CLI::App& app) {
   add_device_options(s, a->dev);
   s->add_flag("--cuda-graphs", a->cuda_graphs,
               "On a device, time the steps replayed from CUDA graphs (as train --cuda-graphs)");
-  s->add_option("--torch", a->torch_pythons,
-                "Python interpreter(s) with PyTorch, comma-separated, to run tools/bench_torch.py "
-                "on the same weights and batch (e.g. /usr/bin/python3)");
+  s->add_option(
+      "--torch", a->torch_pythons,
+      "Python interpreter(s) with PyTorch, comma-separated, to run tools/bench_torch.py "
+      "on the same weights and batch (e.g. /usr/bin/python3); with --precision bf16, under "
+      "PyTorch's CPU bf16 autocast");
   s->add_option("--child-mode", a->child_mode, "(internal)")->group("");
   s->add_option("--weights-out", a->weights_out, "(internal)")->group("");
   s->callback([a] { run_bench(*a); });

@@ -258,9 +258,10 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
                   "GPU and gradients are summed with NCCL",
                   {"cpu", "cuda", "cuda-host"});
   add_enum_option(s, "--precision", c.precision, parse_precision,
-                  "Matrix-product precision: fp32, or bf16 (bf16 operands on the tensor cores for "
-                  "the linear layers and attention, bf16 copies of the depth-mix sources, fp32 "
-                  "accumulation and master weights; --device cuda or cuda-host)",
+                  "Matrix-product precision: fp32, or bf16 (bf16 operands with fp32 sums, fp32 "
+                  "master weights, optimizer and loss. CUDA: the linear layers and attention on "
+                  "the tensor cores, bf16 copies of the depth-mix sources. CPU: the linear "
+                  "layers, fastest with AVX512-BF16 or AMX)",
                   {"fp32", "bf16"});
   s->add_flag("--cuda-graphs", c.cuda_graphs,
               "Capture the training step as CUDA graphs after its first run and replay them "

@@ -24,4 +24,21 @@ void sgemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
                      const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                      int64_t ldc);
 
+// C (M,N) = op(A) op(B) + beta C with A and B bf16 (uint16_t bits, core/bf16.hpp) and C fp32:
+// the bf16 values multiplied exactly and summed in fp32. On a CPU with AVX512-BF16 (or AMX),
+// oneDNN's matmul primitive (one per shape, created on first use); elsewhere the operands are
+// widened to fp32 for sgemm (same products, no faster than fp32). beta is 0 or 1.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// The widened path of gemm_bf16 on any CPU (tests compare both paths with the reference).
+void gemm_bf16_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                       const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta,
+                       float* C, int64_t ldc);
+// Whether this CPU multiplies bf16 natively (oneDNN's effective ISA includes AVX512-BF16).
+bool cpu_has_bf16();
+// gemm_bf16's contract in plain loops with double accumulation; the reference for tests.
+void gemm_bf16_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                         const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta,
+                         float* C, int64_t ldc);
+
 }  // namespace attnres

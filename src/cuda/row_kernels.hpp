@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/bf16.hpp"
 #include "core/host_device.hpp"
 #include "core/step_scalars.hpp"
 #include "ops/row_math.hpp"
@@ -22,23 +23,8 @@ namespace attnres::cuda::rows {
 namespace row = ops::row;  // the arithmetic of one row, shared with the CPU ops
 using row::sigmoid;
 
-// bf16 = the top 16 bits of an fp32, rounded to nearest even; NaN stays a (quiet) NaN.
-// Bit-exact with __float2bfloat16_rn and torch's .to(torch.bfloat16).
-ATTNRES_HD inline uint16_t float_to_bf16_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
-    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN: keep sign, force quiet
-  }
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<uint16_t>(u >> 16);
-}
-ATTNRES_HD inline float bf16_bits_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+using attnres::bf16_bits_to_float;  // (core/bf16.hpp)
+using attnres::float_to_bf16_bits;
 
 // Calls f(i) for i in [0, n): the host stand-in for a kernel launch.
 template <class F>

@@ -27,6 +27,10 @@ Decoder::Decoder(const Model& model, int64_t max_len)
     b->on(&be_);
   }
   tokens_.on(&be_);
+  // One memo per weight (4 a layer, then the head): with bf16 products, each weight is rounded
+  // once for the decoder's life (the model does not change under it), not once per token.
+  wmemo_.resize(static_cast<size_t>(4 * c.n_layer + 1));
+  for (MatmulMemo& m : wmemo_) m.fixed_w = true;
   const int64_t kv = c.n_kv_head * c.head_dim();
   kcache_.resize(static_cast<size_t>(c.n_layer * max_len * kv));
   vcache_.resize(static_cast<size_t>(c.n_layer * max_len * kv));
@@ -78,7 +82,7 @@ const float* Decoder::feed(const int32_t* tokens, int64_t n) {
     const LayerViews w = layer_views(model_.layout(), model_.params(), i);
     float* qkv = qkv_.data();
     be.rmsnorm_forward(xn_.data(), nullptr, router_->input(2 * i), w.attn_norm, n, d, eps);
-    be.matmul_forward(qkv, xn_.data(), w.wqkv, n, d, QKV);
+    be.matmul_forward(qkv, xn_.data(), w.wqkv, n, d, QKV, false, &wmemo_[4 * i]);
     be.rope_forward(qkv, rope_cos_.data(), rope_sin_.data(), 1, n, H, hd, QKV, pos_);
     be.rope_forward(qkv + HD, rope_cos_.data(), rope_sin_.data(), 1, n, Hkv, hd, QKV, pos_);
     // q (n,HD) and the cache rows of positions pos_.. (KV each) from the q|k|v rows (n,QKV).
@@ -88,19 +92,21 @@ const float* Decoder::feed(const int32_t* tokens, int64_t n) {
     be.copy_rows(kc + pos_ * KV, f * KV, qkv + HD, f * QKV, f * KV, n);
     be.copy_rows(vc + pos_ * KV, f * KV, qkv + HD + KV, f * QKV, f * KV, n);
     be.attention_decode(atty_.data(), q_.data(), kc, vc, n, pos_, H, Hkv, hd);
-    be.matmul_forward(router_->output_slot(2 * i), atty_.data(), w.wo, n, HD, d);
+    be.matmul_forward(router_->output_slot(2 * i), atty_.data(), w.wo, n, HD, d, false,
+                      &wmemo_[4 * i + 1]);
     router_->commit_output(2 * i);
 
     be.rmsnorm_forward(xn_.data(), nullptr, router_->input(2 * i + 1), w.ffn_norm, n, d, eps);
-    be.matmul_forward(h13_.data(), xn_.data(), w.w13, n, d, 2 * F);
+    be.matmul_forward(h13_.data(), xn_.data(), w.w13, n, d, 2 * F, false, &wmemo_[4 * i + 2]);
     be.swiglu_forward(gate_.data(), h13_.data(), n, F);
-    be.matmul_forward(router_->output_slot(2 * i + 1), gate_.data(), w.w2, n, F, d);
+    be.matmul_forward(router_->output_slot(2 * i + 1), gate_.data(), w.w2, n, F, d, false,
+                      &wmemo_[4 * i + 3]);
     router_->commit_output(2 * i + 1);
   }
   be.rmsnorm_forward(xf_.data(), nullptr, router_->final_hidden(), model_.param("norm.weight"), n,
                      d, eps);
   const float* wout = c.tied ? wte : model_.param("output.weight");
-  be.matmul_forward(logits_.data(), xf_.data(), wout, n, d, V);
+  be.matmul_forward(logits_.data(), xf_.data(), wout, n, d, V, false, &wmemo_.back());
   pos_ += n;
   if (be.host_memory()) return logits_.data();
   host_logits_.resize(static_cast<size_t>(n * V));

@@ -366,8 +366,8 @@ class AttnResRouter final : public DepthRouter {
   // bf16 storage (--precision bf16 on a device): each source is also rounded to bf16 once, when
   // it is formed, and every depth mix reads that copy (half the traffic of the O(L^2) reads;
   // scores, mixes and gradients still accumulate in fp32; the key norm's inverse RMS comes from
-  // the fp32 values).
-  void set_storage() { bf16_ = be_.matmul_precision() == MatmulPrecision::bf16; }
+  // the fp32 values). The CPU's depth ops read the fp32 sources: bf16 there is the linear layers'.
+  void set_storage() { bf16_ = be_.matmul_precision() == MatmulPrecision::bf16 && !be_.is_cpu(); }
   void round_to_bf16(Source& s) {
     if (!bf16_) return;
     s.vb.on(&be_).resize(static_cast<size_t>(n_ * d_));

@@ -35,6 +35,12 @@ void matmul_forward(float* out, const float* inp, const float* w, int64_t N, int
 // dinp (N,IC) += dout @ w ; dw (OC,IC) += dout^T @ inp. Either may be null to skip it.
 void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                      int64_t N, int64_t IC, int64_t OC);
+// The same with bf16 operands (uint16_t bits, core/bf16.hpp: inp, w and dout already rounded),
+// products summed in fp32 into the fp32 out / dinp / dw (core/blas.hpp gemm_bf16).
+void matmul_forward_bf16(float* out, const uint16_t* inp, const uint16_t* w, int64_t N, int64_t IC,
+                         int64_t OC, bool accumulate = false);
+void matmul_backward_bf16(float* dinp, float* dw, const uint16_t* dout, const uint16_t* inp,
+                          const uint16_t* w, int64_t N, int64_t IC, int64_t OC);
 
 // ---- rope (rope.cpp) ----  rotate-half (GPT-NeoX / HF Llama) layout.
 // Table of cos/sin: (T_max, hd/2) each, angle = p * theta^(-2i/hd).

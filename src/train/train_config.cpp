@@ -54,9 +54,6 @@ void TrainConfig::validate() const {
   need(pipeline_comm == "cached" || pipeline_comm == "naive",
        "--pipeline-comm must be 'cached' or 'naive', got '" + pipeline_comm + "'");
   const bool cpu = device == Device::cpu;
-  need(precision == MatmulPrecision::fp32 || !cpu,
-       "--precision bf16 runs on --device cuda (or cuda-host, its emulation); the CPU trains in "
-       "fp32");
   need(!cuda_graphs || !cpu,
        "--cuda-graphs captures the step on --device cuda (or cuda-host, its emulation)");
   need(cpu || (pipeline == 1 && !zero1),

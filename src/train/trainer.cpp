@@ -28,6 +28,7 @@
 #include "attnres/pipeline.hpp"
 #include "attnres/train.hpp"
 #include "backend/backend.hpp"
+#include "core/blas.hpp"
 #include "core/json_field.hpp"
 #include "train/evaluate.hpp"
 #include "train/run_dir.hpp"
@@ -468,6 +469,11 @@ class Trainer {
     }
     if (cfg_.device == Device::cuda_host) {
       msg("device: cuda-host (the CUDA kernels emulated on the CPU)" + gemms);
+    }
+    if (cfg_.device == Device::cpu && !gemms.empty()) {
+      msg(std::string("device: cpu, bf16 products of the linear layers (") +
+          (cpu_has_bf16() ? "AVX512-BF16" : "widened to fp32: this CPU has no AVX512-BF16") +
+          "), fp32 master weights");
     }
   }
 
