@@ -4,9 +4,11 @@
 // Shapes are those of the d 512 / T 512 benchmark model (docs/BENCHMARKS.md).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "core/bf16.hpp"
 #include "core/blas.hpp"
 #include "core/rng.hpp"
 #include "core/vmath.hpp"
@@ -44,6 +46,74 @@ void BM_MatmulForward(benchmark::State& st) {
                          benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_MatmulForward)->Unit(benchmark::kMillisecond);
+
+// The three products of a linear layer (N = 2048 tokens, IC -> OC) in fp32 (sgemm) and in bf16
+// (gemm_bf16 on rounded copies, the rounding of both operands timed too, as the CPU backend does
+// without a memo): forward out = x w^T, backward dx += dy w, dw += dy^T x.
+// Args: {which (0 fwd, 1 dx, 2 dw), bf16, IC, OC}.
+void BM_LinearProducts(benchmark::State& st) {
+  const int64_t which = st.range(0), N = 2048, IC = st.range(2), OC = st.range(3);
+  const bool bf16 = st.range(1) != 0;
+  const auto x = randv(N * IC, 1), w = randv(OC * IC, 2), dy = randv(N * OC, 3);
+  std::vector<float> out(static_cast<size_t>(std::max(N * OC, std::max(N * IC, OC * IC))));
+  std::vector<uint16_t> xb(x.size()), wb(w.size()), dyb(dy.size());
+  to_bf16_host(xb.data(), x.data(), N * IC);  // (the copies a memo holds for the backward)
+  to_bf16_host(wb.data(), w.data(), OC * IC);
+  for (auto _ : st) {
+    if (!bf16) {
+      if (which == 0)
+        sgemm(false, true, N, OC, IC, 1.0f, x.data(), IC, w.data(), IC, 0.0f, out.data(), OC);
+      if (which == 1)
+        sgemm(false, false, N, IC, OC, 1.0f, dy.data(), OC, w.data(), IC, 1.0f, out.data(), IC);
+      if (which == 2)
+        sgemm(true, false, OC, IC, N, 1.0f, dy.data(), OC, x.data(), IC, 1.0f, out.data(), IC);
+      continue;
+    }
+    if (which == 0) {
+      to_bf16_host(xb.data(), x.data(), N * IC);
+      to_bf16_host(wb.data(), w.data(), OC * IC);
+      gemm_bf16(false, true, N, OC, IC, xb.data(), IC, wb.data(), IC, 0.0f, out.data(), OC);
+    } else if (which == 1) {
+      to_bf16_host(dyb.data(), dy.data(), N * OC);
+      gemm_bf16(false, false, N, IC, OC, dyb.data(), OC, wb.data(), IC, 1.0f, out.data(), IC);
+    } else {
+      gemm_bf16(true, false, OC, IC, N, dyb.data(), OC, xb.data(), IC, 1.0f, out.data(), IC);
+    }
+  }
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * N * IC * OC, benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_LinearProducts)
+    ->ArgsProduct({{0, 1, 2}, {0, 1}, {512}, {1536, 512, 2816}})
+    ->ArgNames({"which", "bf16", "IC", "OC"})
+    ->Unit(benchmark::kMillisecond);
+
+// Decoding's product: one row times a transposed weight, fp32 sgemm against bf16 (the weight
+// rounded once, as a decoder keeps it). Args: {bf16, IC, OC}.
+void BM_DecodeProduct(benchmark::State& st) {
+  const bool bf16 = st.range(0) != 0;
+  const int64_t IC = st.range(1), OC = st.range(2);
+  const auto x = randv(IC, 1), w = randv(OC * IC, 2);
+  std::vector<uint16_t> xb(x.size()), wb(w.size());
+  to_bf16_host(wb.data(), w.data(), OC * IC);
+  std::vector<float> out(OC);
+  for (auto _ : st) {
+    if (bf16) {
+      to_bf16_host(xb.data(), x.data(), IC);
+      gemm_bf16(false, true, 1, OC, IC, xb.data(), IC, wb.data(), IC, 0.0f, out.data(), OC);
+    } else {
+      sgemm(false, true, 1, OC, IC, 1.0f, x.data(), IC, w.data(), IC, 0.0f, out.data(), OC);
+    }
+  }
+  st.counters["GB/s"] = benchmark::Counter((bf16 ? 2.0 : 4.0) * IC * OC,
+                                           benchmark::Counter::kIsIterationInvariantRate,
+                                           benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_DecodeProduct)
+    ->ArgsProduct({{0, 1}, {512}, {8192, 2816}})
+    ->ArgNames({"bf16", "IC", "OC"})
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_Attention(benchmark::State& st) {
   const ops::AttnShape s{4, 512, 8, 8, 64};

@@ -917,6 +917,20 @@ TEST(Faults, SymlinksWhereTheEngineWritesAreRefused) {
   fs::create_symlink(dir / "precious.txt", dir / "run" / "metrics.jsonl");
   expect_resume_refused(c.out_dir, {"metrics.jsonl", "is a symbolic link"});
   EXPECT_EQ(slurp(dir / "precious.txt"), "line one\nno newline at the end");
+  // Fourteenth pass: a checkpoints/ linked elsewhere (then the run copied with `cp -a`): the copy
+  // saved into and pruned its original's checkpoints.
+  fs::remove(dir / "run" / "metrics.jsonl");
+  fs::rename(dir / "run" / "checkpoints", dir / "elsewhere");
+  fs::create_directory_symlink(dir / "elsewhere", dir / "run" / "checkpoints");
+  auto list_dir = [](const fs::path& p) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(p)) names.push_back(e.path().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto before = list_dir(dir / "elsewhere");
+  expect_resume_refused(c.out_dir, {"checkpoints' is a symbolic link", "link the whole --out"});
+  EXPECT_EQ(list_dir(dir / "elsewhere"), before);
 }
 
 // Fourth hostile pass: a new run with --overwrite that fails before it may delete the old run

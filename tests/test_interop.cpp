@@ -411,6 +411,15 @@ TEST(ImportHf, CliWritesACheckpointOrNothing) {
   EXPECT_NE(r.out.find("is not an attnres checkpoint"), std::string::npos) << r.out;
   EXPECT_EQ(attnres::testing::slurp(hub + "/model.safetensors"), hub_weights);
   EXPECT_EQ(attnres::testing::slurp(t.file("theirs.safetensors")), hub_weights);
+  // Fourteenth pass: a generation_config.json written by hand beside an earlier export (which
+  // export-hf never writes) was deleted by `export-hf --overwrite`.
+  ASSERT_EQ(run_cli("export-hf " + out + " --out " + t.file("exp14")).code, 0);
+  std::ofstream(t.file("exp14/generation_config.json")) << "{\"temperature\": 0.7}\n";
+  r = run_cli("export-hf " + out + " --out " + t.file("exp14") + " --overwrite");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("holds 'generation_config.json'"), std::string::npos) << r.out;
+  EXPECT_EQ(attnres::testing::slurp(t.file("exp14/generation_config.json")),
+            "{\"temperature\": 0.7}\n");
   // Eighth pass: an --out inside a training run (over its model.safetensors or one of its
   // checkpoints) left the run's files disagreeing with each other.
   ASSERT_EQ(run_cli("train --data " + hub + "/config.json --n-layer 1 --d-model 16 --n-head 2 " +

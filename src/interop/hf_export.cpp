@@ -132,9 +132,11 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
               "attnres' own exports; choose another --out");
     for (const auto& e : fs::directory_iterator(out_dir, ec)) {
       const std::string n = e.path().filename().string();
+      // (exactly the files an export writes: anything else there is someone's, e.g. a
+      // generation_config.json written by hand, and would be lost with the old export)
       const bool exported = n == "config.json" || n == "model.safetensors" ||
                             n == "tokenizer.model" || n == "tokenizer_config.json" ||
-                            n == "generation_config.json" || n == "modeling_attnres.py";
+                            n == "modeling_attnres.py";
       check(exported && fs::is_regular_file(fs::symlink_status(e.path(), ec)),
             "--out '" + out_dir + "' holds '" + n +
                 "', which export-hf does not write: --overwrite replaces only an earlier export "

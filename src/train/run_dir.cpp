@@ -141,6 +141,7 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
     }
     if (named == name + "\n") return;
   }
+  check_own_checkpoints();
   check_replaceable(tmp, step, out_dir_);
   check_replaceable(dir, step, out_dir_);
   try {
@@ -173,7 +174,18 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
   prune(name);
 }
 
+void RunDir::check_own_checkpoints() const {
+  std::error_code ec;
+  check(!fs::is_symlink(fs::symlink_status(ckpt_root(), ec)),
+        "'" + ckpt_root() +
+            "' is a symbolic link: a run saves into and prunes only checkpoints of its own, and "
+            "through a link it would change another directory's (a copy of a run made with the "
+            "link shares its original's). Put a directory of its own there (move the files "
+            "back), or link the whole --out directory instead");
+}
+
 void RunDir::check_later_saves_clear(int64_t step, int64_t last) const {
+  check_own_checkpoints();
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(ckpt_root(), ec)) {
     const int64_t n = step_of_name(e.path().filename().string());

@@ -30,6 +30,9 @@ class RunDir {
   // under checkpoints/ that is not a checkpoint a save wrote (a user's file, or a checkpoint
   // directory holding one): said at the start of a resumed run, not after the steps up to it.
   void check_later_saves_clear(int64_t step, int64_t last) const;
+  // Error when checkpoints/ is a symbolic link (its saves and pruning would reach another
+  // directory's checkpoints, e.g. those of the run this one was copied from).
+  void check_own_checkpoints() const;
 
   // Path of the newest complete checkpoint directory; Error if there is none.
   std::string latest() const;
