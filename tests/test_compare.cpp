@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 
+#include "attnres/train.hpp"
 #include "test_util.hpp"
 #include "train/run_dir.hpp"
 
@@ -415,10 +416,18 @@ TEST(Compare, NeverDeletesTheUsersFilesAtARunsPlace) {
   EXPECT_NE(log.find("is not a directory"), std::string::npos) << log;
   EXPECT_EQ(slurp(fs::path(td.path) / "mine" / "x"), "mine");
   fs::remove(place);
+  // Fourteenth pass: a user's notes under a run's file name there were deleted too.
+  fs::create_directories(place);
+  std::ofstream(place / "metrics.jsonl") << "my notes: this seed looked odd\n";
+  EXPECT_EQ(run(cmd, &log), 1) << log;
+  EXPECT_NE(log.find("is left alone"), std::string::npos) << log;
+  EXPECT_EQ(slurp(place / "metrics.jsonl"), "my notes: this seed looked odd\n");
+  fs::remove_all(place);
   // What an unfinished run leaves there is replaced.
   fs::create_directories(place / "checkpoints" / "step_00000002.tmp");
-  std::ofstream(place / "train_config.json") << "{}";
-  std::ofstream(place / "metrics.jsonl") << "{}\n";
+  std::ofstream(place / "train_config.json") << attnres::TrainConfig().to_json();
+  std::ofstream(place / "metrics.jsonl")
+      << "{\"step\": 1, \"loss\": 5.5, \"elapsed_s\": 0.1, \"tokens\": 512}\n";
   std::ofstream(place / "checkpoints" / "step_00000002.tmp" / "model.safetensors.tmp.1.0") << "x";
   EXPECT_EQ(run(cmd, &log), 0) << log;
   EXPECT_TRUE(fs::exists(place / "run.json"));

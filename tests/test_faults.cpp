@@ -833,17 +833,72 @@ TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {
   fs::create_directory_symlink(ck / "step_00000006", dir / "link");
   EXPECT_THROW(claim_out_dir((dir / "link").string(), true, true), Error);
   fs::remove(dir / "link");
-  for (const char* name : {"train_config.json", "run.json", "metrics.jsonl"}) {
-    const fs::path fresh = dir / (std::string("fresh_") + name);
+  // (fourteenth: JSON of other writers under these common names, e.g. another trainer's log)
+  const std::pair<const char*, const char*> users[] = {
+      {"train_config.json", "my notes\n"},
+      {"run.json", "my notes\n"},
+      {"metrics.jsonl", "my notes\n"},
+      {"train_config.json", "{\"model\": \"llama-7b\", \"steps\": 1000}\n"},
+      {"run.json", "{\"seed\": 42}\n"},
+      {"metrics.jsonl", "{\"step\": 1, \"loss\": 3.2, \"run\": \"my-finetune\"}\n"}};
+  int i = 0;
+  for (const auto& [name, text] : users) {
+    const fs::path fresh = dir / ("fresh_" + std::to_string(i++) + name);
     fs::create_directories(fresh);
-    std::ofstream(fresh / name) << "my notes\n";
+    std::ofstream(fresh / name) << text;
     try {
       claim_out_dir(fresh.string(), false, true);
-      ADD_FAILURE() << "a user's " << name << " was claimed";
+      ADD_FAILURE() << "a user's " << name << " was claimed: " << text;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("is not what an attnres run writes"), std::string::npos)
           << e.what();
     }
+    EXPECT_EQ(slurp(fresh / name), text);
+  }
+  // Fourteenth pass: another tool's checkpoints in the same layout (step_N/model.safetensors
+  // without attnres' metadata), and a text file named `latest`, were "a run" that the suggested
+  // --overwrite deleted.
+  {
+    const fs::path foreign = dir / "foreign" / "checkpoints" / "step_1000";
+    fs::create_directories(foreign);
+    const std::string header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+    std::string bytes(8, '\0');
+    const uint64_t n = header.size();
+    std::memcpy(bytes.data(), &n, 8);
+    bytes += header + std::string(4, '\0');
+    std::ofstream(foreign / "model.safetensors", std::ios::binary) << bytes;
+    fs::create_directories(dir / "latest_only");
+    std::ofstream(dir / "latest_only" / "latest") << "release v2.3 deployed\n";
+    for (const fs::path& place : {dir / "foreign", dir / "latest_only"}) {
+      try {
+        claim_out_dir(place.string(), true, true);
+        ADD_FAILURE() << place << " was taken for a run";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("is not what an attnres run writes"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    EXPECT_EQ(slurp(foreign / "model.safetensors"), bytes);
+    EXPECT_EQ(slurp(dir / "latest_only" / "latest"), "release v2.3 deployed\n");
+  }
+  // Fourteenth pass: --overwrite moved its staged data over a directory at tokens.bin (or a
+  // user's file there, or a key-less tokenizer.model) after deleting the old run: both lost.
+  for (const char* n : {"tokens.bin", "tokenizer.model.trainkey", "tokenizer.model"}) {
+    const fs::path place = dir / (std::string("data_") + n);
+    fs::create_directories(place / "checkpoints");
+    if (std::string(n) == "tokenizer.model") {
+      std::ofstream(place / n) << "a user's tokenizer";
+    } else {
+      fs::create_directories(place / n);
+    }
+    try {
+      claim_out_dir(place.string(), true, true);
+      ADD_FAILURE() << n << " was not refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(n) + "'"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(fs::exists(place / n));
   }
   // What the engine leaves is claimed: its checkpoints and an interrupted save's temp files.
   fs::create_directories(ck / "step_00000100.tmp");

@@ -26,6 +26,9 @@ void save_model(const std::string& path, const Model& model, const Metadata& met
 // Whether `path` is a regular file (not a link) holding an attnres model checkpoint (its
 // safetensors metadata "format" is attnres-model/N): what --overwrite may replace.
 bool is_attnres_checkpoint(const std::string& path);
+// The same from the header alone (the tensors neither read nor checked): cheap enough for every
+// checkpoint of a run at each save's pruning.
+bool has_attnres_model_header(const std::string& path);
 
 // Reads the config from `path`'s metadata, builds the model and loads its weights. Optionally
 // returns the metadata; max_seq_len > 0 overrides the saved context length (RoPE is relative, so

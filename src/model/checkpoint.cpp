@@ -1,9 +1,14 @@
 // Model and optimizer checkpoints on top of the safetensors reader/writer.
 #include "attnres/checkpoint.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "attnres/data.hpp"
@@ -58,6 +63,31 @@ bool is_attnres_checkpoint(const std::string& path) {
     const SafetensorsReader r = SafetensorsReader::open(path);
     auto f = r.metadata().find("format");
     return f != r.metadata().end() && f->second.rfind("attnres-model/", 0) == 0;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+bool has_attnres_model_header(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec))) return false;
+  try {
+    const int fd = open_regular_file(path, O_RDONLY, "read");
+    std::string head(8, '\0');
+    uint64_t n = 0;
+    bool ok = ::read(fd, head.data(), 8) == 8;
+    if (ok) std::memcpy(&n, head.data(), 8);
+    ok = ok && n >= 2 && n <= (uint64_t{1} << 20);  // (a model's header: a few KiB)
+    std::string header(ok ? n : 0, '\0');
+    ok = ok && ::read(fd, header.data(), n) == static_cast<ssize_t>(n);
+    ::close(fd);
+    if (!ok) return false;
+    const auto j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("__metadata__") || !j["__metadata__"].is_object()) {
+      return false;
+    }
+    const auto& f = j["__metadata__"].value("format", nlohmann::json());
+    return f.is_string() && f.get<std::string>().rfind("attnres-model/", 0) == 0;
   } catch (const Error&) {
     return false;
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attnres/checkpoint.hpp"
+#include "attnres/data.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/safetensors.hpp"
@@ -68,6 +69,8 @@ bool is_saved_checkpoint(const fs::path& p) {
         n == "model.safetensors" || n == "optimizer.safetensors" || n == "tokenizer.model" ||
         is_temp_of(n, {"model.safetensors", "optimizer.safetensors", "tokenizer.model"});
     if (!known || !fs::is_regular_file(fs::symlink_status(e.path()))) return false;
+    // (another tool's step_N/model.safetensors, same layout: fourteenth hostile pass)
+    if (n == "model.safetensors" && !has_attnres_model_header(e.path().string())) return false;
   }
   return true;
 }
@@ -309,18 +312,40 @@ namespace {
 // Whether the regular file p, named n, holds what a run writes under that name (a user's notes
 // named train_config.json or run.json were replaced or deleted by a new run: thirteenth pass).
 bool looks_like_a_runs(const std::string& n, const fs::path& p) {
-  if (n != "train_config.json" && n != "run.json" && n != "metrics.jsonl") return true;
+  if (n != "train_config.json" && n != "run.json" && n != "metrics.jsonl" && n != "latest") {
+    return true;
+  }
   try {
+    std::error_code ec;  // (a run's files are small: a big one is someone else's, never read)
+    if (fs::file_size(p, ec) > (64u << 20) && n != "metrics.jsonl") return false;
     std::string text = read_file(p.string());
+    if (n == "latest") {  // step_<digits> and a newline, as RunDir::save writes it
+      return text.size() > 6 && text.back() == '\n' &&
+             is_step_name(text.substr(0, text.size() - 1));
+    }
     if (n == "metrics.jsonl") {
       if (text.empty()) return true;
       text.resize(std::min(text.find('\n'), text.size()));  // (its first line)
     }
+    // (marks of what attnres writes, not of any JSON: another trainer's log or a user's notes
+    // under these common names are theirs, fourteenth hostile pass)
     const nlohmann::json j = nlohmann::json::parse(text);
-    if (n == "train_config.json")
-      return j.is_object() && j.contains("model") && j.contains("steps");
-    if (n == "run.json") return j.is_object() && j.contains("seed");
-    return j.is_object();
+    if (!j.is_object()) return false;
+    auto has = [&](std::initializer_list<const char*> keys) {
+      for (const char* k : keys) {
+        if (!j.contains(k)) return false;
+      }
+      return true;
+    };
+    if (n == "train_config.json") {
+      return has({"model", "steps", "corpus_fingerprint", "tokenizer_fingerprint", "out_dir",
+                  "router_lr_mult"}) &&
+             j["model"].is_object() && j["model"].contains("residual");
+    }
+    if (n == "run.json") return has({"group", "seed", "settings", "init_hash", "curve"});
+    // metrics.jsonl: its first line is a step's (loss, or a skipped step) or an evaluation's
+    return has({"step"}) && j["step"].is_number_integer() &&
+           (has({"elapsed_s", "tokens"}) || (has({"skipped"}) && j["skipped"] == true));
   } catch (const std::exception&) {  // (unreadable, not JSON: not a run's)
     return false;
   }
@@ -400,6 +425,29 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
         "'" + (d / "tokenizer.model").string() + "' is not a run's (no run is in '" + out_dir +
             "'; e.g. the tokenizer of an import-hf checkpoint there): a new run would replace it; "
             "use another --out");
+  // The names a run's data takes in --out: a stranger there is refused now. (--overwrite
+  // prepares the new data elsewhere and moves it in only after deleting the old run: meeting a
+  // directory or a user's file then lost both runs; fourteenth hostile pass.)
+  if (check_only) {
+    auto regular_or_absent = [&](const char* n) {
+      return !present(n) || fs::is_regular_file(fs::symlink_status(d / n));
+    };
+    for (const char* n : {"tokens.bin", "tokenizer.model", "tokenizer.model.trainkey"}) {
+      check(regular_or_absent(n), "'" + (d / n).string() +
+                                      "' is not what an attnres run writes there (a directory, "
+                                      "a special file or a symlink); it is left alone: move it "
+                                      "away or use another --out");
+    }
+    check(!present("tokens.bin") || is_token_cache_file((d / "tokens.bin").string()),
+          "'" + (d / "tokens.bin").string() +
+              "' is not a token cache, and a run keeps its tokens under that name: it is left "
+              "alone; move it away, or use another --out");
+    check(!present("tokenizer.model") || present("tokenizer.model.trainkey"),
+          "'" + (d / "tokenizer.model").string() +
+              "' was not prepared by attnres (no tokenizer.model.trainkey beside it), and a run "
+              "keeps its tokenizer under that name: it is left alone; move it away, pass it as "
+              "--tokenizer-model, or use another --out");
+  }
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
     for (const std::string& n : v) s += (s.empty() ? "" : ", ") + n;
@@ -436,6 +484,9 @@ std::string first_stranger_in_run_dir(const std::string& dir) {
       for (const auto& c : fs::directory_iterator(e.path())) ours &= is_saved_checkpoint(c.path());
     } else if (fs::is_regular_file(st)) {
       for (const char* f : kFiles) ours |= n == f || is_temp_of(n, {f});
+      // (a user's notes under a run's file name are theirs: fourteenth hostile pass)
+      ours = ours && looks_like_a_runs(n, e.path()) &&
+             (n != "tokens.bin" || is_token_cache_file(e.path().string()));
     }
     if (!ours) return n;
   }
