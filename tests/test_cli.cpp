@@ -443,6 +443,23 @@ TEST(Cli, OutOfMemoryNamesWhatAndHowBig) {
                                          (dir / "run").string() + " " + args,
                                      "ulimit -v 3000000; exec ");
   };
+  // Fourteenth hostile pass: a binary file of gigabytes beside the text (sparse here) was read
+  // whole before it was skipped: under the limit, "out of memory ... lower --batch-size".
+  {
+    const fs::path cdir = dir / "with_archive";
+    fs::create_directories(cdir);
+    fs::copy_file(data, cdir / "text.txt");
+    std::ofstream(cdir / "archive.bin").close();
+    fs::resize_file(cdir / "archive.bin", uintmax_t{4} << 30);
+    const CliRun big = attnres::testing::run_cli(
+        "--threads 1 train --data " + cdir.string() +
+            " --sample-tokens 0 --steps 2 --n-layer 1 --d-model 32 --n-head 2 --seq-len 16 "
+            "--batch-size 2 --eval-batches 1 --out " +
+            (dir / "run_archive").string(),
+        "ulimit -v 3000000; exec ");
+    EXPECT_EQ(big.code, 0) << big.out;
+    EXPECT_TRUE(contains(big.out, "binary: contains NUL bytes")) << big.out;
+  }
   CliRun r = limited("--n-layer 64 --d-model 4096 --n-head 32 --seq-len 16 --batch-size 1");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(contains(r.out,

@@ -24,6 +24,11 @@ int open_regular_file(const std::string& path, int flags, const char* verb);
 // Returns the whole content of `path`; throws Error naming the path if it is missing, unreadable
 // or not a regular file.
 std::string read_file(const std::string& path);
+// At most the first max_bytes of `path` (the same checks as read_file).
+std::string read_file_prefix(const std::string& path, size_t max_bytes);
+// The whole of a file that is small by nature (`latest`, a config, a key): Error naming the path
+// and `what` it should be when it holds more than max_bytes, read no further than that.
+std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what);
 
 // `path` made absolute against the working directory and normalised ("" stays ""): how a run
 // records its corpus, so that a resume from another directory reads the same one.

@@ -26,6 +26,10 @@ namespace dist {
 class Communicator;
 }
 
+// The largest train_config.json a run writes could be (a few KiB; paths of up to 4 KiB each):
+// a larger file in its place is not one, and is not read whole.
+constexpr size_t kMaxTrainConfigBytes = size_t{1} << 20;
+
 struct TrainConfig {
   // data
   std::string data_path;  // UTF-8 text file or directory of them

@@ -184,7 +184,8 @@ void apply_saved_runtime(const CLI::App& s, TrainArgs& a) {
   TrainConfig saved;
   try {
     saved = TrainConfig::from_json(
-        read_file((std::filesystem::path(a.cfg.out_dir) / "train_config.json").string()));
+        read_small_file((std::filesystem::path(a.cfg.out_dir) / "train_config.json").string(),
+                        kMaxTrainConfigBytes, "a run's train_config.json"));
   } catch (const Error&) {
     return;  // (missing or corrupt: the resume itself says so, naming the file)
   }
@@ -201,7 +202,8 @@ void check_resume_options(const CLI::App& s, const std::string& out_dir) {
   const std::string path = (std::filesystem::path(out_dir) / "train_config.json").string();
   TrainArgs probe;
   try {
-    probe.cfg = TrainConfig::from_json(read_file(path));
+    probe.cfg = TrainConfig::from_json(
+        read_small_file(path, kMaxTrainConfigBytes, "a run's train_config.json"));
   } catch (const Error&) {
     return;  // (missing or corrupt: the resume itself says so, naming the file)
   }
@@ -380,7 +382,8 @@ std::optional<TrainConfig> run_config_beside(const std::string& model, const Met
   const fs::path tc = dir / "train_config.json";
   if (!fs::exists(tc)) return std::nullopt;
   if (run_dir) *run_dir = dir.string();
-  const std::string text = read_file(tc.string());
+  const std::string text =
+      read_small_file(tc.string(), kMaxTrainConfigBytes, "a run's train_config.json");
   TrainConfig t;
   try {
     t = TrainConfig::from_json(text);

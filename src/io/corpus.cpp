@@ -227,7 +227,14 @@ Corpus read_corpus(const std::string& path, const std::string& exclude_dir) {
     }
     std::string bytes;
     try {
-      bytes = read_file(e.path);
+      // A binary file is found by its first block, before it is read whole (an archive of
+      // gigabytes beside the text would take its size in memory just to be skipped).
+      const std::string head = read_file_prefix(e.path, 1 << 16);
+      // NOLINTNEXTLINE(bugprone-not-null-terminated-result): a search, not a copy
+      if (std::memchr(head.data(), '\0', head.size()) == nullptr)
+        bytes = read_file(e.path);
+      else
+        bytes = head;
     } catch (const Error& err) {
       if (single_file) throw;
       c.skipped.push_back(reason(e.path, std::string("unreadable: ") + err.what()));

@@ -123,11 +123,12 @@ std::vector<int32_t> encode_parallel(const Tokenizer& tok, std::string_view text
 namespace {
 
 // Reads a small text file, returning "" if it does not exist or cannot be read.
-std::string read_if_exists(const std::string& path) {
+// (max_bytes > 0: a file larger than that is not the small file expected: "")
+std::string read_if_exists(const std::string& path, size_t max_bytes = 0) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return {};
   try {
-    return read_file(path);
+    return max_bytes ? read_small_file(path, max_bytes, "it") : read_file(path);
   } catch (const Error&) {
     return {};
   }
@@ -171,7 +172,7 @@ PreparedData prepare_data(const DataOptions& opt) {
     // Identifies what the model was trained from; bump "v1" if training settings change.
     const std::string train_key =
         hex64(fnv1a64("spm-bpe-v1:vocab=" + std::to_string(opt.vocab_size), text_hash));
-    const std::string key = read_if_exists(key_path);
+    const std::string key = read_if_exists(key_path, 4096);
     // A tokenizer.model with no key beside it was not prepared here (a user's, an import's): it
     // is never replaced. (A key is written before training starts, so a kill mid-training leaves
     // a file that is still ours.)

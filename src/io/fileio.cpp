@@ -177,6 +177,34 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
+std::string read_file_prefix(const std::string& path, size_t max_bytes) {
+  const int fd = open_regular_file(path, O_RDONLY, "read");
+  std::string out(max_bytes, '\0');
+  size_t got = 0;
+  while (got < max_bytes) {
+    const ssize_t r = ::read(fd, out.data() + got, max_bytes - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw Error("cannot read '" + path + "': " + errno_text(err) + "; check the disk and path");
+    }
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  out.resize(got);
+  return out;
+}
+
+std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what) {
+  std::string text = read_file_prefix(path, max_bytes + 1);
+  check(text.size() <= max_bytes, "'" + path + "' is larger than " + what + " ever is (at most " +
+                                      std::to_string(max_bytes) +
+                                      " bytes): it is not one; move it away or restore it");
+  return text;
+}
+
 // ---------------------------------------------------------------------------------------------
 // AtomicFileWriter
 

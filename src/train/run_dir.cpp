@@ -139,7 +139,7 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
       fs::is_regular_file(fs::symlink_status(latest_file, ec))) {
     std::string named;
     try {
-      named = read_file(latest_file.string());
+      named = read_small_file(latest_file.string(), 4096, "a run's latest");
     } catch (const Error&) {
     }
     if (named == name + "\n") return;
@@ -216,7 +216,7 @@ std::string RunDir::latest() const {
                                "': it has no 'latest' checkpoint; start the run without --resume");
     return (fs::path(ckpt_root()) / newest).string();
   }
-  std::string name = read_file(p.string());
+  std::string name = read_small_file(p.string(), 4096, "a run's latest");
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   // Only a checkpoint of this run: step_<digits> in its checkpoints directory (a path such as
   // ../../other/checkpoints/step_5 would resume another run's weights).
@@ -316,9 +316,9 @@ bool looks_like_a_runs(const std::string& n, const fs::path& p) {
     return true;
   }
   try {
-    std::error_code ec;  // (a run's files are small: a big one is someone else's, never read)
-    if (fs::file_size(p, ec) > (64u << 20) && n != "metrics.jsonl") return false;
-    std::string text = read_file(p.string());
+    // (a run's train_config.json, run.json and latest are small, and of metrics.jsonl only the
+    // first line counts: a big file is never read whole here)
+    std::string text = read_file_prefix(p.string(), 64u << 20);
     if (n == "latest") {  // step_<digits> and a newline, as RunDir::save writes it
       return text.size() > 6 && text.back() == '\n' &&
              is_step_name(text.substr(0, text.size() - 1));

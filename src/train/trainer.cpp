@@ -252,7 +252,8 @@ class Trainer {
       check(fs::exists(cfg_path_), "cannot resume: '" + cfg_path_.string() +
                                        "' does not exist; start the run without --resume");
       try {
-        cfg_text_ = read_file(cfg_path_.string());
+        cfg_text_ =
+            read_small_file(cfg_path_.string(), kMaxTrainConfigBytes, "a run's train_config.json");
         cfg_ = TrainConfig::from_json(cfg_text_);
       } catch (const Error& e) {
         throw Error("cannot resume from '" + cfg_path_.string() + "': " + e.what() +
