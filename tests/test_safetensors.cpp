@@ -175,6 +175,23 @@ TEST(Safetensors, AlteredTensorDataIsRefused) {
     write_file_atomic(p, bad);
     EXPECT_THROW(SafetensorsReader::open(p), Error) << "swapped names";
   }
+  // Fourteenth pass: one damaged byte in the checksum key's name turned the check off, and a
+  // checkpoint with damaged data loaded.
+  {
+    std::string bad = good;
+    const size_t at = bad.find(kDataChecksumKey);
+    ASSERT_TRUE(at != std::string::npos && at < 8 + n);
+    bad[at + std::strlen(kDataChecksumKey) - 1] = 'x';
+    bad[8 + n] ^= 0x01;
+    write_file_atomic(p, bad);
+    try {
+      SafetensorsReader::open(p);
+      ADD_FAILURE() << "a damaged checksum name turned the check off";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is the checksum's name damaged"), std::string::npos)
+          << e.what();
+    }
+  }
   // Without the key (another writer's file), the data is taken as it is.
   std::string header = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
   header.append((8 - header.size() % 8) % 8, ' ');

@@ -279,6 +279,19 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
   // The checksum an attnres writer records (files of other writers have none): bytes altered
   // since the save (bad sectors, an edit in place) must not load as a model.
   const auto rec = r.metadata_.find(kDataChecksumKey);
+  // A key that is the checksum's name with a byte or a few damaged: the checksum is there, its
+  // name is not (skipping the check would load the damage it records). Deliberate edits of a
+  // header are beyond a checksum, which is no signature.
+  for (const auto& [k, v] : r.metadata_) {
+    const std::string key = kDataChecksumKey;
+    if (rec != r.metadata_.end() || k.size() != key.size()) continue;
+    int differ = 0;
+    for (size_t i = 0; i < k.size(); i++) differ += k[i] != key[i];
+    check(differ > 3, "checkpoint " + f + ": its metadata key " + q(k) +
+                          " is the checksum's name damaged (" + key +
+                          "): the file was altered or damaged after it was written; use another "
+                          "checkpoint, or re-save it from a good copy");
+  }
   if (rec != r.metadata_.end()) {
     uint64_t sum = kFnv1a64Offset;
     for (const TensorInfo* ti : order)
