@@ -25,6 +25,14 @@ TEST(Stats, StudentQuantilesMatchTheTable) {
   EXPECT_TRUE(std::isnan(stats::t_quantile_975(0)));
 }
 
+// Fourteenth hostile pass: a perplexity beyond 1e63 was printed with its digits cut off.
+TEST(Stats, PerplexityTextIsNeverCut) {
+  EXPECT_EQ(stats::perplexity_text(std::log(2.5), 3), "2.500");
+  EXPECT_EQ(stats::perplexity_text(std::log(2.5), 2), "2.50");
+  EXPECT_EQ(stats::perplexity_text(329.51, 2), "1.272e+143");  // e^329.51 (Python: 1.272e+143)
+  EXPECT_EQ(stats::perplexity_text(1077.44, 2), "e^1077.4 (beyond a double)");
+}
+
 TEST(Stats, MeanIntervalAndVerdicts) {
   // mean 2, sd 1, n 3: half width 4.303 / sqrt(3) = 2.4843.
   const auto a = stats::mean_interval({1, 2, 3});

@@ -104,6 +104,17 @@ TEST(Cli, TrainEvalGenerateInfo) {
   EXPECT_EQ(i.code, 0) << i.out;
   EXPECT_TRUE(contains(i.out, "prenorm"));
   EXPECT_TRUE(contains(i.out, "parameters"));
+  // Fourteenth hostile pass: a window past the model's context was measured as the context's,
+  // without a word; --dist-timeout nan passed its check and aborted healthy MPI jobs.
+  e = run("eval " + model + " --data " + data + " --seq-len 33");
+  EXPECT_EQ(e.code, 1) << e.out;
+  EXPECT_TRUE(contains(e.out, "--seq-len 33 is beyond the context")) << e.out;
+  e = run("eval " + model + " --data " + data + " --seq-len 32 --batches 2");
+  EXPECT_EQ(e.code, 0) << e.out;
+  CliRun nan = run("train --data " + data + " --out " + (dir / "nan").string() +
+                   " --dist-timeout nan" + kTinyModel);
+  EXPECT_NE(nan.code, 0) << nan.out;
+  EXPECT_TRUE(contains(nan.out, "--dist-timeout must be a finite number")) << nan.out;
 }
 
 TEST(Cli, AttnResModesAndInspect) {

@@ -16,6 +16,7 @@
 #include "cli/device_options.hpp"
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
+#include "report/stats.hpp"
 #include "train/evaluate.hpp"
 
 namespace attnres::cli {
@@ -99,8 +100,12 @@ void run_eval(const EvalArgs& a) {
   TokenSpan span = a.split == "val"     ? TokenSpan(ids.data() + n_train, n - n_train)
                    : a.split == "train" ? TokenSpan(ids.data(), n_train)
                                         : TokenSpan(ids.data(), n);
-  const int64_t T = a.seq_len > 0 ? std::min(a.seq_len, model->config().max_seq_len)
-                                  : model->config().max_seq_len;
+  // (a window past the context the model was trained with would be measured as a shorter one)
+  check(a.seq_len <= model->config().max_seq_len,
+        "--seq-len " + std::to_string(a.seq_len) + " is beyond the context of '" + a.model + "' (" +
+            std::to_string(model->config().max_seq_len) +
+            " tokens, its max_seq_len); give at most that");
+  const int64_t T = a.seq_len > 0 ? a.seq_len : model->config().max_seq_len;
   const int64_t windows = span.num_windows(T);
   check(windows >= 1, "the " + a.split + " split has " + std::to_string(span.size()) +
                           " tokens, fewer than seq_len + 1; use --seq-len smaller or more data");
@@ -119,15 +124,10 @@ void run_eval(const EvalArgs& a) {
                                    std::to_string(w.loss) +
                                    "): its weights overflow the forward pass; the checkpoint is "
                                    "unusable (evaluate an earlier one)");
-  char ppl[64];  // (e^loss overflows a double above loss 709.78: no "inf" as a measurement)
-  if (std::isfinite(std::exp(w.loss))) {
-    std::snprintf(ppl, sizeof ppl, "%.3f", std::exp(w.loss));
-  } else {
-    std::snprintf(ppl, sizeof ppl, "e^%.1f (beyond a double)", w.loss);
-  }
+  const std::string ppl = stats::perplexity_text(w.loss, 3);  // (no "inf" as a measurement)
   std::printf(
       "%s split of %s: %lld tokens evaluated | loss %.4f | perplexity %s | %.4f bits/token\n",
-      a.split.c_str(), data.c_str(), static_cast<long long>(w.windows * T), w.loss, ppl,
+      a.split.c_str(), data.c_str(), static_cast<long long>(w.windows * T), w.loss, ppl.c_str(),
       w.loss / std::log(2.0));
 }
 

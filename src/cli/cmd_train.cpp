@@ -22,6 +22,7 @@
 #include "cli/commands.hpp"
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
+#include "report/stats.hpp"
 
 namespace attnres::cli {
 
@@ -100,10 +101,12 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
   }
   // Only measured figures: a run resumed after its last step took no step here, so it has no
   // throughput of its own (its final weights were evaluated).
-  char val[64] = "no evaluation", speed[96] = "no steps timed in this call";
+  std::string val = "no evaluation";
+  char speed[96] = "no steps timed in this call";
   if (r.final_val_loss) {
-    std::snprintf(val, sizeof val, "%.4f (ppl %.2f)", *r.final_val_loss,
-                  std::exp(*r.final_val_loss));
+    char loss[32];
+    std::snprintf(loss, sizeof loss, "%.4f", *r.final_val_loss);
+    val = std::string(loss) + " (ppl " + stats::perplexity_text(*r.final_val_loss, 2) + ")";
   }
   if (r.tokens_per_s && r.model_gflops) {
     std::snprintf(speed, sizeof speed, "%s tok/s, %.1f GFLOP/s model FLOPs",
@@ -112,7 +115,7 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
   std::printf(
       "done: %lld steps in %s | final val loss %s | %s | %lld params | peak memory %s "
       "MiB\nmodel: %s\n",
-      static_cast<long long>(r.steps_done), format_duration(r.seconds).c_str(), val, speed,
+      static_cast<long long>(r.steps_done), format_duration(r.seconds).c_str(), val.c_str(), speed,
       static_cast<long long>(r.num_params), memory.c_str(), r.model_path.c_str());
   if (a.sample_tokens > 0) {
     Metadata meta;
@@ -207,6 +210,13 @@ void add_train(CLI::App& app) {
                 "Multi-process runs: seconds a rank may wait for the others in one collective "
                 "before the job is aborted (0 = wait forever)")
       ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Validator(
+          [](const std::string& v) {  // (NaN passes NonNegativeNumber, and every comparison)
+            return std::isfinite(std::strtod(v.c_str(), nullptr))
+                       ? std::string()
+                       : "--dist-timeout must be a finite number of seconds (0 = wait forever)";
+          },
+          "FINITE"))
       ->capture_default_str();
   s->footer(
       "Data-parallel training on N processes (OpenMPI):\n"

@@ -11,6 +11,7 @@
 #include "attnres/report.hpp"
 #include "core/json_field.hpp"
 #include "report/analysis.hpp"
+#include "report/stats.hpp"
 
 namespace attnres {
 
@@ -257,7 +258,8 @@ void write_report(const std::string& run_dir) {
              : n >= 2 ? num(st.at("mean"), "%.4f") + " +- " + num(st.at("sd"), "%.4f")
                       : num(st.at("mean"), "%.4f") + " (1 seed: no spread)")
          << " | " << n << (failed ? " (" + std::to_string(failed) + " failed)" : std::string())
-         << " | " << (has ? fmt("%.2f", std::exp(st.at("mean").get<double>())) : std::string("n/a"))
+         << " | "
+         << (has ? stats::perplexity_text(st.at("mean").get<double>(), 2) : std::string("n/a"))
          << " | " << diff << " | " << with_commas(g.at("params").get<int64_t>()) << " | "
          << num(tokens_per_s_of(r, g.at("name").get<std::string>()), "%.0f") << " |\n";
     }

@@ -1,6 +1,7 @@
 #include "report/stats.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 namespace attnres::stats {
@@ -65,6 +66,19 @@ double coefficient_of_variation(const std::vector<double>& xs) {
   if (xs.size() < 2) return std::numeric_limits<double>::quiet_NaN();
   const Interval iv = mean_interval(xs);
   return iv.sd / iv.mean;
+}
+
+std::string perplexity_text(double loss, int decimals) {
+  const double p = std::exp(loss);
+  char buf[96];
+  if (!std::isfinite(p)) {
+    std::snprintf(buf, sizeof buf, "e^%.1f (beyond a double)", loss);
+  } else if (p < 1e15) {
+    std::snprintf(buf, sizeof buf, "%.*f", decimals, p);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.3e", p);
+  }
+  return buf;
 }
 
 }  // namespace attnres::stats

@@ -34,4 +34,8 @@ const char* verdict_name(Verdict v);
 // Coefficient of variation (sample sd / mean) of positive values; NaN if fewer than 2.
 double coefficient_of_variation(const std::vector<double>& xs);
 
+// e^loss as text: fixed with `decimals` below 1e15, in e-notation above, "e^<loss> (beyond a
+// double)" past a double's range (a fixed format of a large value printed its digits cut off).
+std::string perplexity_text(double loss, int decimals);
+
 }  // namespace attnres::stats
