@@ -115,6 +115,20 @@ TEST(Cli, TrainEvalGenerateInfo) {
                    " --dist-timeout nan" + kTinyModel);
   EXPECT_NE(nan.code, 0) << nan.out;
   EXPECT_TRUE(contains(nan.out, "--dist-timeout must be a finite number")) << nan.out;
+  // Integers with leading zeros were read as octal (--steps 010 trained 8 steps; 09 failed), on
+  // the command line and in a --config file.
+  const std::string common =
+      " --n-layer 1 --d-model 16 --n-head 2 --batch-size 2 "
+      "--eval-batches 1 --sample-tokens 0 --data " +
+      data;
+  CliRun oct = run("train --steps 010 --seq-len 016 --out " + (dir / "oct").string() + common);
+  EXPECT_EQ(oct.code, 0) << oct.out;
+  EXPECT_TRUE(contains(oct.out, "done: 10 steps")) << oct.out;
+  std::ofstream(dir / "oct.toml") << "[train]\nsteps = 09\n";
+  oct = run("--config " + (dir / "oct.toml").string() + " train --seq-len 16 --out " +
+            (dir / "oct9").string() + common);
+  EXPECT_EQ(oct.code, 0) << oct.out;
+  EXPECT_TRUE(contains(oct.out, "done: 9 steps")) << oct.out;
 }
 
 TEST(Cli, AttnResModesAndInspect) {

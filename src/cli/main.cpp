@@ -104,6 +104,26 @@ void set_command_line(int argc, char** argv) {
 
 namespace {
 
+// Integer options read in decimal, leading zeros and all: CLI11 converts with base 0, so 010
+// was 8 and 09 an error (fourteenth hostile pass; padded numbers are common in generated
+// commands). Each integer option gets a transform, run before its checks, that drops the zeros.
+void decimal_integers(CLI::App& app) {
+  for (CLI::Option* o : app.get_options()) {
+    const std::string type = o->get_type_name();
+    if (type.rfind("INT", 0) != 0 && type.rfind("UINT", 0) != 0) continue;
+    o->transform([](std::string v) {
+      const size_t sign = !v.empty() && (v[0] == '-' || v[0] == '+') ? 1 : 0;
+      size_t digits = sign;
+      while (digits + 1 < v.size() && v[digits] == '0') digits++;
+      if (digits > sign && v.find_first_not_of("0123456789", sign) == std::string::npos) {
+        v.erase(sign, digits - sign);
+      }
+      return v;
+    });
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) decimal_integers(*sub);
+}
+
 constexpr int kMaxThreads = 4096;  // far above any machine's cores; libgomp dies at 65536
 constexpr int64_t kMaxConfigBytes = 1 << 20;  // a --config file
 
@@ -343,6 +363,7 @@ int run_main(int argc, char** argv) {
   attnres::cli::add_bench(app);
   attnres::cli::add_import_hf(app);
   attnres::cli::add_export_hf(app);
+  decimal_integers(app);
   // An unknown command word is an error even with --help (CLI11 would print the main help and
   // exit 0, or say only "A subcommand is required").
   for (int i = 1; i < argc; i++) {
