@@ -182,6 +182,12 @@ TEST(Cli, BenchRunsEveryModeAndWritesJson) {
     // epsilon effect.
     EXPECT_NEAR(m["loss0"].get<double>(), j["modes"][0]["loss0"].get<double>(), 1e-2);
   }
+  // Fourteenth hostile pass: `attnres --threads 1 bench` said "1 threads" but timed its steps in
+  // a child on every core.
+  CliRun one = run("--threads 1 " + args + " --modes prenorm");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const auto j1 = nlohmann::json::parse(attnres::testing::slurp(js));
+  EXPECT_EQ(j1["modes"][0]["threads"].get<int>(), 1) << j1["modes"][0];
   // With Debian's PyTorch present, both sides must compute the same loss on the same batch.
   if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
     CliRun t = run(args + " --modes prenorm --torch /usr/bin/python3");

@@ -567,7 +567,13 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
         " --modes prenorm --sweep keep-checkpoints=1,2",
         " --modes prenorm --n-head 2 --sweep n-kv-head=0,2",
         " --modes block --sweep block-size=40,60",
-        " --modes full --n-layer 2 --sweep attnres-window=0,4"}) {
+        " --modes full --n-layer 2 --sweep attnres-window=0,4",
+        // (fourteenth: values equal in float32, and settings written two ways)
+        " --modes prenorm --sweep lr=0.003,0.0030000000001",
+        " --modes full --sweep attnres-key-eps=0,1e-10",
+        " --modes full --attnres-key-norm none --sweep attnres-key-eps=1e-5,1e-3",
+        " --modes full --warmup 2 --sweep router-warmup=-1,2",
+        " --modes prenorm --schedule constant --sweep min-lr-ratio=0.1,0.5"}) {
     EXPECT_EQ(run(base + sw + other, &log), 1) << sw;
     EXPECT_NE(log.find("would train the same model"), std::string::npos) << sw << log;
   }

@@ -222,6 +222,7 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
           {"loss0", loss0},
           {"step_s", step_s},
           {"tokens_per_s", N / step_s},
+          {"threads", omp_get_max_threads()},  // (the threads the steps were timed on)
           {"model_gflops", N * fpt / step_s / 1e9},
           {"flops_per_token", fpt},
           {"profile_step_s", prof_total},
@@ -395,7 +396,11 @@ json run_rounds(const BenchArgs& a, const std::vector<std::string>& modes,
   for (int64_t rep = 0; rep < a.repeats; rep++) {
     for (size_t mi = 0; mi < modes.size(); mi++) {
       const std::string& mode = modes[mi];
-      std::string cmd = "'" + self + "' bench --child-mode " + mode + " " + self_args(a);
+      // (the child times the steps: it runs on the threads this bench was given, as reported)
+      const std::string threads =
+          requested_threads() > 0 ? "--threads " + std::to_string(requested_threads()) + " " : "";
+      std::string cmd =
+          "'" + self + "' " + threads + "bench --child-mode " + mode + " " + self_args(a);
       if (mode == "prenorm" && rep == 0 && !a.torch_pythons.empty())
         cmd += " --weights-out " + weights;
       std::string all;

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -303,6 +304,11 @@ std::string model_fingerprint(TrainConfig c) {
   const int64_t blocks =
       (c.model.n_sublayers() + r.effective_block_size() - 1) / r.effective_block_size();
   if (r.window >= blocks) r.window = 0;
+  // Settings written two ways: a key epsilon of 0 is the model's norm_eps (none without a key
+  // norm); a router warm-up of -1 is the schedule's.
+  if (r.key_eps == 0) r.key_eps = c.model.norm_eps;
+  if (r.key_norm == KeyNorm::none) r.key_eps = 0;
+  if (c.router_warmup == -1) c.router_warmup = c.schedule.warmup_steps;
   json j = json::parse(c.to_json());
   for (const char* k : {"log_every", "save_every", "keep_checkpoints"}) j.erase(k);
   if (c.model.residual.mode == ResidualMode::prenorm) {
@@ -310,6 +316,15 @@ std::string model_fingerprint(TrainConfig c) {
     j.erase("router_warmup");
   }
   if (c.schedule.kind != ScheduleKind::wsd) j.erase("decay_fraction");
+  if (c.schedule.kind == ScheduleKind::constant) j.erase("min_lr_ratio");
+  // The engine computes in single precision: values equal as floats train one model.
+  std::function<void(json&)> as_floats = [&](json& v) {
+    if (v.is_number_float()) v = static_cast<double>(static_cast<float>(v.get<double>()));
+    if (v.is_structured()) {
+      for (auto& e : v) as_floats(e);
+    }
+  };
+  as_floats(j);
   return train_config_fingerprint(j.dump());
 }
 
