@@ -652,6 +652,19 @@ TEST(Cli, TenthHostilePassIsHandled) {
   refused(run("--config " + (dir / "twice.toml").string() + " train --data " + data + kTinyModel +
               " --out " + (dir / "t").string()),
           "opens the section [train] twice (lines 1 and 4)");
+  // Fourteenth hostile pass: the same section spelt another way (its first value kept), and a
+  // '#' inside a quoted value (the value cut, its quote kept: a run in a directory named "run).
+  for (const auto& [text, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"[train]\nsteps = 6\n\n[\"train\"]\nsteps = 9\n",
+            "opens the section [train] twice (lines 1 and 4)"},
+           {"train.steps = 6\n[train]\nsteps = 9\n", "sets 'train.steps' twice (lines 1 and 3)"},
+           {"[train]\nout = \"run # first\"\n", "holds a '#' inside quotes"}}) {
+    std::ofstream(dir / "cfg14.toml") << text;
+    refused(run("--config " + (dir / "cfg14.toml").string() + " train --data " + data + kTinyModel +
+                " --out " + (dir / "t14").string()),
+            needle);
+    EXPECT_FALSE(fs::exists(dir / "t14"));
+  }
   // bench --json replaced any file: a checkpoint, the corpus.
   const std::string bench =
       "bench --steps 1 --warmup 0 --decode-tokens 0 --d-model 16 --n-layer 1"

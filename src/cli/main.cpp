@@ -127,26 +127,56 @@ void decimal_integers(CLI::App& app) {
 constexpr int kMaxThreads = 4096;  // far above any machine's cores; libgomp dies at 65536
 constexpr int64_t kMaxConfigBytes = 1 << 20;  // a --config file
 
-// A [section] opened twice: CLI11 keeps the first value of a key set in both (a run trained with
-// the options the file's later lines replaced).
-void check_sections_once(const std::string& path) {
+// What CLI11's TOML/INI reader gets wrong silently, refused with the line: a [section] opened
+// twice, or a key set twice however the section is spelt ([train], ["train"], train.steps = ...):
+// it keeps the first value; a '#' inside a quoted value: it starts a comment there, and the
+// value is cut, its opening quote kept.
+std::string unquoted(std::string n) {
+  n.erase(0, n.find_first_not_of(" \t"));
+  n.erase(n.find_last_not_of(" \t") + 1);
+  if (n.size() >= 2 && (n.front() == '"' || n.front() == '\'') && n.back() == n.front()) {
+    n = n.substr(1, n.size() - 2);
+  }
+  return n;
+}
+
+void check_config_text(const std::string& path) {
   std::istringstream in(attnres::read_file(path));
-  std::map<std::string, int> first_line;
-  std::string line;
+  std::map<std::string, int> first_line, first_key;
+  std::string line, section;
+  auto lines = [](int a, int b) {
+    return " twice (lines " + std::to_string(a) + " and " + std::to_string(b) + ")";
+  };
   for (int no = 1; std::getline(in, line); no++) {
     const size_t b = line.find_first_not_of(" \t");
-    if (b == std::string::npos || line[b] != '[') continue;
-    const size_t e = line.find(']', b);
-    if (e == std::string::npos) continue;
-    std::string name = line.substr(b + 1, e - b - 1);
-    name.erase(0, name.find_first_not_of(" \t"));
-    name.erase(name.find_last_not_of(" \t") + 1);
-    const auto [it, fresh] = first_line.emplace(name, no);
-    attnres::check(fresh, "the --config file '" + path + "' opens the section [" + name +
-                              "] twice (lines " + std::to_string(it->second) + " and " +
-                              std::to_string(no) +
-                              "); a key set in both would keep its first value: merge them into "
-                              "one section");
+    if (b == std::string::npos || line[b] == '#' || line[b] == ';') continue;
+    if (line[b] == '[') {
+      const size_t e = line.find(']', b);
+      if (e == std::string::npos) continue;
+      section = unquoted(line.substr(b + 1, e - b - 1));
+      const auto [it, fresh] = first_line.emplace(section, no);
+      attnres::check(fresh, "the --config file '" + path + "' opens the section [" + section + "]" +
+                                lines(it->second, no) +
+                                "; a key set in both would keep its first value: merge them "
+                                "into one section");
+      continue;
+    }
+    const size_t eq = line.find('=', b);
+    if (eq == std::string::npos) continue;
+    const std::string key =
+        (section.empty() ? "" : section + ".") + unquoted(line.substr(b, eq - b));
+    const auto [it, fresh] = first_key.emplace(key, no);
+    attnres::check(fresh, "the --config file '" + path + "' sets '" + key + "'" +
+                              lines(it->second, no) +
+                              "; the reader would keep the first value: set it once");
+    const std::string value = unquoted(line.substr(eq + 1)).empty() ? "" : line.substr(eq + 1);
+    const size_t v = value.find_first_not_of(" \t");
+    attnres::check(v == std::string::npos || (value[v] != '"' && value[v] != '\'') ||
+                       value.find('#', v) == std::string::npos,
+                   "the --config file '" + path + "' line " + std::to_string(no) +
+                       ": the value of '" + key +
+                       "' holds a '#' inside quotes, where the reader starts a comment and cuts "
+                       "the value; give that option on the command line instead");
   }
 }
 
@@ -180,7 +210,7 @@ void check_inputs_before_parsing(int argc, char** argv) {
     attnres::check(
         std::filesystem::file_size(path) <= kMaxConfigBytes,
         "the --config file '" + path + "' is over 1 MiB; give a TOML/INI file of options");
-    check_sections_once(path);
+    check_config_text(path);
   }
   if (const char* e = std::getenv("OMP_NUM_THREADS")) {
     char* end = nullptr;
