@@ -26,7 +26,9 @@ namespace attnres::cli {
 namespace {
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_handling{false};  // a stop handler is installed
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGHUP};
+// (SIGUSR2 and SIGXCPU: batch schedulers' warnings before a kill, e.g. Grid Engine's qsub
+// -notify and a CPU-time limit; fourteenth hostile pass)
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGHUP, SIGUSR2, SIGXCPU};
 // Stop signals this soon after the first are echoes of it, not a second request.
 constexpr std::chrono::milliseconds kSignalEcho{1000};
 
@@ -37,7 +39,7 @@ sigset_t stop_signal_set() {
   return set;
 }
 
-// The only thread that ever receives SIGINT/SIGTERM/SIGUSR1/SIGHUP (see start_signal_thread).
+// The only thread that ever receives the stop signals (see start_signal_thread).
 void signal_thread() {
   const sigset_t set = stop_signal_set();
   std::chrono::steady_clock::time_point first_stop;
