@@ -555,6 +555,34 @@ TEST(Faults, CheckpointStepMustMatchItsDirectory) {
   expect_resume_refused(c.out_dir, {"step_00000008' says it was saved at step 4"});
 }
 
+// Fourteenth hostile pass: after `latest` was rolled back by hand (as the engine's errors advise),
+// the resumed run's first save pruned by name and deleted the checkpoint resumed from, keeping
+// the abandoned branch's later ones.
+TEST(Faults, PruningKeepsTheLineageOfARolledBackRun) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.save_every = 4;
+  c.keep_checkpoints = 3;
+  ASSERT_TRUE(train_until_stopped_at(c, 10).interrupted);
+  const fs::path ck = dir / "run" / "checkpoints";
+  for (const char* n : {"step_00000004", "step_00000008", "step_00000010"}) {
+    ASSERT_TRUE(fs::exists(ck / n)) << n;
+  }
+  write_file_atomic((dir / "run" / "latest").string(), "step_00000004\n");
+  TrainConfig rc;
+  rc.out_dir = c.out_dir;
+  rc.resume = true;
+  ASSERT_TRUE(train_until_stopped_at(rc, 6).interrupted);
+  EXPECT_TRUE(fs::exists(ck / "step_00000004")) << "the checkpoint resumed from was pruned";
+  EXPECT_TRUE(fs::exists(ck / "step_00000006"));
+  const TrainResult r = train(rc, {});  // on to the end: the later steps are replaced as reached
+  EXPECT_FALSE(r.interrupted);
+  EXPECT_EQ(r.steps_done, c.steps);
+  EXPECT_EQ(trim(slurp(dir / "run" / "latest")), "step_00000012");
+}
+
 // Issue 19, class C: --resume continues the run it names on the data and settings it started
 // with. A changed corpus (it retrained a BPE tokenizer under the trained weights and trained on
 // other text) and a hand-edited train_config.json (its settings were taken silently) are refused

@@ -248,10 +248,18 @@ std::string RunDir::last_checkpoint_note() const {
 
 void RunDir::prune(const std::string& keep_name) const {
   std::vector<std::string> names;
+  const int64_t saved = step_of_name(keep_name);
   for (const auto& e : fs::directory_iterator(ckpt_root())) {
     const std::string n = e.path().filename().string();
     // (a checkpoint holding a file of the user's is kept: never deleted with the old ones)
-    if (n.find(".tmp") == std::string::npos && is_saved_checkpoint(e.path())) names.push_back(n);
+    // Only the run's lineage up to this save counts: checkpoints of later steps are those of a
+    // branch the user left by rolling `latest` back. Counting them deleted the very checkpoint
+    // resumed from and kept the abandoned ones (fourteenth hostile pass); they stay until this
+    // run reaches their steps and replaces them.
+    if (n.find(".tmp") == std::string::npos && is_saved_checkpoint(e.path()) &&
+        step_of_name(n) <= saved) {
+      names.push_back(n);
+    }
   }
   std::sort(names.begin(), names.end());
   const int64_t excess = static_cast<int64_t>(names.size()) - keep_;
