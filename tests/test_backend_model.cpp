@@ -129,6 +129,29 @@ struct TokenBatch {
   }
 };
 
+// The logits (T, V) of a decoder fed tok[0..3) as a prompt, then the rest one token at a time.
+std::vector<float> decoded_logits(const Model& m, const std::vector<int32_t>& tok, int64_t T) {
+  const int64_t V = m.config().vocab_size;
+  Decoder dec(m, T);
+  std::vector<float> all;
+  const float* l = dec.feed(tok.data(), 3);
+  all.insert(all.end(), l, l + 3 * V);
+  for (int64_t t = 3; t < T; t++) {
+    l = dec.feed(&tok[t], 1);
+    all.insert(all.end(), l, l + V);
+  }
+  return all;
+}
+
+// The loss `attnres eval` prints for these arguments (-1 with a failure when it prints none).
+double cli_eval_loss(const std::string& args) {
+  const auto r = attnres::testing::run_cli(args);
+  EXPECT_EQ(r.code, 0) << r.out;
+  const size_t at = r.out.find("| loss ");
+  EXPECT_NE(at, std::string::npos) << r.out;
+  return at == std::string::npos ? -1.0 : std::stod(r.out.substr(at + 7));
+}
+
 std::vector<float> logits_of(const Model& m, int64_t n) {
   std::vector<float> h(static_cast<size_t>(n));
   m.backend().download(h.data(), m.logits(), sizeof(float) * h.size());
@@ -350,17 +373,7 @@ TEST_P(BackendModel, DecoderMatchesTheCpuDecoder) {
   dev.params_from_host(w.data());
   const int64_t T = 9, V = cfg.vocab_size;
   const TokenBatch batch(T, V, 5);
-  auto run = [&](const Model& m) {
-    Decoder dec(m, T);
-    std::vector<float> all;
-    const float* l = dec.feed(batch.tok.data(), 3);
-    all.insert(all.end(), l, l + 3 * V);
-    for (int64_t t = 3; t < T; t++) {
-      l = dec.feed(&batch.tok[t], 1);
-      all.insert(all.end(), l, l + V);
-    }
-    return all;
-  };
+  auto run = [&](const Model& m) { return decoded_logits(m, batch.tok, T); };
   const std::vector<float> lc = run(cpu), ld = run(dev);
   EXPECT_LT(rel_diff(ld.data(), lc.data(), T * V), 1e-5);
   cpu.forward(batch.tok.data(), batch.tgt.data(), 1, T);
@@ -708,12 +721,8 @@ TEST_P(BackendRuns, EvalAndGenerateOnTheDeviceMatchTheCpu) {
   m.params_from_host(w.data());
   save_model(td.path + "/model.safetensors", m, {});
   auto eval_loss = [&](const std::string& extra) {
-    const auto r = attnres::testing::run_cli("eval " + td.path + "/model.safetensors --data " +
-                                             td.path + "/corpus.txt --batches 2 " + extra);
-    EXPECT_EQ(r.code, 0) << r.out;
-    const size_t at = r.out.find("| loss ");
-    EXPECT_NE(at, std::string::npos) << r.out;
-    return at == std::string::npos ? -1.0 : std::stod(r.out.substr(at + 7));
+    return cli_eval_loss("eval " + td.path + "/model.safetensors --data " + td.path +
+                         "/corpus.txt --batches 2 " + extra);
   };
   const double cpu = eval_loss("");
   EXPECT_GT(cpu, 0.0);
@@ -880,17 +889,7 @@ TEST(CpuBf16, DecoderStaysNearFp32AndMatchesTheBf16Forward) {
     bf.params_from_host(w.data());
     const int64_t T = 9, V = c.vocab_size;
     const TokenBatch batch(T, V, 5);
-    auto run = [&](const Model& m) {
-      Decoder dec(m, T);
-      std::vector<float> all;
-      const float* l = dec.feed(batch.tok.data(), 3);
-      all.insert(all.end(), l, l + 3 * V);
-      for (int64_t t = 3; t < T; t++) {
-        l = dec.feed(&batch.tok[t], 1);
-        all.insert(all.end(), l, l + V);
-      }
-      return all;
-    };
+    auto run = [&](const Model& m) { return decoded_logits(m, batch.tok, T); };
     const std::vector<float> lc = run(cpu), lb = run(bf);
     EXPECT_LT(rel_diff(lb.data(), lc.data(), T * V), 2e-2);
     EXPECT_GT(rel_diff(lb.data(), lc.data(), T * V), 1e-6);  // the products did round
@@ -968,12 +967,8 @@ TEST(CpuBf16, TrainingTracksFp32AndCheckpointsStayFp32) {
     EXPECT_EQ(header.find("BF16"), std::string::npos);
     EXPECT_NE(header.find("\"F32\""), std::string::npos);
     auto eval_loss = [&](const std::string& precision) {
-      const auto r = attnres::testing::run_cli("eval " + model + " --data " + td.path +
-                                               "/corpus.txt --batches 4 --precision " + precision);
-      EXPECT_EQ(r.code, 0) << r.out;
-      const size_t at = r.out.find("| loss ");
-      EXPECT_NE(at, std::string::npos) << r.out;
-      return at == std::string::npos ? -1.0 : std::stod(r.out.substr(at + 7));
+      return cli_eval_loss("eval " + model + " --data " + td.path +
+                           "/corpus.txt --batches 4 --precision " + precision);
     };
     const double e32 = eval_loss("fp32"), e16 = eval_loss("bf16");
     EXPECT_GT(e32, 0.0);

@@ -28,6 +28,18 @@ struct MatmulMemo {
   // of w is made on the first product and reused by every later one of the same w (a backend
   // may ignore it and round again); such a memo keeps nothing for a backward.
   bool fixed_w = false;
+
+  // After a forward filled inp and w from these operands: valid for their backward.
+  void remember(const float* i, const float* wt, int64_t n, int64_t ic, int64_t oc) {
+    inp_src = i, w_src = wt, N = n, IC = ic, OC = oc;
+    valid = true;
+  }
+  // Whether it holds the bf16 copies of exactly these operands (then marked used: used once).
+  bool take(const float* i, const float* wt, int64_t n, int64_t ic, int64_t oc) {
+    const bool held = valid && inp_src == i && w_src == wt && N == n && IC == ic && OC == oc;
+    valid = false;
+    return held;
+  }
 };
 
 // Work recorded by Backend::begin_capture / end_capture (a CUDA graph): run() queues it again,

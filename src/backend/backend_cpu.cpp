@@ -128,10 +128,7 @@ class CpuBackend final : public Backend {
     } else if (memo) {
       a = bf16_into(memo->inp, inp, N * IC);
       b = bf16_into(memo->w, w, OC * IC);
-      memo->inp_src = inp;
-      memo->w_src = w;
-      memo->N = N, memo->IC = IC, memo->OC = OC;
-      memo->valid = true;
+      memo->remember(inp, w, N, IC, OC);
     } else {
       a = bf16(bf_a_, inp, N * IC);
       b = bf16(bf_b_, w, OC * IC);
@@ -140,9 +137,7 @@ class CpuBackend final : public Backend {
   }
   void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                        int64_t N, int64_t IC, int64_t OC, MatmulMemo* memo) override {
-    const bool kept = memo && memo->valid && memo->inp_src == inp && memo->w_src == w &&
-                      memo->N == N && memo->IC == IC && memo->OC == OC;
-    if (memo) memo->valid = false;  // used once
+    const bool kept = memo && memo->take(inp, w, N, IC, OC);  // (used once)
     if (precision_ == MatmulPrecision::fp32 || N == 0 || IC == 0 || OC == 0) {
       ops::matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
       return;

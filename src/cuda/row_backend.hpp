@@ -191,10 +191,7 @@ class RowBackend final : public Backend {
     if (memo) {
       a = bf16_into(memo->inp, inp, N * IC);
       b = bf16_into(memo->w, w, OC * IC);
-      memo->inp_src = inp;
-      memo->w_src = w;
-      memo->N = N, memo->IC = IC, memo->OC = OC;
-      memo->valid = true;
+      memo->remember(inp, w, N, IC, OC);
     } else {
       a = bf16(bf_a_, inp, N * IC);
       b = bf16(bf_b_, w, OC * IC);
@@ -204,9 +201,7 @@ class RowBackend final : public Backend {
   }
   void matmul_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                        int64_t N, int64_t IC, int64_t OC, MatmulMemo* memo) override {
-    const bool kept = memo && memo->valid && memo->inp_src == inp && memo->w_src == w &&
-                      memo->N == N && memo->IC == IC && memo->OC == OC;
-    if (memo) memo->valid = false;  // used once
+    const bool kept = memo && memo->take(inp, w, N, IC, OC);  // (used once)
     if (precision_ == MatmulPrecision::fp32 || N == 0 || IC == 0 || OC == 0) {
       x_.matmul_backward(dinp, dw, dout, inp, w, N, IC, OC);
       return;
@@ -222,9 +217,7 @@ class RowBackend final : public Backend {
       Backend::head_backward(dinp, dw, logits, lse, targets, N, V, dloss, inp, w, IC, memo);
       return;
     }
-    const bool kept = memo && memo->valid && memo->inp_src == inp && memo->w_src == w &&
-                      memo->N == N && memo->IC == IC && memo->OC == V;
-    if (memo) memo->valid = false;
+    const bool kept = memo && memo->take(inp, w, N, IC, V);  // (used once)
     auto* g = static_cast<uint16_t*>(scratch(bf_c_, sizeof(uint16_t) * N * V));
     x_.launch(rows::CrossEntropyBackwardBf16{g, {logits, lse, targets, V, dloss}}, N * V);
     backward_bf16(dinp, dw, g, inp, w, N, IC, V, kept ? memo : nullptr);

@@ -326,7 +326,8 @@ bool looks_like_a_runs(const std::string& n, const fs::path& p) {
   try {
     // (a run's train_config.json, run.json and latest are small, and of metrics.jsonl only the
     // first line counts: a big file is never read whole here)
-    std::string text = read_file_prefix(p.string(), 64u << 20);
+    std::string text =
+        read_file_prefix(p.string(), n == "metrics.jsonl" ? size_t{1} << 20 : size_t{64} << 20);
     if (n == "latest") {  // step_<digits> and a newline, as RunDir::save writes it
       return text.size() > 6 && text.back() == '\n' &&
              is_step_name(text.substr(0, text.size() - 1));
