@@ -364,7 +364,8 @@ TEST(Cli, SecondHostilePassIsRefusedClearly) {
       run("train" + tiny + " --out " + (dir / "c").string() + " --steps 99999999999999999999999"),
       "--steps");
   refused(run("bench --steps 0"), "--steps");
-  refused(run("bench --modes ''"), "--modes lists no residual mode");  // (exit 0, empty tables)
+  refused(run("bench --modes ''"), "--modes: an empty value");  // (exit 0, empty tables)
+  refused(run("bench --modes ,"), "--modes lists no residual mode");
   refused(run("bench --modes full,full"), "--modes lists 'full' twice");
   refused(run("train" + tiny + " --out " + (dir / "c").string() + " --grad-accum 99999999999"),
           "--grad-accum must be in [1, 1048576]");
@@ -812,6 +813,43 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
   }
   r = run("eval " + copied + " --data " + data + " --val-fraction 0.1");
   EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// Fourteenth pass: a --prompt longer than the context failed train after the whole training
+// (exit 1, the model saved): a script retrying with --overwrite threw the model away. The sample
+// now starts from the prompt's end, with a note, and train succeeds.
+TEST(Cli, TrainsLongPromptIsCutNotFatal) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const std::string prompt(40, 'a');
+  CliRun r = run("train --data " + data +
+                 " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 --eval-every 0"
+                 " --eval-batches 1 --steps 2 --sample-tokens 4 --prompt " +
+                 prompt + " --out " + (dir / "run").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out,
+                       "--prompt is 40 tokens, the context 16: the sample starts from "
+                       "its last 8"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "sample (temperature")) << r.out;
+}
+
+// Fifteenth pass: `scale --out ""` wrote its comparisons into the working directory, and
+// `compare --out ""` failed with a bare filesystem error. An empty value is refused by name.
+TEST(Cli, EmptyOptionValuesAreRefused) {
+  TempDir td;
+  const std::string data = corpus(td.path);
+  for (const std::string& c : std::vector<std::string>{
+           "scale --data " + data + " --out ''", "compare --data " + data + " --out ''",
+           "train --data ''", "eval ''", "bench --modes ''", "export-hf x --out ''"}) {
+    const CliRun r = attnres::testing::run_cli(c, "cd '" + td.path + "' && ");
+    EXPECT_NE(r.code, 0) << c;
+    EXPECT_TRUE(contains(r.out, "an empty value; give one")) << c << "\n" << r.out;
+  }
+  for (const auto& e : fs::directory_iterator(td.path)) {  // (nothing written where it ran)
+    EXPECT_EQ(e.path().filename(), "corpus.txt");
+  }
 }
 
 }  // namespace

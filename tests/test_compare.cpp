@@ -200,9 +200,12 @@ TEST(Compare, SweepAnyTrainOption) {
                 &log),
             1);
   EXPECT_NE(log.find("--lr is given and also swept"), std::string::npos) << log;
-  EXPECT_EQ(run("compare --preset '' --data " + data + " --out " + (dir / "bad5").string(), &log),
+  EXPECT_EQ(run("compare --preset x --data " + data + " --out " + (dir / "bad5").string(), &log),
             1);
   EXPECT_NE(log.find("unknown --preset"), std::string::npos) << log;
+  EXPECT_NE(run("compare --preset '' --data " + data + " --out " + (dir / "bad5").string(), &log),
+            0);
+  EXPECT_NE(log.find("--preset: an empty value"), std::string::npos) << log;
   EXPECT_EQ(run("report " + (dir / "nothing").string(), &log), 1);
   EXPECT_NE(log.find("results.json"), std::string::npos) << log;
 }

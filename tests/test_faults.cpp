@@ -1114,3 +1114,51 @@ TEST(Faults, ResumeContinuesHowTheRunComputed) {
 }
 
 }  // namespace
+
+// Fifteenth pass's open items of the fourteenth: a BPE run killed after its tokenizer was trained
+// but before its tokens were written is the run's own (its trainkey says so) and is started
+// again; a staging directory left by a killed --overwrite is removed by the next run; and each
+// checkpoint keeps the tokenizer the run loaded, not a file put in its place meanwhile.
+TEST(Faults, LeftoversOfKilledRunsAreCleanedUpAndTokenizersCopiedFromMemory) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.tokenizer = TokenizerKind::bpe;
+  c.bpe_vocab = 300;
+  c.save_every = 4;
+  c.keep_checkpoints = 5;
+  const fs::path run = dir / "run";
+  std::string tok;
+  TrainEvents ev;
+  ev.on_step = [&](const StepInfo& s) {
+    if (s.step != 2) return;
+    tok = slurp(run / "tokenizer.model");
+    std::ofstream(run / "tokenizer.model") << "replaced while training";
+  };
+  ASSERT_FALSE(train(c, ev).interrupted);
+  ASSERT_FALSE(tok.empty());
+  for (const char* s : {"step_00000004", "step_00000008", "step_00000012"}) {
+    EXPECT_EQ(slurp(run / "checkpoints" / s / "tokenizer.model"), tok) << s;
+  }
+  // Killed between the tokenizer and tokens.bin: only the tokenizer and its key are left.
+  fs::remove_all(dir / "other");
+  fs::create_directories(dir / "other");
+  fs::copy_file(run / "tokenizer.model", dir / "other" / "tokenizer.model");
+  std::ofstream(dir / "other" / "tokenizer.model.trainkey") << "training";
+  TrainConfig again = c;
+  again.out_dir = (dir / "other").string();
+  EXPECT_FALSE(train(again, {}).interrupted);
+  // A killed --overwrite's staging directory goes; one holding a user's file stays.
+  for (const char* n : {".overwrite.tmp.AbC123", ".overwrite.tmp.xyz789"}) {
+    fs::create_directories(run / n);
+    std::ofstream(run / n / "tokens.bin") << "tokens";
+    std::ofstream(run / n / "tokenizer.model.tmp.123.4") << "half";
+  }
+  std::ofstream(run / ".overwrite.tmp.xyz789" / "notes.txt") << "mine";
+  TrainConfig over = c;
+  over.overwrite = true;
+  ASSERT_FALSE(train(over, {}).interrupted);
+  EXPECT_FALSE(fs::exists(run / ".overwrite.tmp.AbC123"));
+  EXPECT_EQ(slurp(run / ".overwrite.tmp.xyz789" / "notes.txt"), "mine");
+}

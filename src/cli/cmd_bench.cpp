@@ -1,6 +1,7 @@
 // `attnres bench`: training and inference throughput per residual mode, measured side by side in
 // one invocation, against the sgemm ceiling measured in the same run. Each mode runs in its own
 // child process so that its peak memory (max RSS) is its own.
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -399,8 +401,9 @@ json run_rounds(const BenchArgs& a, const std::vector<std::string>& modes,
       // (the child times the steps: it runs on the threads this bench was given, as reported)
       const std::string threads =
           requested_threads() > 0 ? "--threads " + std::to_string(requested_threads()) + " " : "";
+      // exec: the child replaces the shell, so it is this process's own and dies with it
       std::string cmd =
-          "'" + self + "' " + threads + "bench --child-mode " + mode + " " + self_args(a);
+          "exec '" + self + "' " + threads + "bench --child-mode " + mode + " " + self_args(a);
       if (mode == "prenorm" && rep == 0 && !a.torch_pythons.empty())
         cmd += " --weights-out " + weights;
       std::string all;
@@ -539,6 +542,9 @@ void check_json_out(const std::string& path) {
 
 void run_bench(const BenchArgs& a) {
   if (!a.child_mode.empty()) {
+    // A bench stopped by `kill PID` (a scheduler, a supervisor) takes its running child along.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);  // (it holds nothing to save)
+    check(::getppid() != 1, "the bench that started this --child-mode run has ended");
     std::printf("%s\n", bench_one(a, a.child_mode).dump().c_str());
     return;
   }

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -127,6 +128,16 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
     sc.seed = cfg.seed;
     auto prompt = tok->encode(a.prompt);
     if (prompt.empty()) prompt.push_back(0);
+    // The model is saved by now: a --prompt longer than the context is cut from the left (a
+    // failed exit here would make a script retry and throw the trained model away).
+    const int64_t ctx = model->config().max_seq_len, keep = std::max<int64_t>(1, ctx / 2);
+    if (static_cast<int64_t>(prompt.size()) >= ctx) {
+      std::printf(
+          "note: --prompt is %zu tokens, the context %lld: the sample starts from its "
+          "last %lld\n",
+          prompt.size(), static_cast<long long>(ctx), static_cast<long long>(keep));
+      prompt.erase(prompt.begin(), prompt.end() - keep);
+    }
     auto out = generate(*model, prompt, a.sample_tokens, sc, nullptr);
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), out.begin(), out.end());

@@ -2,6 +2,7 @@
 // The only place that prints errors and picks exit codes (library code throws attnres::Error).
 #include <fcntl.h>
 #include <omp.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -43,6 +44,14 @@ void tune_openmp_wait(char** argv) {
   ::setenv("GOMP_SPINCOUNT", "3000", 1);
   ::setenv("ATTNRES_OMP_TUNED", "1", 1);
   ::execv("/proc/self/exe", argv);  // returns only on failure: then run untuned
+}
+
+// The re-execution above names the process after the link it ran ("exe"): ps, top and pkill
+// show the program's own name again (fifteen bytes at most, the kernel's limit).
+void name_process(const char* argv0) {
+  std::string name = argv0 ? std::filesystem::path(argv0).filename().string() : "";
+  if (name.empty()) name = "attnres";
+  ::prctl(PR_SET_NAME, name.substr(0, 15).c_str(), 0, 0, 0);
 }
 
 // A process started with stdin, stdout or stderr closed would get those numbers for the first files
@@ -122,6 +131,21 @@ void decimal_integers(CLI::App& app) {
     });
   }
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) decimal_integers(*sub);
+}
+
+// An empty value names nothing: `--out ""` made scale write its comparisons into the working
+// directory, and compare fail with a bare filesystem error (fifteenth pass). Every option that
+// takes a value refuses it, except --prompt (an empty prompt is a prompt).
+void no_empty_values(CLI::App& app) {
+  for (CLI::Option* o : app.get_options()) {
+    if (o->get_expected_min() == 0 || o->get_name() == "--prompt") continue;
+    o->check(CLI::Validator(
+        [](std::string& v) {
+          return v.empty() ? "an empty value; give one (or leave the option out)" : "";
+        },
+        "", "non-empty"));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) no_empty_values(*sub);
 }
 
 constexpr int kMaxThreads = 4096;  // far above any machine's cores; libgomp dies at 65536
@@ -326,6 +350,7 @@ int check_output_written(int code) {
 
 int run_main(int argc, char** argv) {
   tune_openmp_wait(argv);
+  name_process(argc > 0 ? argv[0] : nullptr);
   // Past a file-size limit (ulimit -f) a write fails with EFBIG, which the checked writers turn
   // into an error naming the file (a partial file is removed, saved ones are kept), instead of
   // SIGXFSZ killing the process mid-save.
@@ -394,6 +419,7 @@ int run_main(int argc, char** argv) {
   attnres::cli::add_import_hf(app);
   attnres::cli::add_export_hf(app);
   decimal_integers(app);
+  no_empty_values(app);
   // An unknown command word is an error even with --help (CLI11 would print the main help and
   // exit 0, or say only "A subcommand is required").
   for (int i = 1; i < argc; i++) {

@@ -111,13 +111,35 @@ void fsync_dir(const std::string& dir) {
 }  // namespace
 
 RunDir::RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref,
-               std::string tokenizer_path, std::string config_hash, std::string tokenizer_hash)
+               std::string tokenizer_path, std::string tokenizer_data, std::string config_hash,
+               std::string tokenizer_hash)
     : out_dir_(std::move(out_dir)),
       keep_(keep),
       tokenizer_ref_(std::move(tokenizer_ref)),
       tokenizer_path_(std::move(tokenizer_path)),
+      tokenizer_data_(std::move(tokenizer_data)),
       config_hash_(std::move(config_hash)),
       tokenizer_hash_(std::move(tokenizer_hash)) {}
+
+void remove_abandoned_staging(const std::string& out_dir) {
+  const std::string prefix = ".overwrite.tmp.";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() != prefix.size() + 6 || n.rfind(prefix, 0) != 0 ||
+        !fs::is_directory(fs::symlink_status(e.path(), ec))) {
+      continue;
+    }
+    bool only_data = true;
+    for (const auto& f : fs::directory_iterator(e.path(), ec)) {
+      const std::string m = f.path().filename().string();
+      const auto names = {"tokenizer.model", "tokenizer.model.trainkey", "tokens.bin"};
+      only_data = only_data && fs::is_regular_file(fs::symlink_status(f.path(), ec)) &&
+                  (std::find(names.begin(), names.end(), m) != names.end() || is_temp_of(m, names));
+    }
+    if (only_data && !ec) fs::remove_all(e.path(), ec);
+  }
+}
 
 std::string RunDir::ckpt_root() const { return (fs::path(out_dir_) / "checkpoints").string(); }
 
@@ -158,8 +180,7 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
     save_model((tmp / "model.safetensors").string(), model, meta);
     save_optimizer((tmp / "optimizer.safetensors").string(), model, opt, meta);
     if (!tokenizer_path_.empty()) {
-      write_file_atomic((tmp / fs::path(tokenizer_path_).filename()).string(),
-                        read_file(tokenizer_path_));
+      write_file_atomic((tmp / fs::path(tokenizer_path_).filename()).string(), tokenizer_data_);
     }
     fsync_dir(tmp.string());
     fs::remove_all(dir, ec);
@@ -429,8 +450,9 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
   // the new run would replace it, and the checkpoint it belongs to could no longer be read.
   // (Checked at the start: by stage 5 the new run's own tokenizer is there.)
   // (tokens.bin beside it: a run that was stopped while preparing its data.)
+  // (Or its trainkey: stopped after training the tokenizer, before its tokens were written.)
   check(!check_only || !kept.empty() || !stale.empty() || present("tokens.bin") ||
-            !present("tokenizer.model"),
+            present("tokenizer.model.trainkey") || !present("tokenizer.model"),
         "'" + (d / "tokenizer.model").string() + "' is not a run's (no run is in '" + out_dir +
             "'; e.g. the tokenizer of an import-hf checkpoint there): a new run would replace it; "
             "use another --out");

@@ -14,12 +14,14 @@ class Model;
 
 class RunDir {
  public:
-  // tokenizer_path: the tokenizer file copied into each checkpoint ("" = none, e.g. bytes).
+  // tokenizer_path: the name under which each checkpoint keeps the tokenizer ("" = none, e.g.
+  // bytes); tokenizer_data: its bytes, those the run loaded (not re-read from disk at each save:
+  // a file replaced meanwhile would be copied into every later checkpoint).
   // config_hash: recorded in each checkpoint's metadata (kConfigHashKey): the fingerprint of the
   // run's train_config.json, so that a resume notices an edited one.
   // tokenizer_hash: the tokenizer's fingerprint (kTokenizerHashKey in each checkpoint).
   RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref, std::string tokenizer_path,
-         std::string config_hash, std::string tokenizer_hash);
+         std::string tokenizer_data, std::string config_hash, std::string tokenizer_hash);
 
   // Writes checkpoints/step_N (model, optimizer state, tokenizer) and points `latest` at it. On
   // failure (e.g. a full disk) throws Error and leaves `latest` and the checkpoint it names
@@ -46,8 +48,13 @@ class RunDir {
 
   std::string out_dir_;
   int64_t keep_;
-  std::string tokenizer_ref_, tokenizer_path_, config_hash_, tokenizer_hash_;
+  std::string tokenizer_ref_, tokenizer_path_, tokenizer_data_, config_hash_, tokenizer_hash_;
 };
+
+// Removes the staging directories (.overwrite.tmp.XXXXXX) that a `train --overwrite` killed
+// while preparing its data left in out_dir, each as big as the corpus's tokens. Only directories
+// holding nothing but the data files a run writes are removed. Call with out_dir's RunLock held.
+void remove_abandoned_staging(const std::string& out_dir);
 
 inline constexpr const char* kConfigHashKey = "train_config_fnv1a64";
 

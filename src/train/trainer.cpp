@@ -307,6 +307,7 @@ class Trainer {
     fs::create_directories(cfg_.out_dir);
     if (root_) {
       lock_ = std::make_unique<RunLock>(cfg_.out_dir);
+      remove_abandoned_staging(cfg_.out_dir);
       if (!cfg_.resume) {
         claim_out_dir(cfg_.out_dir, cfg_.overwrite, /*check_only=*/true);  // (deleted in stage 5)
         check_init_from_survives_overwrite();
@@ -500,6 +501,7 @@ class Trainer {
             ? data_.tokenizer_path
             : (fs::path(cfg_.out_dir) / fs::path(data_.tokenizer_path).filename()).string();
     run_dir_.emplace(cfg_.out_dir, cfg_.keep_checkpoints, data_.tokenizer_ref, tok_path,
+                     tok_path.empty() ? "" : data_.tokenizer->model_data(),
                      train_config_fingerprint(cfg_text_), data_.tokenizer_fingerprint);
     // Gradients are summed where they live: MPI for host memory, NCCL (or host staging) for GPUs.
     if (ranks_ > 1) {
