@@ -115,6 +115,38 @@ BENCHMARK(BM_DecodeProduct)
     ->ArgNames({"bf16", "IC", "OC"})
     ->Unit(benchmark::kMicrosecond);
 
+// One row block of the CPU attention (64 query rows against r1 keys, head dim 64, the bench
+// model's shapes), fp32 sgemm against bf16 (the probabilities rounded per call, q/k/v once per
+// layer so not timed): scores S = q k^T, then out = P v. Decides whether bf16 attention pays:
+// these products are small, so a per-call overhead would eat the faster multiply. Args: {bf16, r1}.
+void BM_AttentionBlockProducts(benchmark::State& st) {
+  const bool bf16 = st.range(0) != 0;
+  const int64_t M = 64, hd = 64, r1 = st.range(1), ld = 3 * 512;
+  const auto q = randv(M * ld, 1), k = randv(r1 * ld, 2), v = randv(r1 * ld, 3);
+  std::vector<float> S(M * r1), out(M * hd);
+  std::vector<uint16_t> qb(q.size()), kb(k.size()), vb(v.size()), Pb(S.size());
+  to_bf16_host(qb.data(), q.data(), M * ld);
+  to_bf16_host(kb.data(), k.data(), r1 * ld);
+  to_bf16_host(vb.data(), v.data(), r1 * ld);
+  for (auto _ : st) {
+    if (bf16) {
+      gemm_bf16(false, true, M, r1, hd, qb.data(), ld, kb.data(), ld, 0.0f, S.data(), r1);
+      to_bf16_host(Pb.data(), S.data(), M * r1);
+      gemm_bf16(false, false, M, hd, r1, Pb.data(), r1, vb.data(), ld, 0.0f, out.data(), hd);
+    } else {
+      sgemm(false, true, M, r1, hd, 1.0f, q.data(), ld, k.data(), ld, 0.0f, S.data(), r1);
+      sgemm(false, false, M, hd, r1, 1.0f, S.data(), r1, v.data(), ld, 0.0f, out.data(), hd);
+    }
+  }
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(4.0 * M * r1 * hd, benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_AttentionBlockProducts)
+    ->ArgsProduct({{0, 1}, {64, 256, 512}})
+    ->ArgNames({"bf16", "r1"})
+    ->Unit(benchmark::kMicrosecond);
+
 void BM_Attention(benchmark::State& st) {
   const ops::AttnShape s{4, 512, 8, 8, 64};
   const int64_t N = s.B * s.T;

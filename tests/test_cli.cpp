@@ -852,4 +852,36 @@ TEST(Cli, EmptyOptionValuesAreRefused) {
   }
 }
 
+// Fifteenth hostile pass: `--overwrite=$UNSET` and `--overwrite=2` counted as true and deleted
+// a run; compare and scale divided by a block size, layer or head count of 0 (SIGFPE) before
+// checking it; and a swept precision was recorded as the command's.
+TEST(Cli, FifteenthHostilePassIsRefusedClearly) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const std::string out = (dir / "run").string();
+  ASSERT_EQ(run("train --data " + data + kTinyModel + " --steps 2 --out " + out).code, 0);
+  const std::string model = attnres::testing::slurp(out + "/model.safetensors");
+  for (const char* v : {"--overwrite=", "--overwrite=2", "--overwrite=maybe"}) {
+    const CliRun r = run("train --data " + data + kTinyModel + " --steps 2 --out " + out + " " + v);
+    EXPECT_GT(r.code, 0) << v << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, "empty value") || contains(r.out, "not a value for a flag"))
+        << r.out;
+  }
+  EXPECT_EQ(attnres::testing::slurp(out + "/model.safetensors"), model);
+  for (const std::string& o : {"--block-size 0", "--n-layer 0"}) {
+    const CliRun r = run("compare --data " + data + " --preset tiny --modes block,prenorm " + o +
+                         " --out " + (dir / "c").string());
+    EXPECT_EQ(r.code, 1) << o << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, "invalid model config")) << r.out;
+  }
+  const CliRun s =
+      run("scale --data " + data + " --sizes 1x32,2x32 --n-head 0 --out " + (dir / "s").string());
+  EXPECT_EQ(s.code, 1) << s.out;
+  const CliRun p = run("compare --data " + data + " --preset tiny --sweep precision=fp32,bf16 " +
+                       "--out " + (dir / "p").string());
+  EXPECT_EQ(p.code, 1) << p.out;
+  EXPECT_TRUE(contains(p.out, "--sweep precision cannot vary inside one comparison")) << p.out;
+}
+
 }  // namespace

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "attnres/train.hpp"
+#include "experiment/run_record.hpp"
 #include "test_util.hpp"
 #include "train/run_dir.hpp"
 
@@ -743,6 +744,43 @@ TEST(Compare, GivenOptionsAreNeverReplacedSilently) {
     EXPECT_EQ(j["warmup_steps"], 0) << size;
     EXPECT_EQ(j["eval_every"], 2) << size;
     EXPECT_EQ(j["model"]["n_head"], 4) << size;
+  }
+}
+
+// Fifteenth hostile pass: a comparison run killed between an evaluation and its next checkpoint
+// logs that evaluation again when it resumes; the curve had the point twice, and the seeds' mean
+// curve (averaged by position) was wrong. The later line replaces every point from its step on.
+TEST(Compare, ARepeatedEvaluationReplacesTheCurvesLaterPoints) {
+  TempDir td;
+  const fs::path p = fs::path(td.path) / "metrics.jsonl";
+  std::ofstream(p) << R"({"step":10,"val_loss":4.0,"tokens":100}
+{"step":20,"val_loss":3.5,"tokens":200}
+{"step":30,"val_loss":3.2,"tokens":300}
+{"step":5,"loss":4.1}
+{"step":20,"val_loss":3.4,"tokens":200}
+{"step":30,"val_loss":3.1,"tokens":300}
+)";
+  const auto m = attnres::experiment::read_metrics(p);
+  ASSERT_EQ(m.curve.size(), 3u) << m.curve.dump();
+  EXPECT_EQ(m.curve[1][1], 3.4);
+  EXPECT_EQ(m.curve[2][1], 3.1);
+  EXPECT_EQ(m.curve[2][0], 300);
+}
+
+// Fifteenth hostile pass: a setting recorded only where it is not the default (runtime: absent
+// for the CPU in fp32) was not compared, so an fp32 rerun kept a comparison's bf16 runs.
+TEST(Compare, ASettingOnlyTheKeptRunRecordsDiffers) {
+  const nlohmann::json want = {{"steps", 10}, {"lr", 0.001}};
+  nlohmann::json have = want;
+  EXPECT_NO_THROW(attnres::experiment::check_same_settings(have, want, "d", "run.json"));
+  have["out_dir"] = "elsewhere";  // (no setting)
+  EXPECT_NO_THROW(attnres::experiment::check_same_settings(have, want, "d", "run.json"));
+  have["runtime"] = {{"device", "cpu"}, {"precision", "bf16"}};
+  try {
+    attnres::experiment::check_same_settings(have, want, "d", "run.json");
+    ADD_FAILURE() << "a bf16 run was kept for an fp32 command";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("runtime differ"), std::string::npos) << e.what();
   }
 }
 

@@ -1162,3 +1162,36 @@ TEST(Faults, LeftoversOfKilledRunsAreCleanedUpAndTokenizersCopiedFromMemory) {
   EXPECT_FALSE(fs::exists(run / ".overwrite.tmp.AbC123"));
   EXPECT_EQ(slurp(run / ".overwrite.tmp.xyz789" / "notes.txt"), "mine");
 }
+
+// Fifteenth hostile pass: a resume that changed the precision was forgotten by the next plain
+// --resume (train_config.json kept the first runtime), and the optimizer state of a twin run
+// (the same settings in bf16) was taken for an fp32 checkpoint's own.
+TEST(Faults, ARuntimeChangedAtResumeIsRecordedAndTwinsDoNotMix) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  TrainConfig c = tiny_config(dir);
+  c.save_every = 2;
+  c.keep_checkpoints = 10;
+  ASSERT_TRUE(train_until_stopped_at(c, 4).interrupted);
+  TrainConfig r = c;
+  r.resume = true;
+  r.precision = MatmulPrecision::bf16;
+  ASSERT_TRUE(train_until_stopped_at(r, 6).interrupted);
+  const auto saved = nlohmann::json::parse(slurp(dir / "run" / "train_config.json"));
+  EXPECT_EQ(saved.at("runtime").at("precision"), "bf16") << saved.dump();
+  Metadata meta;
+  load_model((dir / "run" / "checkpoints" / "step_00000006" / "model.safetensors").string(), &meta);
+  EXPECT_EQ(meta.at(kRuntimeKey), "cpu bf16");
+  // Step 4's optimizer (an fp32 one) put beside step 6's model: refused by its runtime too.
+  const fs::path ck = dir / "run" / "checkpoints";
+  fs::copy_file(ck / "step_00000004" / "optimizer.safetensors",
+                ck / "step_00000006" / "optimizer.safetensors",
+                fs::copy_options::overwrite_existing);
+  try {
+    train(r, {});
+    ADD_FAILURE() << "a mixed checkpoint was resumed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was not saved with"), std::string::npos) << e.what();
+  }
+}

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -200,6 +201,28 @@ TEST(Safetensors, AlteredTensorDataIsRefused) {
   plain += header + std::string(8, '\0');
   write_file_atomic(p, plain);
   EXPECT_EQ(SafetensorsReader::open(p).read_f32("a"), (std::vector<float>{0.0f, 0.0f}));
+}
+
+// Fifteenth hostile pass: the checksum was computed on the memory map and the tensors were read
+// from it again later: a file rewritten in place between the two loaded as a mix of two models.
+// A checksummed file's data is copied once; what was checked is what is read.
+TEST(Safetensors, ACheckedFileIsReadAsItWasChecked) {
+  TempDir d;
+  const std::string p = d.file("m.safetensors");
+  std::vector<float> w(64, 1.5f), other(64, -2.0f);
+  SafetensorsWriter sw;
+  sw.add_f32("a", {64}, w.data());
+  sw.write(p);
+  const SafetensorsReader r = SafetensorsReader::open(p);
+  std::string bytes = read_file(p);
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  std::memcpy(bytes.data() + 8 + n, other.data(), 64 * sizeof(float));
+  {  // in place: the same inode, so the mapping sees it
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  EXPECT_EQ(r.read_f32("a"), w);
 }
 
 TEST(Safetensors, ReadsBF16F16AndI64) {

@@ -77,6 +77,10 @@ class SafetensorsReader {
  private:
   MappedFile file_;
   const uint8_t* data_start_ = nullptr;  // first byte after the header
+  // A checksummed file's data section, copied out of the mapping: the bytes checked are the bytes
+  // used (a file rewritten in place while it loaded gave a mix of two models that passed the
+  // check made on the mapping; fifteenth hostile pass).
+  std::vector<uint8_t> owned_;
   std::map<std::string, std::string> metadata_;
   std::map<std::string, TensorInfo> tensors_;
 };

@@ -247,17 +247,20 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
     // What every configuration must share (the seeds, the data and the token budget) or what
     // compare sets itself (the mode) cannot be swept.
     static const std::set<std::string> fixed = {
-        "seed",         "residual",     "steps",      "batch-size", "seq-len",
-        "grad-accum",   "data",         "tokenizer",  "vocab-size", "tokenizer-model",
-        "val-fraction", "out",          "resume",     "init-from",  "help",
-        "config",       "eval-batches", "eval-every", "device"};
+        "seed",   "residual",  "steps",      "batch-size",      "seq-len",      "grad-accum",
+        "data",   "tokenizer", "vocab-size", "tokenizer-model", "val-fraction", "out",
+        "resume", "init-from", "help",       "config",          "eval-batches", "eval-every",
+        "device", "precision", "cuda-graphs"};
     check(!fixed.count(key),
           "--sweep " + key +
               " cannot vary inside one comparison: every configuration shares the "
               "seeds, data, tokenizer, token budget and evaluation" +
               std::string(key == "residual" ? " (compare the modes with --modes)"
                           : key == "seed"   ? " (use --seeds)"
-                                            : " (run one compare per value)"));
+                          : key == "device" || key == "precision" || key == "cuda-graphs"
+                              ? " and the device and precision it records (run one compare "
+                                "per value, in its own --out)"
+                              : " (run one compare per value)"));
     // (--block-size and --block-layers set the same S: either given decides what the other
     // sweeps)
     const std::string alias = key == "block-size"     ? "block-layers"
@@ -298,6 +301,7 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
 // router; the decay fraction outside wsd; n_kv_head 0 = n_head; a block larger than the model).
 std::string model_fingerprint(TrainConfig c) {
   c.model.resolve();
+  c.model.validate();  // (a block size or layer count of 0 is divided by below)
   ResidualConfig& r = c.model.residual;
   r.block_size = std::min(r.block_size, c.model.n_sublayers());
   // A window of at least every block's output is no window (the mixer sees all sources).
@@ -361,7 +365,10 @@ std::vector<Group> make_groups(const CompareArgs& a, const std::vector<std::stri
   // Two configurations that train the same model (a swept option the mode does not use, or one
   // value written two ways) would be reported as two results differing by a made-up 0.
   std::vector<std::string> fp;
-  for (const Group& g : groups) fp.push_back(model_fingerprint(g.args.cfg));
+  for (const Group& g : groups) {
+    g.args.cfg.validate();
+    fp.push_back(model_fingerprint(g.args.cfg));
+  }
   for (size_t i = 0; i < groups.size(); i++) {
     for (size_t j = i + 1; j < groups.size(); j++) {
       check(fp[i] != fp[j], "'" + groups[i].name + "' and '" + groups[j].name +

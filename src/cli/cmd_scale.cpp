@@ -238,7 +238,7 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
     by_size("--n-head", z.d_model / 32);
     by_size("--warmup", std::min<int64_t>(100, steps / 10));
     by_size("--eval-every", std::max<int64_t>(1, steps / 5));
-    check(c.base.cfg.model.d_model % c.base.cfg.model.n_head == 0,
+    check(c.base.cfg.model.n_head >= 1 && c.base.cfg.model.d_model % c.base.cfg.model.n_head == 0,
           "--n-head " + std::to_string(c.base.cfg.model.n_head) + " does not divide the width " +
               std::to_string(z.d_model) + " of size " + z.name() +
               "; leave it out (width/32 heads) or give one that divides every width");

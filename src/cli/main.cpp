@@ -138,7 +138,22 @@ void decimal_integers(CLI::App& app) {
 // takes a value refuses it, except --prompt (an empty prompt is a prompt).
 void no_empty_values(CLI::App& app) {
   for (CLI::Option* o : app.get_options()) {
-    if (o->get_expected_min() == 0 || o->get_name() == "--prompt") continue;
+    // A flag given a value (`--overwrite=$UNSET`, `--overwrite=2`) took it as true, and deleted
+    // a run: only true/false words (or 1/0) are read, as in a --config file.
+    if (o->get_expected_min() == 0 && o->get_name() != "--help") {
+      o->check(CLI::Validator(
+          [](std::string& v) {
+            std::string l = v;
+            for (char& ch : l) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+            for (const char* w : {"true", "false", "1", "0", "on", "off", "yes", "no"}) {
+              if (l == w) return std::string();
+            }
+            return "'" + v + "' is not a value for a flag: give the flag alone, or =true / =false";
+          },
+          "", "flag value"));
+      continue;
+    }
+    if (o->get_name() == "--prompt") continue;
     o->check(CLI::Validator(
         [](std::string& v) {
           return v.empty() ? "an empty value; give one (or leave the option out)" : "";
@@ -219,6 +234,12 @@ void check_inputs_before_parsing(int argc, char** argv) {
                        "' is not valid UTF-8 (shown with U+FFFD for the bad bytes); attnres "
                        "records paths and options in JSON files, which hold UTF-8 only: rename "
                        "the file or directory");
+    // `--overwrite=$UNSET`: CLI11 reads an empty value after '=' as the flag's own (true).
+    attnres::check(prompt_value || a.rfind("--", 0) != 0 || a.size() < 4 || a.back() != '=' ||
+                       a == "--prompt=",
+                   "the argument '" + a +
+                       "' gives its option an empty value (an unset shell variable?); give a "
+                       "value, or the flag alone");
     std::string path;
     if (a == "--config" && i + 1 < argc) path = argv[i + 1];
     if (a.rfind("--config=", 0) == 0) path = a.substr(9);

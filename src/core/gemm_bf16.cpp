@@ -46,7 +46,7 @@ using Shape = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t
 // A product's primitive and its operands' layouts.
 struct Matmul {
   dnnl::matmul prim;
-  dnnl::memory::desc a, b, c;
+  dnnl::memory::desc a, b, c, scratch;
 };
 
 // Shapes seen (a run uses a few dozen) and their primitives; cleared if it ever grows past kMax.
@@ -73,13 +73,16 @@ class PrimitiveCache {
                                tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
     const dnnl::memory::desc c({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
     dnnl::primitive_attr attr;
+    // The caller's scratchpad: the library's is shared by every primitive of the process, and
+    // two products running at once (ranks as threads, a parallel region) would share it.
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (acc) {
       dnnl::post_ops po;
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
-    return {dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine_)),
-            a, b, c};
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine_);
+    return {dnnl::matmul(pd), a, b, c, pd.scratchpad_desc()};
   }
   std::mutex mu_;
   std::map<Shape, Matmul> cache_;
@@ -109,7 +112,13 @@ void gemm_bf16_onednn(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const u
     dnnl::memory bm(mm.b, cache.engine(), const_cast<uint16_t*>(B));
     dnnl::memory cm(mm.c, cache.engine(), C);
     thread_local dnnl::stream s(cache.engine());
-    mm.prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    thread_local std::vector<uint8_t> pad;  // this thread's scratchpad
+    if (pad.size() < mm.scratch.get_size()) pad.resize(mm.scratch.get_size());
+    dnnl::memory sm(mm.scratch, cache.engine(), pad.data());
+    mm.prim.execute(s, {{DNNL_ARG_SRC, am},
+                        {DNNL_ARG_WEIGHTS, bm},
+                        {DNNL_ARG_DST, cm},
+                        {DNNL_ARG_SCRATCHPAD, sm}});
     s.wait();
   } catch (const dnnl::error& e) {
     if (e.status == dnnl_out_of_memory) out_of_memory(M, N, K);

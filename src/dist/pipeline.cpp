@@ -257,6 +257,9 @@ double Pipeline::step(const std::vector<const int32_t*>& inputs,
     if (!held) {  // the micro-batch's first forward on this rank
       if (im.free_stores.empty()) {
         held = std::make_unique<Impl::Store>();
+        // Host memory either way; the model's own backend (the CPU's bf16 one is not the shared
+        // fp32 instance a null backend means), so the routers accept the store.
+        if (model_.on_cpu()) held->sources.be = &model_.backend();
       } else {
         held = std::move(im.free_stores.back());
         im.free_stores.pop_back();

@@ -1,6 +1,9 @@
 #include "experiment/run_record.hpp"
 
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -20,6 +23,7 @@ RunMetrics read_metrics(const fs::path& metrics) {
   std::istringstream f(fs::exists(metrics) ? read_file(metrics.string()) : std::string());
   std::string line;
   int64_t n = 0;
+  std::vector<int64_t> steps;  // of the curve's points, while every line gives one
   while (std::getline(f, line)) {
     n++;
     if (line.empty()) continue;
@@ -32,6 +36,17 @@ RunMetrics read_metrics(const fs::path& metrics) {
     }
     if (!j.is_object()) continue;
     if (j.contains("val_loss")) {
+      // A resumed run repeats the steps after its checkpoint, and logs their evaluations again:
+      // the later line replaces every point from that step on (the curve had a point twice, and
+      // the seeds' mean curve, averaged by position, was shifted; fifteenth hostile pass).
+      const json step = j.value("step", json(nullptr));
+      const int64_t s =
+          step.is_number_integer() ? step.get<int64_t>() : std::numeric_limits<int64_t>::min();
+      while (step.is_number_integer() && !steps.empty() && steps.back() >= s) {
+        steps.pop_back();
+        m.curve.erase(m.curve.size() - 1);
+      }
+      steps.push_back(s);
       m.curve.push_back(
           {j.value("tokens", json(nullptr)), j["val_loss"], j.value("elapsed_s", json(nullptr))});
     } else if (j.contains("loss") && !j.contains("skipped")) {
@@ -43,15 +58,17 @@ RunMetrics read_metrics(const fs::path& metrics) {
   return m;
 }
 
+// What a run's train_config.json records that is not a setting of its model or training.
+constexpr std::array<const char*, 5> kNoSettings = {"out_dir", "data_dir", "log_every",
+                                                    "save_every", "keep_checkpoints"};
+
 json run_settings(const TrainConfig& c, int64_t vocab) {
   TrainConfig r = c;
   r.model.vocab_size = vocab;
   r.model.max_seq_len = r.seq_len;
   r.model.resolve();
   json j = json::parse(r.to_json());
-  for (const char* k : {"out_dir", "data_dir", "log_every", "save_every", "keep_checkpoints"}) {
-    j.erase(k);
-  }
+  for (const char* k : kNoSettings) j.erase(k);
   return j;
 }
 
@@ -69,6 +86,17 @@ std::string differing(const json& have, const json& want) {
         const std::string sub = differing(have[k], v);
         add(k + " (" + sub + ")");
       } else {
+        add(k);
+      }
+    }
+  }
+  // A setting recorded only where it is not the default (runtime: absent for the CPU in fp32) is
+  // a difference too: a bf16 run was kept by an fp32 command (fifteenth hostile pass).
+  // (The keys run_settings leaves out are no settings.)
+  if (have.is_object()) {
+    for (const auto& [k, v] : have.items()) {
+      if (!want.contains(k) &&
+          std::find(kNoSettings.begin(), kNoSettings.end(), k) == kNoSettings.end()) {
         add(k);
       }
     }

@@ -293,6 +293,8 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
                           "checkpoint, or re-save it from a good copy");
   }
   if (rec != r.metadata_.end()) {
+    r.owned_.assign(r.data_start_, r.data_start_ + data_size);
+    r.data_start_ = r.owned_.data();
     uint64_t sum = kFnv1a64Offset;
     for (const TensorInfo* ti : order)
       sum = checksum64(r.data_start_ + ti->begin, ti->end - ti->begin, sum);

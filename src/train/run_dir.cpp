@@ -112,14 +112,15 @@ void fsync_dir(const std::string& dir) {
 
 RunDir::RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref,
                std::string tokenizer_path, std::string tokenizer_data, std::string config_hash,
-               std::string tokenizer_hash)
+               std::string tokenizer_hash, std::string runtime)
     : out_dir_(std::move(out_dir)),
       keep_(keep),
       tokenizer_ref_(std::move(tokenizer_ref)),
       tokenizer_path_(std::move(tokenizer_path)),
       tokenizer_data_(std::move(tokenizer_data)),
       config_hash_(std::move(config_hash)),
-      tokenizer_hash_(std::move(tokenizer_hash)) {}
+      tokenizer_hash_(std::move(tokenizer_hash)),
+      runtime_(std::move(runtime)) {}
 
 void remove_abandoned_staging(const std::string& out_dir) {
   const std::string prefix = ".overwrite.tmp.";
@@ -176,7 +177,8 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
     const Metadata meta = {{"tokenizer", tokenizer_ref_},
                            {"step", std::to_string(step)},
                            {kConfigHashKey, config_hash_},
-                           {kTokenizerHashKey, tokenizer_hash_}};
+                           {kTokenizerHashKey, tokenizer_hash_},
+                           {kRuntimeKey, runtime_}};
     save_model((tmp / "model.safetensors").string(), model, meta);
     save_optimizer((tmp / "optimizer.safetensors").string(), model, opt, meta);
     if (!tokenizer_path_.empty()) {

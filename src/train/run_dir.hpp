@@ -20,8 +20,11 @@ class RunDir {
   // config_hash: recorded in each checkpoint's metadata (kConfigHashKey): the fingerprint of the
   // run's train_config.json, so that a resume notices an edited one.
   // tokenizer_hash: the tokenizer's fingerprint (kTokenizerHashKey in each checkpoint).
+  // runtime: where and how the run computes (kRuntimeKey, e.g. "cpu bf16"): the model and
+  // optimizer files of one checkpoint carry the same one.
   RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref, std::string tokenizer_path,
-         std::string tokenizer_data, std::string config_hash, std::string tokenizer_hash);
+         std::string tokenizer_data, std::string config_hash, std::string tokenizer_hash,
+         std::string runtime);
 
   // Writes checkpoints/step_N (model, optimizer state, tokenizer) and points `latest` at it. On
   // failure (e.g. a full disk) throws Error and leaves `latest` and the checkpoint it names
@@ -48,7 +51,8 @@ class RunDir {
 
   std::string out_dir_;
   int64_t keep_;
-  std::string tokenizer_ref_, tokenizer_path_, tokenizer_data_, config_hash_, tokenizer_hash_;
+  std::string tokenizer_ref_, tokenizer_path_, tokenizer_data_, config_hash_, tokenizer_hash_,
+      runtime_;
 };
 
 // Removes the staging directories (.overwrite.tmp.XXXXXX) that a `train --overwrite` killed
@@ -57,6 +61,7 @@ class RunDir {
 void remove_abandoned_staging(const std::string& out_dir);
 
 inline constexpr const char* kConfigHashKey = "train_config_fnv1a64";
+inline constexpr const char* kRuntimeKey = "attnres_runtime";
 
 // One training process per run directory: holds an exclusive lock on out_dir/.lock (flock, freed
 // by the kernel when the process ends, even by kill -9) from construction to destruction. Throws

@@ -278,6 +278,7 @@ class Trainer {
         };
         msg("note: the run trained with " + how(cfg_) + " and continues with " + how(in_) +
             ": its results will differ from an uninterrupted run's");
+        runtime_changed_ = true;
       }
       cfg_.device = in_.device;
       cfg_.precision = in_.precision;
@@ -421,8 +422,8 @@ class Trainer {
               "smaller --seq-len");
     comm_.require_same(fnv1a64(d.tokenizer->model_data(),
                                fnv1a64(d.tokenizer_ref + ":" + std::to_string(d.train.size()) +
-                                       ":" + std::to_string(d.val.size()))),
-                       "tokenizer or token counts",
+                                       ":" + std::to_string(d.val.size()) + ":" + d.fingerprint)),
+                       "corpus text, tokenizer or token counts",
                        "every rank must read the same corpus and run directory (on several "
                        "hosts, put --out, or --data-dir, on a shared file system)");
     if (root_ && !d.tokenizer_path.empty() && !cfg_.data_dir.empty()) {
@@ -502,7 +503,9 @@ class Trainer {
             : (fs::path(cfg_.out_dir) / fs::path(data_.tokenizer_path).filename()).string();
     run_dir_.emplace(cfg_.out_dir, cfg_.keep_checkpoints, data_.tokenizer_ref, tok_path,
                      tok_path.empty() ? "" : data_.tokenizer->model_data(),
-                     train_config_fingerprint(cfg_text_), data_.tokenizer_fingerprint);
+                     train_config_fingerprint(cfg_text_), data_.tokenizer_fingerprint,
+                     std::string(to_string(cfg_.device)) + " " + to_string(cfg_.precision) +
+                         (cfg_.cuda_graphs ? " graphs" : ""));
     // Gradients are summed where they live: MPI for host memory, NCCL (or host staging) for GPUs.
     if (ranks_ > 1) {
       std::string note;
@@ -545,7 +548,9 @@ class Trainer {
                 "(restore the directory or resume from another checkpoint)");
       // The optimizer state must be the one saved with these weights (another step's or another
       // run's was taken silently, and the resumed run diverged from the uninterrupted one).
-      for (const char* key : {"step", kConfigHashKey}) {
+      // (kRuntimeKey: the optimizer state of a twin run, the same settings in another precision
+      // or on another device, is another trajectory's; fifteenth hostile pass)
+      for (const char* key : {"step", kConfigHashKey, kRuntimeKey}) {
         auto value = [key](const Metadata& m) {
           auto it = m.find(key);
           return it == m.end() ? std::string("(none)") : it->second;
@@ -565,6 +570,7 @@ class Trainer {
       if (root_) run_dir_->check_later_saves_clear(start_, cfg_.steps);
       prior_seconds_ = logged_seconds_at(fs::path(cfg_.out_dir) / "metrics.jsonl", start_);
       msg("resumed from " + dir + " at step " + std::to_string(start_));
+      if (root_ && runtime_changed_) record_runtime();
     } else if (root_) {
       // The new run's data, model and initial weights are good: only now is an old run deleted.
       const std::string note = claim_out_dir(cfg_.out_dir, cfg_.overwrite);
@@ -577,6 +583,21 @@ class Trainer {
                        cfg_.resume ? "resumed weights and optimizer state" : "initial weights",
                        "every rank must run the same attnres build and read the same run "
                        "directory (on several hosts, --out must be on a shared file system)");
+  }
+
+  // A resume that changed the device or precision records it in train_config.json, so that the
+  // next plain --resume continues as this one (it went back to the run's first runtime, silently;
+  // fifteenth hostile pass). The fingerprint leaves the runtime out: checkpoints still match.
+  void record_runtime() {
+    nlohmann::json j = parse_json(cfg_text_);
+    const nlohmann::json now = parse_json(cfg_.to_json());
+    if (now.contains("runtime")) {
+      j["runtime"] = now["runtime"];
+    } else {
+      j.erase("runtime");
+    }
+    cfg_text_ = j.dump(2);
+    write_file_atomic(cfg_path_.string(), cfg_text_);
   }
 
   // Stage 6: the pipeline of all the ranks (--pipeline N).
@@ -861,6 +882,7 @@ class Trainer {
   // Built by the stages, in this order.
   TrainConfig cfg_;
   fs::path cfg_path_;
+  bool runtime_changed_ = false;  // --resume with another --device / --precision / --cuda-graphs
   bool piped_ = false;
   PreparedData data_;
   std::unique_ptr<Model> model_;
