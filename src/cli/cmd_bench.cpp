@@ -207,7 +207,7 @@ json bench_one(const BenchArgs& a, const std::string& mode) {
     dec.feed(tok.data(), P);
     pre.push_back(secs(t0));
   }
-  int32_t t = tok[P];
+  int32_t t = tok[static_cast<size_t>(P) % tok.size()];  // (P = 1 = tok.size() at B = T = 1)
   for (int64_t i = 0; i < a.decode_tokens; i++) {
     const auto t0 = Clock::now();
     const float* l = dec.feed(&t, 1);
