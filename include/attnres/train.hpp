@@ -90,6 +90,11 @@ struct TrainConfig {
   int64_t pipeline = 1;
   int64_t virtual_stages = 1;
   std::string pipeline_comm = "cached";
+  // The processes the run trains on: set by train() (the communicator's size) and recorded with
+  // zero1 and the pipeline layout in train_config.json "parallel", so that a resume on another
+  // layout says its sums run in another order, and a plain --resume on as many ranks continues
+  // the pipeline it ran. 0: not recorded (runs of earlier versions).
+  int64_t ranks = 0;
   // Where the model trains (attnres/backend.hpp): cpu, cuda or cuda-host. A runtime choice too;
   // other than cpu: data parallel only (no pipeline, no ZeRO-1); with several ranks on GPUs each
   // rank takes the GPU of its index on its host and gradients are summed with NCCL.

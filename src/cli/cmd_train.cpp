@@ -75,6 +75,7 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
     bar.message("ranks: " + std::to_string(comm.size()) + " (" + comm.backend() + "), " +
                 std::to_string(omp_get_max_threads()) + " thread(s) each");
   }
+  adopt_saved_layout(a, comm.size());
   const TrainResult r = train(cfg, ev, comm);
   remove_stop_handler();
   // Peak memory of every rank (they differ: pipeline stages hold different activations).
@@ -249,6 +250,9 @@ void add_train(CLI::App& app) {
     if (a->cfg.resume) {
       check_resume_options(*s, a->cfg.out_dir);
       apply_saved_runtime(*s, *a);
+      for (const char* o : {"--pipeline", "--virtual-stages", "--pipeline-comm", "--zero1"}) {
+        a->layout_given = a->layout_given || s->count(o) > 0;
+      }
     }
     if (!a->cfg.resume && !a->cfg.init_from.empty()) apply_init_from_defaults(*s, *a);
     check(a->cfg.tokenizer_model.empty() || s->count("--vocab-size") == 0,

@@ -200,6 +200,23 @@ void apply_saved_runtime(const CLI::App& s, TrainArgs& a) {
   if (!given("--cuda-graphs")) a.cfg.cuda_graphs = saved.cuda_graphs;
 }
 
+void adopt_saved_layout(TrainArgs& a, int64_t ranks) {
+  if (!a.cfg.resume || a.layout_given) return;
+  TrainConfig saved;
+  try {
+    saved = TrainConfig::from_json(
+        read_small_file((std::filesystem::path(a.cfg.out_dir) / "train_config.json").string(),
+                        kMaxTrainConfigBytes, "a run's train_config.json"));
+  } catch (const Error&) {
+    return;  // (missing or corrupt: the resume itself says so, naming the file)
+  }
+  if (saved.ranks != ranks) return;
+  a.cfg.pipeline = saved.pipeline;
+  a.cfg.virtual_stages = saved.virtual_stages;
+  a.cfg.pipeline_comm = saved.pipeline_comm;
+  a.cfg.zero1 = saved.zero1;
+}
+
 void check_resume_options(const CLI::App& s, const std::string& out_dir) {
   const std::string path = (std::filesystem::path(out_dir) / "train_config.json").string();
   TrainArgs probe;
@@ -223,8 +240,10 @@ void check_resume_options(const CLI::App& s, const std::string& out_dir) {
   nlohmann::json had = nlohmann::json::parse(saved.to_json());
   had["data_path"] = absolute_path(saved.data_path);
   nlohmann::json now = nlohmann::json::parse(p.to_json());
-  had.erase("runtime");  // (--device, --precision, --cuda-graphs may change)
-  now.erase("runtime");
+  for (const char* k : {"runtime", "parallel"}) {  // (--device, --pipeline, ... may change)
+    had.erase(k);
+    now.erase(k);
+  }
   std::string diff;
   differing(had, now, "", diff);
   check(diff.empty(), "--resume continues the run in '" + out_dir +

@@ -19,6 +19,9 @@ struct TrainArgs {
   bool untied = false;
   int64_t sample_tokens = 200;
   std::string prompt = "The ";
+  // On --resume: --pipeline, --virtual-stages, --pipeline-comm or --zero1 was given (else the
+  // run's recorded layout is kept where the rank count is the same: adopt_saved_layout).
+  bool layout_given = false;
   // Applies the flags that are not TrainConfig fields (call before using cfg).
   void finalize();
 };
@@ -40,6 +43,11 @@ void check_resume_options(const CLI::App& s, const std::string& out_dir);
 // On --resume, --device, --precision and --cuda-graphs not given on s are the run's own (its
 // train_config.json "runtime"), so the printed resume command continues the run as it started.
 void apply_saved_runtime(const CLI::App& s, TrainArgs& a);
+
+// On --resume without layout options (a.layout_given), launched on as many ranks as the run
+// recorded: its pipeline layout and --zero1 (train_config.json "parallel"), so that the run
+// continues exactly as it ran. On another rank count nothing changes (the trainer notes it).
+void adopt_saved_layout(TrainArgs& a, int64_t ranks);
 
 // A new run from --init-from CKPT takes the checkpoint's model (sizes, norms, RoPE, residual
 // mode) and its tokenizer (byte, or its SentencePiece model as --tokenizer-model) for every

@@ -49,6 +49,7 @@ void TrainConfig::validate() const {
   need(!out_dir.empty(), "--out must name a run directory");
   need(pipeline >= 1, "--pipeline must be >= 1");
   need(virtual_stages >= 1, "--virtual-stages must be >= 1");
+  need(ranks >= 0, "training config: parallel.ranks must be >= 0");
   need(virtual_stages == 1 || pipeline > 1,
        "--virtual-stages needs a pipeline of several ranks (--pipeline P with P >= 2)");
   need(pipeline_comm == "cached" || pipeline_comm == "naive",
@@ -111,6 +112,13 @@ std::string TrainConfig::to_json() const {
                     {"precision", to_string(precision)},
                     {"cuda_graphs", cuda_graphs}};
   }
+  if (ranks > 0) {
+    j["parallel"] = {{"ranks", ranks},
+                     {"pipeline", pipeline},
+                     {"virtual_stages", virtual_stages},
+                     {"pipeline_comm", pipeline_comm},
+                     {"zero1", zero1}};
+  }
   return j.dump(2);
 }
 
@@ -172,6 +180,17 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
       if (get_rt("precision", name)) c.precision = parse_precision(name);
       get_rt("cuda_graphs", c.cuda_graphs);
     }
+    if (auto pa = j.find("parallel"); pa != j.end()) {
+      check(pa->is_object(), "training config: 'parallel' must be an object");
+      auto get_pa = [&](const char* k, auto& dst) {
+        return read_json_field(*pa, k, dst, "training config parallel");
+      };
+      get_pa("ranks", c.ranks);
+      get_pa("pipeline", c.pipeline);
+      get_pa("virtual_stages", c.virtual_stages);
+      get_pa("pipeline_comm", c.pipeline_comm);
+      get_pa("zero1", c.zero1);
+    }
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training config JSON is invalid: ") + e.what());
   }
@@ -183,6 +202,7 @@ std::string fingerprint_of(const std::string& json_text, bool with_data_dir) {
   nlohmann::json j = parse_json(json_text);
   j.erase("out_dir");
   j.erase("runtime");                       // (where it trains: a resume may change it)
+  j.erase("parallel");                      // (on how many ranks: likewise)
   if (!with_data_dir) j.erase("data_dir");  // (where a comparison keeps its data: it may move)
   return hex64(fnv1a64(j.dump()));
 }

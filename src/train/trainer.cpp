@@ -6,6 +6,7 @@
 // it stopped; data parallel over a dist::Communicator (each rank trains on its slice of every
 // batch, gradients are all-reduced).
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -265,7 +266,8 @@ class Trainer {
       // tokenizer and token cache wherever it now points; twelfth hostile pass).
       if (!in_.data_dir.empty()) cfg_.data_dir = in_.data_dir;
       cfg_.resume = true;
-      // Runtime choices, not part of the saved run.
+      // Runtime choices, not part of the saved run (the saved layout: note_layout_change).
+      saved_layout_ = {cfg_.ranks, cfg_.pipeline, cfg_.virtual_stages};
       cfg_.zero1 = in_.zero1;
       cfg_.pipeline = in_.pipeline;
       cfg_.virtual_stages = in_.virtual_stages;
@@ -283,7 +285,9 @@ class Trainer {
       cfg_.device = in_.device;
       cfg_.precision = in_.precision;
       cfg_.cuda_graphs = in_.cuda_graphs;
+      note_layout_change();
     }
+    cfg_.ranks = ranks_;
     cfg_.schedule.total_steps = cfg_.steps;
     cfg_.validate();
     piped_ = cfg_.pipeline > 1;
@@ -585,16 +589,51 @@ class Trainer {
                        "directory (on several hosts, --out must be on a shared file system)");
   }
 
+  // Ranks and the pipeline layout, in words: "a pipeline of 2 ranks", "data-parallel on 4 ranks".
+  static std::string layout_words(const std::array<int64_t, 3>& l) {
+    const std::string r = std::to_string(l[0]);
+    if (l[1] > 1) {
+      return "a pipeline of " + r + " ranks" +
+             (l[2] > 1 ? " x " + std::to_string(l[2]) + " virtual stages" : "");
+    }
+    return l[0] == 1 ? "1 process" : "data-parallel on " + r + " ranks";
+  }
+
+  // A resume on another layout (rank count, pipeline or virtual stages) than the run's recorded
+  // one sums the same gradients in another order: noted, and the new layout recorded (a pipeline
+  // run resumed as data-parallel differed in the last bits without a word; fifteenth hostile pass).
+  void note_layout_change() {
+    const std::array<int64_t, 3> now = {ranks_, cfg_.pipeline, cfg_.virtual_stages};
+    if (saved_layout_[0] == 0) {  // (not recorded: recorded from now on)
+      runtime_changed_ = true;
+      return;
+    }
+    if (saved_layout_ == now) return;
+    std::string how = (saved_layout_[0] > 1 ? "mpirun -np " + std::to_string(saved_layout_[0]) + " "
+                                            : std::string()) +
+                      "attnres train --resume --out " + cfg_.out_dir;
+    if (saved_layout_[1] > 1) how += " --pipeline " + std::to_string(saved_layout_[1]);
+    if (saved_layout_[2] > 1) how += " --virtual-stages " + std::to_string(saved_layout_[2]);
+    msg("note: the run trained as " + layout_words(saved_layout_) + " and continues as " +
+        layout_words(now) +
+        ": the same sums in another order, so its results will differ from an uninterrupted "
+        "run's in the last bits (" +
+        how + " continues it exactly)");
+    runtime_changed_ = true;
+  }
+
   // A resume that changed the device or precision records it in train_config.json, so that the
   // next plain --resume continues as this one (it went back to the run's first runtime, silently;
   // fifteenth hostile pass). The fingerprint leaves the runtime out: checkpoints still match.
   void record_runtime() {
     nlohmann::json j = parse_json(cfg_text_);
     const nlohmann::json now = parse_json(cfg_.to_json());
-    if (now.contains("runtime")) {
-      j["runtime"] = now["runtime"];
-    } else {
-      j.erase("runtime");
+    for (const char* k : {"runtime", "parallel"}) {
+      if (now.contains(k)) {
+        j[k] = now[k];
+      } else {
+        j.erase(k);
+      }
     }
     cfg_text_ = j.dump(2);
     write_file_atomic(cfg_path_.string(), cfg_text_);
@@ -882,6 +921,7 @@ class Trainer {
   // Built by the stages, in this order.
   TrainConfig cfg_;
   fs::path cfg_path_;
+  std::array<int64_t, 3> saved_layout_ = {0, 1, 1};  // ranks, pipeline, virtual stages (resume)
   bool runtime_changed_ = false;  // --resume with another --device / --precision / --cuda-graphs
   bool piped_ = false;
   PreparedData data_;
