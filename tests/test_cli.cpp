@@ -188,6 +188,13 @@ TEST(Cli, BenchRunsEveryModeAndWritesJson) {
   ASSERT_EQ(one.code, 0) << one.out;
   const auto j1 = nlohmann::json::parse(attnres::testing::slurp(js));
   EXPECT_EQ(j1["modes"][0]["threads"].get<int>(), 1) << j1["modes"][0];
+  EXPECT_EQ(j1["ceiling_gflops"], j1["sgemm_gflops"]) << j1.dump();
+  // Fifteenth hostile pass: a bf16 bench kept its bf16 ceiling under "sgemm_gflops".
+  CliRun bf = run(args + " --modes prenorm --precision bf16");
+  ASSERT_EQ(bf.code, 0) << bf.out;
+  const auto jb = nlohmann::json::parse(attnres::testing::slurp(js));
+  EXPECT_TRUE(contains(jb["ceiling_of"].get<std::string>(), "bf16")) << jb.dump();
+  EXPECT_NE(jb["ceiling_gflops"], jb["sgemm_gflops"]) << "two measurements, two figures";
   // With Debian's PyTorch present, both sides must compute the same loss on the same batch.
   if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0) {
     CliRun t = run(args + " --modes prenorm --torch /usr/bin/python3");
@@ -869,7 +876,7 @@ TEST(Cli, FifteenthHostilePassIsRefusedClearly) {
         << r.out;
   }
   EXPECT_EQ(attnres::testing::slurp(out + "/model.safetensors"), model);
-  for (const std::string& o : {"--block-size 0", "--n-layer 0"}) {
+  for (const char* o : {"--block-size 0", "--n-layer 0"}) {
     const CliRun r = run("compare --data " + data + " --preset tiny --modes block,prenorm " + o +
                          " --out " + (dir / "c").string());
     EXPECT_EQ(r.code, 1) << o << "\n" << r.out;

@@ -437,6 +437,56 @@ TEST(Compare, NeverDeletesTheUsersFilesAtARunsPlace) {
   EXPECT_TRUE(fs::exists(place / "run.json"));
 }
 
+// Fifteenth hostile pass: a bf16 comparison scored its tasks in fp32, and neither its report nor
+// eval said a result came from bf16 products.
+TEST(Compare, ABf16ComparisonScoresAndSaysBf16) {
+  TempDir td;
+  const std::string data = corpus(fs::path(td.path));
+  const fs::path out = fs::path(td.path) / "cmp";
+  const std::string task = std::string(ATTNRES_FIXTURE_DIR) + "/tasks/mc.jsonl";
+  std::string log;
+  ASSERT_EQ(run("compare --preset tiny --modes prenorm --seeds 1 --steps 4 --no-plots "
+                "--precision bf16 --data " +
+                    data + " --out " + out.string() + " --tasks " + task,
+                &log),
+            0)
+      << log;
+  const std::string report = slurp(out / "report.md");
+  EXPECT_NE(report.find("trained on cpu (bf16 matrix products)"), std::string::npos) << report;
+  const json run_json = json::parse(slurp(out / "runs" / "prenorm" / "seed1337" / "run.json"));
+  std::string eval_out;
+  ASSERT_EQ(run("eval --precision bf16 " +
+                    (out / "runs" / "prenorm" / "seed1337" / "model.safetensors").string() +
+                    " --task " + task,
+                &eval_out),
+            0)
+      << eval_out;
+  char want[64];
+  std::snprintf(want, sizeof want, "acc %.4f",
+                run_json.at("tasks").at("mc.jsonl").at("acc").get<double>());
+  EXPECT_NE(eval_out.find(want), std::string::npos) << eval_out << " vs " << run_json.dump();
+  EXPECT_NE(eval_out.find("bf16 matrix products"), std::string::npos) << eval_out;
+}
+
+// Fifteenth hostile pass: a --threads 1 comparison rerun without --threads kept its runs and
+// labelled them (and their speeds) with the rerun's thread count.
+TEST(Compare, KeptRunsKeepTheirThreadCount) {
+  TempDir td;
+  const std::string data = corpus(fs::path(td.path));
+  const fs::path out = fs::path(td.path) / "cmp";
+  const std::string cmd =
+      "compare --preset tiny --modes prenorm --seeds 1 --steps 4 --no-plots "
+      "--data " +
+      data + " --out " + out.string();
+  std::string log;
+  ASSERT_EQ(run("--threads 1 " + cmd, &log), 0) << log;
+  ASSERT_EQ(run("--threads 2 " + cmd, &log), 0) << log;
+  EXPECT_NE(log.find("kept"), std::string::npos) << log;
+  const json r = json::parse(slurp(out / "results.json"));
+  EXPECT_EQ(r.at("hardware").at("threads").get<int>(), 1) << r.at("hardware").dump();
+  EXPECT_EQ(r.at("runs").at(0).at("threads").get<int>(), 1);
+}
+
 // compare --tasks scores every finished run's final model on the task files (the same numbers as
 // `eval --task` on that model), keeps a kept run's scores, puts the accuracies in the report,
 // and refuses a malformed task file before anything trains.
@@ -781,6 +831,9 @@ TEST(Compare, ASettingOnlyTheKeptRunRecordsDiffers) {
     ADD_FAILURE() << "a bf16 run was kept for an fp32 command";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("runtime differ"), std::string::npos) << e.what();
+    // ... naming the options that continue them
+    EXPECT_NE(std::string(e.what()).find("--device cpu --precision bf16"), std::string::npos)
+        << e.what();
   }
 }
 

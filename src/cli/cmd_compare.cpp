@@ -462,7 +462,8 @@ std::vector<Task> read_tasks(const std::vector<std::string>& paths) {
 // Each finished run's final model scored on every task it has no score for yet, or whose file
 // changed since it was scored (a kept run's other scores are kept), into runs[i]["tasks"][file
 // name] and its run.json.
-void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& runs) {
+void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& runs,
+                 const std::shared_ptr<Backend>& be) {
   for (json& run : runs) {
     if (tasks.empty() || run.value("status", std::string("ok")) != "ok") continue;
     const fs::path dir = fs::path(out) / run.value("dir", std::string());
@@ -477,7 +478,7 @@ void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& r
       }
       if (!model) {
         Metadata meta;
-        model = load_model(model_path, &meta);
+        model = load_model(model_path, &meta, 0, be);  // (as the runs trained: bf16 too)
         run_config_beside(model_path, meta);  // (a model copied in from another run: refused)
         tok = load_checkpoint_tokenizer(meta, model_path, model->config().vocab_size);
         std::printf("scoring %s seed %s on %zu task(s)\n",
@@ -630,7 +631,7 @@ bool run_compare(CompareArgs& a) {
     }
   }
   remove_stop_handler();
-  score_tasks(a.out, tasks, runs);
+  score_tasks(a.out, tasks, runs, make_backend(a.base.cfg.device, a.base.cfg.precision));
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 

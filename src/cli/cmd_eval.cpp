@@ -41,7 +41,13 @@ std::string with_stderr(double v, double se) {
   return b;
 }
 
+// Said beside a result computed with bf16 products (it differs from fp32's in the third digit).
+const char* products_note(const DeviceArgs& d) {
+  return d.precision == MatmulPrecision::bf16 ? " | bf16 matrix products" : "";
+}
+
 // `eval --task FILE...`: each task file's accuracy (attnres/tasks.hpp), instead of the loss.
+
 void run_tasks(const EvalArgs& a, Model& model, const Tokenizer& tok) {
   std::vector<Task> tasks;
   for (const std::string& p : a.tasks) tasks.push_back(read_task(p));  // (all checked first)
@@ -62,7 +68,7 @@ void run_tasks(const EvalArgs& a, Model& model, const Tokenizer& tok) {
     if (r.acc_norm >= 0) {
       std::printf(" | acc_norm %s", with_stderr(r.acc_norm, r.acc_norm_stderr).c_str());
     }
-    std::printf("\n");
+    std::printf("%s\n", products_note(a.dev));
   }
 }
 
@@ -126,9 +132,9 @@ void run_eval(const EvalArgs& a) {
                                    "unusable (evaluate an earlier one)");
   const std::string ppl = stats::perplexity_text(w.loss, 3);  // (no "inf" as a measurement)
   std::printf(
-      "%s split of %s: %lld tokens evaluated | loss %.4f | perplexity %s | %.4f bits/token\n",
+      "%s split of %s: %lld tokens evaluated | loss %.4f | perplexity %s | %.4f bits/token%s\n",
       a.split.c_str(), data.c_str(), static_cast<long long>(w.windows * T), w.loss, ppl.c_str(),
-      w.loss / std::log(2.0));
+      w.loss / std::log(2.0), products_note(a.dev));
 }
 
 }  // namespace

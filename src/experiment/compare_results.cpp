@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <set>
 
 #include "experiment/host_info.hpp"
 #include "report/analysis.hpp"
@@ -110,12 +111,22 @@ json assemble_results(const ResultsInput& in) {
   json seeds = json::array();
   for (int64_t s = 0; s < in.seeds; s++) seeds.push_back(b.seed + static_cast<uint64_t>(s));
   const int64_t tokens_per_run = b.steps * b.batch_size * b.seq_len * b.grad_accum;
+  // The threads the runs trained with: a kept run's own (a rerun with other --threads labelled
+  // its kept runs with the rerun's count; fifteenth hostile pass).
+  std::set<int> threads;
+  for (const json& r : in.runs) {
+    if (r.contains("threads") && r["threads"].is_number_integer()) {
+      threads.insert(r["threads"].get<int>());
+    }
+  }
+  if (threads.empty()) threads.insert(omp_get_max_threads());
   json results = {{"format", "attnres-compare/2"},
                   {"command", in.command_line},
                   {"created", now_iso()},
                   {"hardware",
                    {{"cpu", cpu_name()},
-                    {"threads", omp_get_max_threads()},
+                    {"threads", *threads.rbegin()},
+                    {"threads_of_runs", threads},
                     {"device", to_string(b.device)},
                     {"precision", to_string(b.precision)}}},
                   {"wall_time_s", in.wall_time_s},

@@ -1,5 +1,7 @@
 #include "experiment/run_record.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -106,14 +108,35 @@ std::string differing(const json& have, const json& want) {
 
 }  // namespace
 
+namespace {
+// The options that give a recorded runtime ("--device cpu --precision bf16"); "" for none.
+std::string runtime_options(const json& settings) {
+  const auto rt = settings.find("runtime");
+  if (rt == settings.end() || !rt->is_object()) return "--device cpu --precision fp32";
+  std::string out;
+  for (const char* k : {"device", "precision"}) {
+    if (rt->contains(k) && (*rt)[k].is_string()) {
+      out += std::string(out.empty() ? "" : " ") + "--" + k + " " + (*rt)[k].get<std::string>();
+    }
+  }
+  if (rt->value("cuda_graphs", false)) out += " --cuda-graphs";
+  return out;
+}
+}  // namespace
+
 void check_same_settings(const json& have, const json& want, const fs::path& dir,
                          const char* what) {
   const std::string diff = differing(have, want);
+  // (where the runtime alone differs, the options that continue the kept runs; fifteenth pass)
+  const std::string how = have.is_object() && diff == "runtime"
+                              ? " (the runs there trained with " + runtime_options(have) +
+                                    ": give those options to continue them)"
+                              : "";
   check(diff.empty(), "'" + (dir / what).string() +
                           "' was made with other settings than this "
                           "command's (" +
-                          diff + " differ); use a new --out, or delete '" + dir.string() +
-                          "' to train it again");
+                          diff + " differ)" + how + "; use a new --out, or delete '" +
+                          dir.string() + "' to train it again");
 }
 
 json kept_run(const TrainConfig& c, int64_t vocab) {
@@ -205,6 +228,7 @@ json run_record(const std::string& group, const TrainConfig& c, int64_t vocab, c
              {"final_val_loss", ok ? opt_num(r.final_val_loss, nullptr) : json(nullptr)},
              {"final_train_loss", opt_num(r.final_train_loss, rm.last_train_loss)},
              {"tokens_per_s", opt_num(r.tokens_per_s, rm.last_tokens_per_s)},
+             {"threads", omp_get_max_threads()},  // (the speed's; its last invocation's)
              {"seconds", ok ? r.seconds : o.seconds},
              {"skipped_steps", ok ? json(r.skipped_steps) : json(nullptr)},
              {"params", params},

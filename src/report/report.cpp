@@ -190,9 +190,16 @@ void write_report(const std::string& run_dir) {
     const nlohmann::json& hw = r.at("hardware");
     md << "* Hardware: " << hw.at("cpu").get<std::string>() << ", " << hw.at("threads").get<int>()
        << " threads";
-    if (hw.contains("device") && hw.at("device").get<std::string>() != "cpu") {  // older files: cpu
-      md << "; trained on " << hw.at("device").get<std::string>() << " ("
-         << hw.value("precision", std::string("fp32")) << ")";
+    if (hw.contains("threads_of_runs") && hw["threads_of_runs"].is_array() &&
+        hw["threads_of_runs"].size() > 1) {
+      md << " (the runs trained with " << hw["threads_of_runs"].dump()
+         << " threads: their speeds do not compare)";
+    }
+    // (older files: the CPU in fp32; a CPU bf16 comparison said nothing; fifteenth pass)
+    const std::string device = hw.value("device", std::string("cpu"));
+    const std::string precision = hw.value("precision", std::string("fp32"));
+    if (device != "cpu" || precision != "fp32") {
+      md << "; trained on " << device << " (" << precision << " matrix products)";
     }
     md << "\n";
     md << "* Wall time: " << fmt("%.1f", r.at("wall_time_s").get<double>() / 60.0) << " min for "

@@ -508,8 +508,7 @@ class Trainer {
     run_dir_.emplace(cfg_.out_dir, cfg_.keep_checkpoints, data_.tokenizer_ref, tok_path,
                      tok_path.empty() ? "" : data_.tokenizer->model_data(),
                      train_config_fingerprint(cfg_text_), data_.tokenizer_fingerprint,
-                     std::string(to_string(cfg_.device)) + " " + to_string(cfg_.precision) +
-                         (cfg_.cuda_graphs ? " graphs" : ""));
+                     runtime_text());
     // Gradients are summed where they live: MPI for host memory, NCCL (or host staging) for GPUs.
     if (ranks_ > 1) {
       std::string note;
@@ -587,6 +586,12 @@ class Trainer {
                        cfg_.resume ? "resumed weights and optimizer state" : "initial weights",
                        "every rank must run the same attnres build and read the same run "
                        "directory (on several hosts, --out must be on a shared file system)");
+  }
+
+  // Where and how the run computes, as its files record it (kRuntimeKey): e.g. "cpu bf16".
+  std::string runtime_text() const {
+    return std::string(to_string(cfg_.device)) + " " + to_string(cfg_.precision) +
+           (cfg_.cuda_graphs ? " graphs" : "");
   }
 
   // Ranks and the pipeline layout, in words: "a pipeline of 2 ranks", "data-parallel on 4 ranks".
@@ -886,7 +891,8 @@ class Trainer {
                    {{"tokenizer", data_.tokenizer_ref},
                     {"step", std::to_string(step)},
                     {kConfigHashKey, train_config_fingerprint(cfg_text_)},
-                    {kTokenizerHashKey, data_.tokenizer_fingerprint}});
+                    {kTokenizerHashKey, data_.tokenizer_fingerprint},
+                    {kRuntimeKey, runtime_text()}});
       }
     }
     comm_.barrier();  // on return, rank 0's files are complete on every rank
