@@ -215,6 +215,64 @@ BENCHMARK(BM_DepthMix)
     ->ArgNames({"sources", "backward", "reference", "d"})
     ->Unit(benchmark::kMillisecond);
 
+// Every forward depth mix of a Full AttnRes model with L sublayers (mixers 0..L over 1..L+1
+// sources; N 2048 tokens, d 128: the deep, narrow bench model at L = 32), one mixer at a time
+// (group 1) or in groups of G sharing one pass over the older sources (phase 1, then phase 2
+// merging each newer source: the router's prepare_grouped). Args: {L, G}.
+void BM_FullDepthForward(benchmark::State& st) {
+  const int64_t N = 2048, d = 128, L = st.range(0), G = st.range(1);
+  ops::DepthMix m;
+  m.d = d;
+  std::vector<std::vector<float>> v, r;
+  std::vector<ops::DepthSource> src;
+  for (int64_t i = 0; i <= L; i++) {
+    v.push_back(randv(N * d, 10 + i));
+    r.emplace_back(N);
+    ops::depth_rstd(r.back().data(), v.back().data(), N, d, 1, 1e-5f);
+  }
+  for (int64_t i = 0; i <= L; i++) src.push_back({v[i].data(), r[i].data(), nullptr});
+  const auto q = randv((L + 1) * d, 5, 0.1);
+  std::vector<std::vector<float>> x(L + 1, std::vector<float>(N * d)),
+      lse(L + 1, std::vector<float>(N));
+  std::vector<std::vector<float>> o(G, std::vector<float>(N * d)), ol(G, std::vector<float>(N));
+  for (auto _ : st) {
+    for (int64_t l = 0; l <= L; l++) {
+      const int64_t k = l % G;
+      if (G == 1) {
+        ops::depth_mix_forward(x[l].data(), lse[l].data(), src.data(), l + 1, q.data() + l * d, 0,
+                               m, N);
+      } else if (k == 0) {
+        const int64_t K = std::min(G, L + 1 - l);
+        std::vector<float*> po(K), pl(K);
+        std::vector<const float*> pq(K);
+        for (int64_t j = 0; j < K; j++) {
+          po[j] = j == 0 ? x[l].data() : o[j].data();
+          pl[j] = j == 0 ? lse[l].data() : ol[j].data();
+          pq[j] = q.data() + (l + j) * d;
+        }
+        ops::depth_mix_phase1(po.data(), pl.data(), src.data(), l + 1, pq.data(), K, m, N);
+      } else {
+        const float* ob = o[k].data();
+        const float* lb = ol[k].data();
+        for (int64_t j = l - k + 1; j <= l; j++) {
+          ops::depth_mix_phase2(x[l].data(), lse[l].data(), ob, lb, src[j], q.data() + l * d, m, N);
+          ob = x[l].data();
+          lb = lse[l].data();
+        }
+      }
+    }
+    benchmark::DoNotOptimize(x.back().data());
+  }
+}
+BENCHMARK(BM_FullDepthForward)
+    ->Args({32, 1})
+    ->Args({32, 2})
+    ->Args({32, 3})
+    ->Args({32, 4})
+    ->Args({32, 6})
+    ->ArgNames({"L", "G"})
+    ->Unit(benchmark::kMillisecond);
+
 // The bandwidth the depth mix is bound by: S arrays of (N,d) floats summed into one, source by
 // source in tiles as the mix reads them (the same bytes as a forward mixer, no scoring).
 void BM_StreamSum(benchmark::State& st) {

@@ -485,6 +485,16 @@ TEST(Compare, KeptRunsKeepTheirThreadCount) {
   const json r = json::parse(slurp(out / "results.json"));
   EXPECT_EQ(r.at("hardware").at("threads").get<int>(), 1) << r.at("hardware").dump();
   EXPECT_EQ(r.at("runs").at(0).at("threads").get<int>(), 1);
+  // Sixteenth hostile pass: a kept run.json of valid JSON but another shape: internal error.
+  const fs::path rj = out / "runs" / "prenorm" / "seed1337" / "run.json";
+  const std::string good = slurp(rj);
+  for (const char* shape : {"[]", "{}", "{\"group\": \"prenorm\", \"seed\": 7}"}) {
+    std::ofstream(rj) << shape;
+    EXPECT_EQ(run(cmd, &log), 1) << shape << "\n" << log;
+    EXPECT_NE(log.find("is not the record of a run of this comparison"), std::string::npos) << log;
+  }
+  std::ofstream(rj) << good;
+  EXPECT_EQ(run(cmd, &log), 0) << log;
 }
 
 // compare --tasks scores every finished run's final model on the task files (the same numbers as
@@ -521,6 +531,14 @@ TEST(Compare, TasksScoreEveryRunsFinalModel) {
       << report;
   ASSERT_EQ(run(cmd + tasks, &log), 0) << log;  // kept runs keep their scores
   EXPECT_EQ(log.find("scoring"), std::string::npos) << log;
+  // Sixteenth hostile pass: a rerun naming one task file reported the other's kept scores too.
+  ASSERT_EQ(run(cmd + " --tasks " + ATTNRES_FIXTURE_DIR + "/tasks/pairs.jsonl", &log), 0) << log;
+  const json only = json::parse(slurp(out / "results.json"));
+  for (const auto& r : only.at("runs")) {
+    EXPECT_FALSE(r.at("tasks").contains("mc.jsonl")) << r.dump();
+    EXPECT_TRUE(r.at("tasks").contains("pairs.jsonl")) << r.dump();
+  }
+  EXPECT_EQ(slurp(out / "report.md").find("mc.jsonl"), std::string::npos);
   // Seventh hostile pass: a task file edited since (here: its last item dropped) kept the old
   // file's scores, keyed by file name alone; its fingerprint now says it changed.
   fs::create_directories(fs::path(td.path) / "edited");
@@ -627,7 +645,9 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
         " --modes full --sweep attnres-key-eps=0,1e-10",
         " --modes full --attnres-key-norm none --sweep attnres-key-eps=1e-5,1e-3",
         " --modes full --warmup 2 --sweep router-warmup=-1,2",
-        " --modes prenorm --schedule constant --sweep min-lr-ratio=0.1,0.5"}) {
+        " --modes prenorm --schedule constant --sweep min-lr-ratio=0.1,0.5",
+        // (sixteenth: a value equal to an unrecorded default as a float)
+        " --modes full --sweep attnres-temperature=1,1.0000000001"}) {
     EXPECT_EQ(run(base + sw + other, &log), 1) << sw;
     EXPECT_NE(log.find("would train the same model"), std::string::npos) << sw << log;
   }

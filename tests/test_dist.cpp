@@ -623,6 +623,17 @@ TEST(Dist, PipelineCheckpointResumesOnOneRank) {
   auto a = load_model((dir / "pp" / "model.safetensors").string());
   auto b = load_model((dir / "pp2" / "model.safetensors").string());
   EXPECT_EQ(0, std::memcmp(a->params(), b->params(), sizeof(float) * a->layout().total()));
+  // One layout option changes that one only (it dropped the whole recorded layout), and the
+  // communication scheme, which orders the sums too, is noted (sixteenth hostile pass).
+  fs::copy(dir / "pp", dir / "pp3", fs::copy_options::recursive);
+  std::ofstream(dir / "pp3" / "latest") << "step_00000004\n";
+  const CliRun naive = shell(mpirun(2) + cli() + "train --resume --sample-tokens 0 --out " +
+                             (dir / "pp3").string() + " --pipeline-comm naive");
+  ASSERT_EQ(naive.code, 0) << naive.out;
+  EXPECT_TRUE(contains(naive.out,
+                       "continues as a pipeline of 2 ranks x 2 virtual stages (naive "
+                       "communication)"))
+      << naive.out;
   // On one rank it continues closely, and says why not exactly.
   const CliRun one_rank = resume_on_one_rank(dir, "pp", 4, 8);
   EXPECT_TRUE(contains(one_rank.out,

@@ -124,7 +124,7 @@ TEST(Train, ResumeReproducesTheUninterruptedRun) {
   std::ofstream(dir / "corpus.txt") << make_corpus(800, 2);
   TrainConfig c = small_config(dir, dir / "corpus.txt");
   c.steps = 24;
-  c.eval_every = 0;
+  c.eval_every = 8;  // (the evaluation at 16 reports the mean of steps 9-16, across the resume)
   c.grad_accum = 2;  // resume must also be exact with accumulation
   c.out_dir = (dir / "full").string();
   train(c, {});
@@ -150,6 +150,21 @@ TEST(Train, ResumeReproducesTheUninterruptedRun) {
   const auto split = read_losses(dir / "split" / "metrics.jsonl");
   ASSERT_EQ(split.size(), full.size());
   for (size_t i = 0; i < full.size(); i++) EXPECT_EQ(split[i], full[i]) << "step " << i + 1;
+  // So are the evaluations' training-loss means (sixteenth hostile pass: the resumed run averaged
+  // only its own steps).
+  auto train_means = [](const fs::path& metrics) {
+    std::map<int64_t, double> out;
+    std::ifstream f(metrics);
+    std::string line;
+    while (std::getline(f, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("train_loss")) out[j["step"].get<int64_t>()] = j["train_loss"].get<double>();
+    }
+    return out;
+  };
+  const auto fm = train_means(dir / "full" / "metrics.jsonl");
+  ASSERT_EQ(fm.size(), 3u);
+  EXPECT_EQ(train_means(dir / "split" / "metrics.jsonl"), fm);
   // Final weights are identical too.
   auto a = load_model((dir / "full" / "model.safetensors").string());
   auto b = load_model((dir / "split" / "model.safetensors").string());
@@ -392,7 +407,8 @@ TEST(Train, PipelineResumeReproducesTheUninterruptedRun) {
   TempDir td;
   const fs::path dir = td.path;
   std::ofstream(dir / "corpus.txt") << make_corpus(800, 2);
-  auto run = [&](const TrainConfig& c) {
+  // Runs c on 2 ranks; the messages, and "error: ..." for a refusal (on every rank).
+  auto run = [&](const TrainConfig& c, const std::atomic<bool>* stop = nullptr) {
     auto group = dist::make_local_group(2, /*rendezvous=*/true);
     std::vector<std::thread> ranks;
     std::string notes;
@@ -402,11 +418,17 @@ TEST(Train, PipelineResumeReproducesTheUninterruptedRun) {
         omp_set_num_threads(1);
         group[static_cast<size_t>(r)]->set_timeout(120);
         TrainEvents ev;
+        ev.stop = stop;
         ev.on_message = [&](const std::string& m) {
           std::lock_guard<std::mutex> lock(mu);
           notes += m + "\n";
         };
-        train(c, ev, *group[static_cast<size_t>(r)]);
+        try {
+          train(c, ev, *group[static_cast<size_t>(r)]);
+        } catch (const Error& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          notes += std::string("error: ") + e.what() + "\n";
+        }
       });
     }
     for (auto& t : ranks) t.join();
@@ -446,4 +468,21 @@ TEST(Train, PipelineResumeReproducesTheUninterruptedRun) {
     const auto now = TrainConfig::from_json(slurp(split / "train_config.json"));
     EXPECT_EQ(now.pipeline, pipeline) << "the layout it continued on is recorded";
   }
+  // Sixteenth hostile pass: a resume refused on its layout (too many virtual stages), or stopped
+  // before its first checkpoint, rewrote the recorded layout: the next plain resume adopted a
+  // layout that could not run, or one no checkpoint was made in. It is recorded with a checkpoint.
+  const std::string record = slurp(dir / "split2" / "train_config.json");
+  TrainConfig bad;
+  bad.out_dir = (dir / "split2").string();
+  bad.resume = true;
+  bad.pipeline = 2;
+  bad.virtual_stages = 8;
+  EXPECT_NE(run(bad).find("error: pipeline: 2 ranks x 8 virtual stages"), std::string::npos);
+  EXPECT_EQ(slurp(dir / "split2" / "train_config.json"), record);
+  std::atomic<bool> stop{true};
+  TrainConfig dp = bad;
+  dp.pipeline = 1;
+  dp.virtual_stages = 1;
+  EXPECT_NE(run(dp, &stop).find("continues as data-parallel"), std::string::npos);
+  EXPECT_EQ(slurp(dir / "split2" / "train_config.json"), record);
 }

@@ -114,6 +114,9 @@ inline float __shfl_xor_sync(unsigned /*mask*/, float v, int lane_mask) {
   return r;
 }
 inline void __syncthreads() { warp_emulation::block_barrier->wait(); }
+inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
+  warp_emulation::barriers[warp_emulation::warp]->wait();
+}
 
 // Declared for warp::rows_kernel's definition; the tests call the kernel bodies directly.
 struct WarpEmulationDim3 {

@@ -31,9 +31,6 @@ inline float __bfloat162float(__nv_bfloat16 b) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
-  warp_emulation::barriers[warp_emulation::warp]->wait();
-}
 
 namespace nvcuda::wmma {
 

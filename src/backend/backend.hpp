@@ -165,8 +165,8 @@ class Backend {
   virtual void depth_mix_backward(float* dqg, const float* dx, const float* x, const float* lse,
                                   const ops::DepthSource* src, int64_t S, const float* qg,
                                   int64_t q_ld, const ops::DepthMix& m, int64_t N) = 0;
-  // Two-phase Block AttnRes (ops::depth_mix_phase1 / phase2); o, lse, qg: host arrays of K
-  // pointers into this backend's memory.
+  // Two-phase Block AttnRes and grouped Full AttnRes (ops::depth_mix_phase1 / phase2; phase2
+  // also in place); o, lse, qg: host arrays of K pointers into this backend's memory.
   virtual void depth_mix_phase1(float* const* o, float* const* lse, const ops::DepthSource* src,
                                 int64_t S, const float* const* qg, int64_t K,
                                 const ops::DepthMix& m, int64_t N) = 0;

@@ -47,6 +47,7 @@ struct BenchArgs {
   int64_t d_model = 512, n_layer = 8, n_head = 8, seq_len = 512, batch = 4, vocab = 8192;
   std::string modes = "prenorm,full,block";
   int64_t block_size = 4;
+  bool two_phase = true;  // AttnRes's two-phase computation (SPEC 4): off to measure what it gains
   int64_t steps = 5, warmup = 2, decode_tokens = 64;
   int64_t repeats = 1;  // rounds over all modes (interleaved); per mode the median-time round
   std::string json_out;
@@ -93,6 +94,7 @@ ModelConfig bench_config(const BenchArgs& a, const std::string& mode) {
   c.tied = false;
   c.residual.mode = parse_residual_mode(mode);
   c.residual.block_size = a.block_size;
+  c.residual.two_phase = a.two_phase;
   c.resolve();
   c.validate();
   return c;
@@ -289,13 +291,13 @@ std::string self_args(const BenchArgs& a) {
   std::snprintf(buf, sizeof buf,
                 "--d-model %lld --n-layer %lld --n-head %lld --seq-len %lld --batch-size %lld "
                 "--vocab %lld --block-size %lld --steps %lld --warmup %lld --decode-tokens %lld "
-                "--device %s --precision %s%s",
+                "--device %s --precision %s --attnres-two-phase %s%s",
                 static_cast<long long>(a.d_model), static_cast<long long>(a.n_layer),
                 static_cast<long long>(a.n_head), static_cast<long long>(a.seq_len),
                 static_cast<long long>(a.batch), static_cast<long long>(a.vocab),
                 static_cast<long long>(a.block_size), static_cast<long long>(a.steps),
                 static_cast<long long>(a.warmup), static_cast<long long>(a.decode_tokens),
-                to_string(a.dev.device), to_string(a.dev.precision),
+                to_string(a.dev.device), to_string(a.dev.precision), a.two_phase ? "true" : "false",
                 a.cuda_graphs ? " --cuda-graphs" : "");
   return buf;
 }
@@ -645,6 +647,10 @@ void add_bench(CLI::App& app) {
   s->add_option("--block-size", a->block_size, "Block size of mode block")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 10));
+  s->add_option("--attnres-two-phase", a->two_phase,
+                "full and block: the two-phase computation (SPEC 4: mixers that share one pass "
+                "over the older sources); false measures what it gains. Same function")
+      ->capture_default_str();
   s->add_option("--steps", a->steps, "Timed training steps (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));

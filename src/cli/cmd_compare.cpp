@@ -329,6 +329,12 @@ std::string model_fingerprint(TrainConfig c) {
     }
   };
   as_floats(j);
+  // A setting recorded only where it is not its default: a value equal to the default as a float
+  // is the default (--sweep attnres-temperature=1,1.0000000001 trained one model twice).
+  if (j.contains("model") && j["model"].contains("attnres_temperature") &&
+      j["model"]["attnres_temperature"] == 1.0) {
+    j["model"].erase("attnres_temperature");
+  }
   return train_config_fingerprint(j.dump());
 }
 
@@ -494,6 +500,19 @@ void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& r
                             {"acc_norm", r.acc_norm >= 0 ? json(r.acc_norm) : json(nullptr)}};
     }
     if (model) write_file_atomic((dir / "run.json").string(), run.dump() + "\n");
+  }
+  // The results hold the scores of this command's task files only: a kept run's score of a file
+  // not named now (maybe edited since) was reported as current (sixteenth hostile pass). Its
+  // run.json keeps it, for a later command that names the same file again.
+  for (json& run : runs) {
+    if (!run.contains("tasks") || !run["tasks"].is_object()) continue;
+    json kept = json::object();
+    for (const Task& t : tasks) {
+      const std::string name = file_name_of(t.path);
+      if (run["tasks"].contains(name)) kept[name] = run["tasks"][name];
+    }
+    run["tasks"] = kept;
+    if (kept.empty()) run.erase("tasks");
   }
 }
 

@@ -250,9 +250,11 @@ void add_train(CLI::App& app) {
     if (a->cfg.resume) {
       check_resume_options(*s, a->cfg.out_dir);
       apply_saved_runtime(*s, *a);
-      for (const char* o : {"--pipeline", "--virtual-stages", "--pipeline-comm", "--zero1"}) {
-        a->layout_given = a->layout_given || s->count(o) > 0;
-      }
+      TrainArgs::LayoutGiven& g = a->layout_given;
+      g.pipeline = s->count("--pipeline") > 0;
+      g.virtual_stages = s->count("--virtual-stages") > 0;
+      g.pipeline_comm = s->count("--pipeline-comm") > 0;
+      g.zero1 = s->count("--zero1") > 0;
     }
     if (!a->cfg.resume && !a->cfg.init_from.empty()) apply_init_from_defaults(*s, *a);
     check(a->cfg.tokenizer_model.empty() || s->count("--vocab-size") == 0,

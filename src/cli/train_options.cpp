@@ -201,7 +201,7 @@ void apply_saved_runtime(const CLI::App& s, TrainArgs& a) {
 }
 
 void adopt_saved_layout(TrainArgs& a, int64_t ranks) {
-  if (!a.cfg.resume || a.layout_given) return;
+  if (!a.cfg.resume) return;
   TrainConfig saved;
   try {
     saved = TrainConfig::from_json(
@@ -211,10 +211,16 @@ void adopt_saved_layout(TrainArgs& a, int64_t ranks) {
     return;  // (missing or corrupt: the resume itself says so, naming the file)
   }
   if (saved.ranks != ranks) return;
-  a.cfg.pipeline = saved.pipeline;
-  a.cfg.virtual_stages = saved.virtual_stages;
-  a.cfg.pipeline_comm = saved.pipeline_comm;
-  a.cfg.zero1 = saved.zero1;
+  const TrainArgs::LayoutGiven& g = a.layout_given;
+  TrainConfig& c = a.cfg;
+  if (!g.pipeline) c.pipeline = saved.pipeline;
+  if (!g.virtual_stages) c.virtual_stages = saved.virtual_stages;
+  if (!g.pipeline_comm) c.pipeline_comm = saved.pipeline_comm;
+  if (!g.zero1) c.zero1 = saved.zero1;
+  if (c.pipeline <= 1) {  // (--pipeline 1 given: the pipeline's own settings go with it)
+    if (!g.virtual_stages) c.virtual_stages = 1;
+    if (!g.pipeline_comm) c.pipeline_comm = "cached";
+  }
 }
 
 void check_resume_options(const CLI::App& s, const std::string& out_dir) {

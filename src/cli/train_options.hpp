@@ -19,9 +19,11 @@ struct TrainArgs {
   bool untied = false;
   int64_t sample_tokens = 200;
   std::string prompt = "The ";
-  // On --resume: --pipeline, --virtual-stages, --pipeline-comm or --zero1 was given (else the
-  // run's recorded layout is kept where the rank count is the same: adopt_saved_layout).
-  bool layout_given = false;
+  // On --resume, which of --pipeline, --virtual-stages, --pipeline-comm and --zero1 were given
+  // (the others are the run's recorded ones where the rank count is the same: adopt_saved_layout).
+  struct LayoutGiven {
+    bool pipeline = false, virtual_stages = false, pipeline_comm = false, zero1 = false;
+  } layout_given;
   // Applies the flags that are not TrainConfig fields (call before using cfg).
   void finalize();
 };
@@ -44,9 +46,10 @@ void check_resume_options(const CLI::App& s, const std::string& out_dir);
 // train_config.json "runtime"), so the printed resume command continues the run as it started.
 void apply_saved_runtime(const CLI::App& s, TrainArgs& a);
 
-// On --resume without layout options (a.layout_given), launched on as many ranks as the run
-// recorded: its pipeline layout and --zero1 (train_config.json "parallel"), so that the run
-// continues exactly as it ran. On another rank count nothing changes (the trainer notes it).
+// On --resume launched on as many ranks as the run recorded: each of its pipeline layout and
+// --zero1 (train_config.json "parallel") not given now (a.layout_given), so that a plain resume
+// continues exactly as it ran and one given option changes that one only. On another rank count
+// nothing changes (the trainer notes the new layout).
 void adopt_saved_layout(TrainArgs& a, int64_t ranks);
 
 // A new run from --init-from CKPT takes the checkpoint's model (sizes, norms, RoPE, residual

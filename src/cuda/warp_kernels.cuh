@@ -388,6 +388,7 @@ struct DepthMixPhase2 {  // row = n * H + h
     for (int64_t c = lane; c < dh; c += kWarp) {
       f.x[off + c] = f.o1[off + c] + w * (f.p.at(off + c) - f.o1[off + c]);
     }
+    __syncwarp();  // every lane has read lse1 before lane 0 writes lse (in place: the same)
     if (lane == 0) {
       const float mxs = fmaxf(s, l1);
       f.lse[idx] = mxs + ::logf(::expf(l1 - mxs) + ::expf(s - mxs));

@@ -139,6 +139,46 @@ void check_same_settings(const json& have, const json& want, const fs::path& dir
                           dir.string() + "' to train it again");
 }
 
+namespace {
+// A kept run's record has the fields (and types) the comparison reads from it; valid JSON of
+// another shape gave `internal error` (sixteenth hostile pass).
+void check_run_shape(const json& r, uint64_t seed, const fs::path& path, const fs::path& dir) {
+  std::string bad;
+  auto need = [&](bool ok, const char* what) {
+    if (!ok && bad.empty()) bad = what;
+  };
+  auto number_or_null = [&](const char* k) {
+    return !r.contains(k) || r[k].is_number() || r[k].is_null();
+  };
+  need(r.is_object(), "not a JSON object");
+  if (bad.empty()) {
+    need(r.contains("group") && r["group"].is_string(), "no 'group' name");
+    need(r.contains("seed") && r["seed"].is_number_unsigned() && r["seed"].get<uint64_t>() == seed,
+         "no 'seed', or another seed than its directory's");
+    need(!r.contains("status") ||
+             (r["status"].is_string() && (r["status"] == "ok" || r["status"] == "diverged")),
+         "a 'status' other than ok or diverged");
+    need(!r.contains("dir") || r["dir"].is_string(), "a 'dir' that is not a path");
+    for (const char* k : {"final_val_loss", "final_train_loss", "tokens_per_s", "seconds"}) {
+      need(number_or_null(k), "a figure that is not a number");
+    }
+    for (const char* k : {"settings", "tasks"}) {
+      need(!r.contains(k) || r[k].is_object(), "'settings' or 'tasks' not an object");
+    }
+    if (r.contains("tasks") && r["tasks"].is_object()) {
+      for (const auto& [name, t] : r["tasks"].items())
+        need(t.is_object(), "a task score not an object");
+    }
+    need(!r.contains("diagnostics") || r["diagnostics"].is_object() || r["diagnostics"].is_null(),
+         "'diagnostics' not an object");
+    need(!r.contains("curve") || r["curve"].is_array(), "a 'curve' that is not a list");
+  }
+  check(bad.empty(), "'" + path.string() + "' is not the record of a run of this comparison (" +
+                         bad + "): it was edited or replaced; delete '" + dir.string() +
+                         "' to train it again");
+}
+}  // namespace
+
 json kept_run(const TrainConfig& c, int64_t vocab) {
   const fs::path dir = c.out_dir;
   const fs::path path = dir / "run.json";
@@ -149,6 +189,7 @@ json kept_run(const TrainConfig& c, int64_t vocab) {
     throw Error("'" + path.string() + "' is not valid JSON (" + e.what() + "); delete '" +
                 dir.string() + "' to train it again");
   }
+  check_run_shape(kept, c.seed, path, dir);
   if (kept.contains("settings")) {
     check_same_settings(kept["settings"], run_settings(c, vocab), dir, "run.json");
   }

@@ -49,8 +49,10 @@ class AttnResRouter final : public DepthRouter {
     // Two-phase needs queries known before the block starts and one softmax over a fixed set of
     // completed blocks: softmax gate, static query, no window.
     two_phase_ = c.residual.two_phase && mix_.softmax && !dynamic_ && window_ == 0 && S_ > 1;
-    // Full AttnRes with static queries: backward by source (see begin_backward).
+    // Full AttnRes with static queries: backward by source (see begin_backward), and the forward
+    // in groups of mixers that share one pass over the older sources (prepare_grouped).
     by_source_ = S_ == 1 && !dynamic_ && (window_ == 0 || window_ >= L_);
+    group_ = by_source_ && c.residual.two_phase && mix_.softmax ? kFullGroup : 1;
     last_ = L_;
     own_.be = &be_;
     qg_.on(&be_);
@@ -284,7 +286,7 @@ class AttnResRouter final : public DepthRouter {
     const int64_t H = mix_.H;
     const int64_t sources = 1 + NB_ + L_;  // embedding, blocks, partials (upper bound)
     const int64_t per_row = sources * (2 * d_ + H) + L_ * (d_ + H) + 4 * d_ +
-                            (two_phase_ ? S_ * (d_ + H) : 0) +
+                            (two_phase_ ? S_ * (d_ + H) : 0) + (group_ - 1) * (d_ + H) +
                             (bf16_ ? sources * d_ / 2 : 0);  // (bf16 copies: half a float each)
     return static_cast<int64_t>(sizeof(float)) * n * per_row;
   }
@@ -349,6 +351,14 @@ class AttnResRouter final : public DepthRouter {
       lse1_.resize(S_);
       for (auto& o : o1_) grow(o, nd);
       for (auto& o : lse1_) grow(o, nh);
+    }
+    if (group_ > 1) {  // (the group's first mixer writes its own input: no slot 0)
+      o1_.resize(group_);
+      lse1_.resize(group_);
+      for (int64_t k = 1; k < group_; k++) {
+        grow(o1_[k], nd);
+        grow(lse1_[k], nh);
+      }
     }
   }
 
@@ -432,9 +442,44 @@ class AttnResRouter final : public DepthRouter {
     be_.depth_mix_forward(x, lse, src.data(), static_cast<int64_t>(src.size()), q, q_ld, mix_, n_);
   }
 
+  // Full AttnRes, mixers l .. l+G-1 of a group (G = group_, counted from the stage's first): the
+  // first scores every source that exists at l for all G queries in ONE pass over them (phase 1,
+  // SPEC 4); mixer l+k then merges only the k sources formed since (phase 2, one at a time, in
+  // place). Each old source is read once per group instead of once per mixer: the O(L^2) reads
+  // that bound the forward drop by about G, for 2 (G-1) (N,d) arrays of partial results.
+  void prepare_grouped(int64_t l) {
+    const int64_t k = (l - first_) % group_;
+    if (k == 0) {
+      const int64_t K = std::min(group_, last_ - l);
+      auto src = sources(l);
+      std::vector<float*> o(K), ls(K);
+      std::vector<const float*> q(K);
+      for (int64_t j = 0; j < K; j++) {
+        o[j] = j == 0 ? xin_[l].data() : o1_[j].data();
+        ls[j] = j == 0 ? lse_[l].data() : lse1_[j].data();
+        q[j] = qg_.data() + (l + j) * d_;
+      }
+      be_.depth_mix_phase1(o.data(), ls.data(), src.data(), static_cast<int64_t>(src.size()),
+                           q.data(), K, mix_, n_);
+      return;
+    }
+    const float* o = o1_[k].data();
+    const float* ls = lse1_[k].data();
+    for (int64_t j = l - k; j < l; j++) {  // the outputs of sublayers l-k .. l-1
+      const ops::DepthSource p{blk(j).v.data(), blk(j).r.data(), nullptr, bf16_of(blk(j))};
+      be_.depth_mix_phase2(xin_[l].data(), lse_[l].data(), o, ls, p, qg_.data() + l * d_, mix_, n_);
+      o = xin_[l].data();
+      ls = lse_[l].data();
+    }
+  }
+
   // Computes x_l once its sources exist (right after sublayer l-1's output).
   void prepare_input(int64_t l) {
     const int64_t k = l % S_;
+    if (group_ > 1) {
+      prepare_grouped(l);
+      return;
+    }
     if (!two_phase_) {
       mix_forward(l, xin_[l].data(), lse_[l].data());
       return;
@@ -528,6 +573,11 @@ class AttnResRouter final : public DepthRouter {
   ops::DepthMix mix_;
   int64_t NB_ = 0, n_ = 0;
   bool two_phase_ = false;
+  // Full AttnRes: mixers per forward group (prepare_grouped; 1 = each mixer reads its sources).
+  // Four minimises the reads at 16-64 sublayers: about L^2 / (2 G) in phase 1 against 3 G L / 2
+  // for the one-at-a-time merges.
+  static constexpr int64_t kFullGroup = 4;
+  int64_t group_ = 1;
   bool by_source_ = false;
   bool bf16_ = false;  // the depth mixes read bf16 copies of the sources (set_storage)
   float* params_ = nullptr;

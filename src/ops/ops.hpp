@@ -152,6 +152,7 @@ void depth_mix_weights(double* wsum, const DepthSource* src, int64_t S, const fl
                        int64_t q_ld, const DepthMix& m, int64_t N);
 // Phase 2: merges one more source p into a phase-1 result (o1, lse1):
 //   x = o1 + sigmoid(s_p - lse1) * (p - o1),  lse = log(exp(lse1) + exp(s_p)).
+// In place too (x == o1, lse == lse1): merging several sources one after another.
 void depth_mix_phase2(float* x, float* lse, const float* o1, const float* lse1,
                       const DepthSource& p, const float* qg, const DepthMix& m, int64_t N);
 

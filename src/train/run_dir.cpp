@@ -144,7 +144,7 @@ void remove_abandoned_staging(const std::string& out_dir) {
 
 std::string RunDir::ckpt_root() const { return (fs::path(out_dir_) / "checkpoints").string(); }
 
-void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
+void RunDir::save(const Model& model, AdamW& opt, int64_t step, const Metadata& extra) const {
   const fs::path root = ckpt_root();
   const std::string name = step_dir_name(step);
   const fs::path dir = root / name, tmp = root / (name + ".tmp");
@@ -174,11 +174,12 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step) const {
     fs::create_directories(root);
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp);
-    const Metadata meta = {{"tokenizer", tokenizer_ref_},
-                           {"step", std::to_string(step)},
-                           {kConfigHashKey, config_hash_},
-                           {kTokenizerHashKey, tokenizer_hash_},
-                           {kRuntimeKey, runtime_}};
+    Metadata meta = extra;
+    meta.insert({{"tokenizer", tokenizer_ref_},
+                 {"step", std::to_string(step)},
+                 {kConfigHashKey, config_hash_},
+                 {kTokenizerHashKey, tokenizer_hash_},
+                 {kRuntimeKey, runtime_}});
     save_model((tmp / "model.safetensors").string(), model, meta);
     save_optimizer((tmp / "optimizer.safetensors").string(), model, opt, meta);
     if (!tokenizer_path_.empty()) {

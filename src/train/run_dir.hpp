@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "attnres/checkpoint.hpp"
+
 namespace attnres {
 
 class AdamW;
@@ -29,7 +31,8 @@ class RunDir {
   // Writes checkpoints/step_N (model, optimizer state, tokenizer) and points `latest` at it. On
   // failure (e.g. a full disk) throws Error and leaves `latest` and the checkpoint it names
   // untouched; the partial step_N.tmp directory is removed.
-  void save(const Model& model, AdamW& opt, int64_t step) const;
+  // extra: more metadata for both files (e.g. the trainer's running training-loss mean).
+  void save(const Model& model, AdamW& opt, int64_t step, const Metadata& extra = {}) const;
 
   // Error when a later save of this run (a step in (step, last]) would have to replace something
   // under checkpoints/ that is not a checkpoint a save wrote (a user's file, or a checkpoint
@@ -62,6 +65,9 @@ void remove_abandoned_staging(const std::string& out_dir);
 
 inline constexpr const char* kConfigHashKey = "train_config_fnv1a64";
 inline constexpr const char* kRuntimeKey = "attnres_runtime";
+// The sum (hex float) and count of the training losses since the last evaluation at a checkpoint.
+inline constexpr const char* kRecentLossKey = "attnres_recent_train_loss_sum";
+inline constexpr const char* kRecentStepsKey = "attnres_recent_train_steps";
 
 // One training process per run directory: holds an exclusive lock on out_dir/.lock (flock, freed
 // by the kernel when the process ends, even by kill -9) from construction to destruction. Throws

@@ -54,6 +54,9 @@ void TrainConfig::validate() const {
        "--virtual-stages needs a pipeline of several ranks (--pipeline P with P >= 2)");
   need(pipeline_comm == "cached" || pipeline_comm == "naive",
        "--pipeline-comm must be 'cached' or 'naive', got '" + pipeline_comm + "'");
+  need(pipeline_comm == "cached" || pipeline > 1,
+       "--pipeline-comm " + pipeline_comm +
+           " chooses how a pipeline sends its sources: it needs --pipeline P with P >= 2");
   const bool cpu = device == Device::cpu;
   need(!cuda_graphs || !cpu,
        "--cuda-graphs captures the step on --device cuda (or cuda-host, its emulation)");
@@ -190,6 +193,14 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
       get_pa("virtual_stages", c.virtual_stages);
       get_pa("pipeline_comm", c.pipeline_comm);
       get_pa("zero1", c.zero1);
+      // (a damaged record is the file's fault, not an option's: said so, naming the field)
+      check(c.ranks >= 1 && c.pipeline >= 1 && c.virtual_stages >= 1 &&
+                (c.pipeline_comm == "cached" || c.pipeline_comm == "naive"),
+            "training config: 'parallel' records ranks " + std::to_string(c.ranks) + ", pipeline " +
+                std::to_string(c.pipeline) + ", virtual_stages " +
+                std::to_string(c.virtual_stages) + ", pipeline_comm '" + c.pipeline_comm +
+                "', which no run trains with (ranks, pipeline and virtual_stages >= 1; "
+                "pipeline_comm cached or naive)");
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training config JSON is invalid: ") + e.what());

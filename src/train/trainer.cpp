@@ -6,7 +6,6 @@
 // it stopped; data parallel over a dist::Communicator (each rank trains on its slice of every
 // batch, gradients are all-reduced).
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -211,8 +210,8 @@ class Trainer {
     prepare_data_stage();
     build_model();
     build_optimizer();
-    restore_or_start();
-    setup_pipeline();
+    setup_pipeline();    // (before stage 5: a refused pipeline must not cost an --overwrite's
+    restore_or_start();  //  old run; sixteenth hostile pass)
     describe_run();
     step_loop();
     return finish();
@@ -267,7 +266,7 @@ class Trainer {
       if (!in_.data_dir.empty()) cfg_.data_dir = in_.data_dir;
       cfg_.resume = true;
       // Runtime choices, not part of the saved run (the saved layout: note_layout_change).
-      saved_layout_ = {cfg_.ranks, cfg_.pipeline, cfg_.virtual_stages};
+      saved_layout_ = layout_of(cfg_, cfg_.ranks);
       cfg_.zero1 = in_.zero1;
       cfg_.pipeline = in_.pipeline;
       cfg_.virtual_stages = in_.virtual_stages;
@@ -280,7 +279,7 @@ class Trainer {
         };
         msg("note: the run trained with " + how(cfg_) + " and continues with " + how(in_) +
             ": its results will differ from an uninterrupted run's");
-        runtime_changed_ = true;
+        record_pending_ = true;
       }
       cfg_.device = in_.device;
       cfg_.precision = in_.precision;
@@ -536,6 +535,7 @@ class Trainer {
         opt_->set_steps_taken(full.steps_taken());
       }
       start_ = checkpoint_step(r.metadata(), cfg_.steps, dir + "/model.safetensors");
+      restore_recent_loss(r.metadata());
       const auto saved_with = r.metadata().find(kConfigHashKey);  // (absent: an older build's)
       check(saved_with == r.metadata().end() ||
                 train_config_fingerprint_matches(saved_with->second, cfg_text_),
@@ -573,7 +573,6 @@ class Trainer {
       if (root_) run_dir_->check_later_saves_clear(start_, cfg_.steps);
       prior_seconds_ = logged_seconds_at(fs::path(cfg_.out_dir) / "metrics.jsonl", start_);
       msg("resumed from " + dir + " at step " + std::to_string(start_));
-      if (root_ && runtime_changed_) record_runtime();
     } else if (root_) {
       // The new run's data, model and initial weights are good: only now is an old run deleted.
       const std::string note = claim_out_dir(cfg_.out_dir, cfg_.overwrite);
@@ -594,42 +593,72 @@ class Trainer {
            (cfg_.cuda_graphs ? " graphs" : "");
   }
 
-  // Ranks and the pipeline layout, in words: "a pipeline of 2 ranks", "data-parallel on 4 ranks".
-  static std::string layout_words(const std::array<int64_t, 3>& l) {
-    const std::string r = std::to_string(l[0]);
-    if (l[1] > 1) {
-      return "a pipeline of " + r + " ranks" +
-             (l[2] > 1 ? " x " + std::to_string(l[2]) + " virtual stages" : "");
+  // How the ranks share the work: what decides the order of the gradient sums (ranks, pipeline
+  // stages, the scheme that sends the sources) and ZeRO-1 (the same sums: kept, not compared).
+  struct Layout {
+    int64_t ranks = 0;  // 0: not recorded
+    int64_t pipeline = 1, virtual_stages = 1;
+    std::string comm = "cached";
+    bool zero1 = false;
+    bool same_sums(const Layout& o) const {
+      return ranks == o.ranks && pipeline == o.pipeline && virtual_stages == o.virtual_stages &&
+             (pipeline == 1 || comm == o.comm);
     }
-    return l[0] == 1 ? "1 process" : "data-parallel on " + r + " ranks";
+  };
+  static Layout layout_of(const TrainConfig& c, int64_t ranks) {
+    return {ranks, c.pipeline, c.virtual_stages, c.pipeline_comm, c.zero1};
   }
 
-  // A resume on another layout (rank count, pipeline or virtual stages) than the run's recorded
-  // one sums the same gradients in another order: noted, and the new layout recorded (a pipeline
-  // run resumed as data-parallel differed in the last bits without a word; fifteenth hostile pass).
+  // In words: "a pipeline of 2 ranks x 2 virtual stages (naive)", "data-parallel on 4 ranks".
+  static std::string layout_words(const Layout& l) {
+    const std::string r = std::to_string(l.ranks);
+    if (l.pipeline > 1) {
+      return "a pipeline of " + r + " ranks" +
+             (l.virtual_stages > 1 ? " x " + std::to_string(l.virtual_stages) + " virtual stages"
+                                   : "") +
+             (l.comm != "cached" ? " (" + l.comm + " communication)" : "");
+    }
+    return l.ranks == 1 ? "1 process" : "data-parallel on " + r + " ranks";
+  }
+
+  // The command that continues a run of layout l as it ran.
+  std::string resume_command(const Layout& l) const {
+    std::string how = (l.ranks > 1 ? "mpirun -np " + std::to_string(l.ranks) + " " : "") +
+                      "attnres train --resume --out " + cfg_.out_dir;
+    if (l.pipeline > 1) how += " --pipeline " + std::to_string(l.pipeline);
+    if (l.virtual_stages > 1) how += " --virtual-stages " + std::to_string(l.virtual_stages);
+    if (l.pipeline > 1 && l.comm != "cached") how += " --pipeline-comm " + l.comm;
+    if (l.zero1) how += " --zero1";
+    return how;
+  }
+
+  // A resume on another layout than the run's recorded one sums the same gradients in another
+  // order: noted, and the new layout recorded with its first checkpoint (a pipeline run resumed
+  // as data-parallel differed in the last bits without a word; fifteenth hostile pass).
   void note_layout_change() {
-    const std::array<int64_t, 3> now = {ranks_, cfg_.pipeline, cfg_.virtual_stages};
-    if (saved_layout_[0] == 0) {  // (not recorded: recorded from now on)
-      runtime_changed_ = true;
+    const Layout now = layout_of(cfg_, ranks_);
+    if (saved_layout_.ranks == 0) {  // (not recorded: recorded from now on)
+      record_pending_ = true;
       return;
     }
-    if (saved_layout_ == now) return;
-    std::string how = (saved_layout_[0] > 1 ? "mpirun -np " + std::to_string(saved_layout_[0]) + " "
-                                            : std::string()) +
-                      "attnres train --resume --out " + cfg_.out_dir;
-    if (saved_layout_[1] > 1) how += " --pipeline " + std::to_string(saved_layout_[1]);
-    if (saved_layout_[2] > 1) how += " --virtual-stages " + std::to_string(saved_layout_[2]);
+    if (saved_layout_.same_sums(now)) {
+      record_pending_ = record_pending_ || saved_layout_.zero1 != now.zero1;
+      return;
+    }
     msg("note: the run trained as " + layout_words(saved_layout_) + " and continues as " +
         layout_words(now) +
         ": the same sums in another order, so its results will differ from an uninterrupted "
         "run's in the last bits (" +
-        how + " continues it exactly)");
-    runtime_changed_ = true;
+        resume_command(saved_layout_) + " continues it exactly)");
+    record_pending_ = true;
   }
 
-  // A resume that changed the device or precision records it in train_config.json, so that the
-  // next plain --resume continues as this one (it went back to the run's first runtime, silently;
-  // fifteenth hostile pass). The fingerprint leaves the runtime out: checkpoints still match.
+  // A resume that changed the device, precision or layout records it in train_config.json, so
+  // that the next plain --resume continues as this one (it went back to the run's first runtime,
+  // silently; fifteenth hostile pass). Only with its first checkpoint: a resume refused or killed
+  // before it leaves the record of the checkpoints there (it rewrote it at the start, and the next
+  // plain resume adopted a layout no checkpoint was made in, or one that could not run; sixteenth
+  // hostile pass). The fingerprint leaves the runtime out: checkpoints still match.
   void record_runtime() {
     nlohmann::json j = parse_json(cfg_text_);
     const nlohmann::json now = parse_json(cfg_.to_json());
@@ -709,7 +738,8 @@ class Trainer {
                        "command line");
     if (root_) lock_->check_in_place();
     if (!opt_->sharded()) {
-      if (root_) run_dir_->save(*model_, *opt_, at_step);
+      if (root_) run_dir_->save(*model_, *opt_, at_step, recent_loss_record());
+      record_if_pending();
       return;
     }
     // ZeRO-1: rank 0 collects the moment shards into a whole optimizer state and writes it.
@@ -727,7 +757,40 @@ class Trainer {
       comm_.recv(full.v().data() + b, n, r, 2);
     }
     full.set_steps_taken(opt_->steps_taken());
-    run_dir_->save(*model_, full, at_step);
+    run_dir_->save(*model_, full, at_step, recent_loss_record());
+    record_if_pending();
+  }
+
+  // The training losses since the last evaluation, which the next one reports as its mean: kept
+  // with each checkpoint (exact, as a hex float), so a resumed run reports the uninterrupted
+  // run's mean (it averaged only the steps since the resume; sixteenth hostile pass).
+  Metadata recent_loss_record() const {
+    char sum[64];
+    std::snprintf(sum, sizeof sum, "%a", recent_loss_);
+    return {{kRecentLossKey, sum}, {kRecentStepsKey, std::to_string(recent_n_)}};
+  }
+  void restore_recent_loss(const Metadata& meta) {
+    const auto s = meta.find(kRecentLossKey), n = meta.find(kRecentStepsKey);
+    if (s == meta.end() || n == meta.end()) return;  // (an older build's checkpoint)
+    char* end = nullptr;
+    const double sum = std::strtod(s->second.c_str(), &end);
+    const bool sum_ok = end != s->second.c_str() && *end == '\0' && std::isfinite(sum);
+    int64_t steps = -1;
+    try {
+      size_t used = 0;
+      steps = std::stoll(n->second, &used);
+      if (used != n->second.size()) steps = -1;
+    } catch (const std::exception&) {
+    }
+    if (!sum_ok || steps < 0 || steps > start_) return;  // (damaged: the mean since the resume)
+    recent_loss_ = sum;
+    recent_n_ = steps;
+  }
+
+  void record_if_pending() {
+    if (!root_ || !record_pending_) return;
+    record_runtime();
+    record_pending_ = false;
   }
 
   // A step whose loss or gradient is not finite: skipped, counted, and fatal past the limit.
@@ -927,8 +990,9 @@ class Trainer {
   // Built by the stages, in this order.
   TrainConfig cfg_;
   fs::path cfg_path_;
-  std::array<int64_t, 3> saved_layout_ = {0, 1, 1};  // ranks, pipeline, virtual stages (resume)
-  bool runtime_changed_ = false;  // --resume with another --device / --precision / --cuda-graphs
+  Layout saved_layout_;  // the resumed run's recorded one
+  // Device, precision or layout changed at --resume: recorded with the first checkpoint.
+  bool record_pending_ = false;  // --resume with another --device / --precision / --cuda-graphs
   bool piped_ = false;
   PreparedData data_;
   std::unique_ptr<Model> model_;
