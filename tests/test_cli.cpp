@@ -511,6 +511,33 @@ TEST(Cli, OutOfMemoryNamesWhatAndHowBig) {
   EXPECT_TRUE(contains(r.out, "the activations of a micro-batch of 20000 x 1024 tokens need"))
       << r.out;
   EXPECT_TRUE(contains(r.out, "lower --batch-size or --seq-len")) << r.out;
+  // Sixteenth hostile pass: --overwrite deleted the old run, then the first step could not
+  // allocate its activations: both runs lost. The batch is now refused while the old one stays.
+  {
+    const std::string kept = (dir / "kept").string();
+    const CliRun old = attnres::testing::run_cli(
+        "--threads 1 train --data " + data +
+        " --sample-tokens 0 --steps 2 --n-layer 1 --d-model 32 --n-head 2 --seq-len 16 "
+        "--batch-size 2 --eval-batches 1 --out " +
+        kept);
+    ASSERT_EQ(old.code, 0) << old.out;
+    auto weights_hash = [&] {  // (a hash: a failure prints no megabytes)
+      return std::hash<std::string>{}(attnres::testing::slurp(kept + "/model.safetensors"));
+    };
+    const size_t weights = weights_hash();
+    r = attnres::testing::run_cli("--threads 1 train --data " + data +
+                                      " --sample-tokens 0 --steps 2 --n-layer 1 --d-model 64 "
+                                      "--n-head 2 --seq-len 1024 --batch-size 20000 --overwrite "
+                                      "--out " +
+                                      kept,
+                                  "ulimit -v 3000000; exec ");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(contains(r.out, "lower --batch-size or --seq-len")) << r.out;
+    EXPECT_FALSE(contains(r.out, "deleted the previous run")) << r.out;
+    EXPECT_EQ(weights_hash(), weights);
+    EXPECT_TRUE(fs::exists(kept + "/checkpoints/step_00000002/optimizer.safetensors"));
+    EXPECT_EQ(attnres::testing::slurp(kept + "/latest"), "step_00000002\n");
+  }
   // Fourth hostile pass: under tight limits, BPE training (SentencePiece's own threads threw
   // std::bad_alloc: the process aborted) and a thread that could not start (`internal error`)
   // end in an `error:` line, exit 1. Where a limit is loose enough the run trains; at least one

@@ -210,8 +210,9 @@ class Trainer {
     prepare_data_stage();
     build_model();
     build_optimizer();
-    setup_pipeline();    // (before stage 5: a refused pipeline must not cost an --overwrite's
-    restore_or_start();  //  old run; sixteenth hostile pass)
+    setup_pipeline();  // (before stage 5: a refused pipeline or a batch that does not fit
+    reserve_memory();  //  must not cost an --overwrite's old run; sixteenth hostile pass)
+    restore_or_start();
     describe_run();
     step_loop();
     return finish();
@@ -691,6 +692,16 @@ class Trainer {
         format_mib(
             pipe::planned_bytes_per_step(pl, pipeline_->scheme(), rows, cfg_.model.d_model)) +
         " per step");
+  }
+
+  // The activations of a step, allocated now rather than in the first step: a batch that does
+  // not fit is refused (naming --batch-size and --seq-len) while the old run is still there.
+  void reserve_memory() {
+    if (pipeline_) {
+      pipeline_->reserve(cfg_.batch_size, cfg_.seq_len);
+    } else {
+      model_->reserve_activations(cfg_.batch_size / ranks_, cfg_.seq_len);
+    }
   }
 
   // Stage 7: what is about to run, the metrics file, the first batch's fingerprint, the runner.
