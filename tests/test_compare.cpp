@@ -154,6 +154,16 @@ TEST(Compare, TinyEndToEndReportMatchesResultsAndPlotsExist) {
                 &log),
             0);
   EXPECT_NE(log.find("already done"), std::string::npos) << log;
+  // Its wall time is its own; the runs' training time is theirs (the rerun reported its seconds
+  // of wall time as the comparison's; sixteenth hostile pass).
+  const json again = json::parse(slurp(out / "results.json"));
+  EXPECT_EQ(again["runs_kept"], 4);
+  double trained = 0;
+  for (const auto& run : again["runs"]) trained += run["seconds"].get<double>();
+  EXPECT_DOUBLE_EQ(again["train_time_s"].get<double>(), trained);
+  EXPECT_GT(trained, 0.0);
+  EXPECT_NE(slurp(out / "report.md").find("4 of them kept from an earlier call"),
+            std::string::npos);
 }
 
 TEST(Compare, SweepAnyTrainOption) {
@@ -174,6 +184,9 @@ TEST(Compare, SweepAnyTrainOption) {
   EXPECT_EQ(names.size(), 4u);
   EXPECT_TRUE(names.count("block block-size=1 attnres-heads=2")) << log;
   for (const auto& g : r["groups"]) {
+    // (as the runs trained: resolved, not the 0 = "derive it" of an unset option; 16th pass)
+    EXPECT_GT(g["residual"]["ffn_hidden"].get<int64_t>(), 0) << g.dump();
+    EXPECT_GT(g["residual"]["n_kv_head"].get<int64_t>(), 0) << g.dump();
     if (g["name"] == "block block-size=4 attnres-heads=2") {
       EXPECT_EQ(g["residual"]["block_size"], 4);
       EXPECT_EQ(g["residual"]["attnres_heads"], 2);
@@ -647,7 +660,10 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
         " --modes full --warmup 2 --sweep router-warmup=-1,2",
         " --modes prenorm --schedule constant --sweep min-lr-ratio=0.1,0.5",
         // (sixteenth: a value equal to an unrecorded default as a float)
-        " --modes full --sweep attnres-temperature=1,1.0000000001"}) {
+        " --modes full --sweep attnres-temperature=1,1.0000000001",
+        // (a decay to 1 x the peak is the constant schedule)
+        " --modes prenorm --min-lr-ratio 1 --sweep schedule=cosine,constant",
+        " --modes prenorm --min-lr-ratio 1 --sweep schedule=wsd,constant"}) {
     EXPECT_EQ(run(base + sw + other, &log), 1) << sw;
     EXPECT_NE(log.find("would train the same model"), std::string::npos) << sw << log;
   }

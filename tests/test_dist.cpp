@@ -511,6 +511,10 @@ TEST(Dist, SigusrToMpirunStopsEveryRankWithACheckpoint) {
   ASSERT_NE(at, std::string::npos) << log;
   const int64_t stopped = std::atoll(log.c_str() + at + 16);
   EXPECT_EQ(load_latest(out), stopped);  // the stop wrote a checkpoint at that very step
+  // (the command it prints runs the job again: it lacked `mpirun -np 2`; sixteenth pass)
+  EXPECT_NE(log.find("continue with: mpirun -np 2 attnres train --resume --out " + out.string()),
+            std::string::npos)
+      << log;
 }
 
 // Ranks 0 and 1, data parallel and pipeline (where the survivor waits in a stage transfer).

@@ -181,11 +181,12 @@ TEST(Faults, StopSignalsSaveACheckpointAndResumeExactly) {
   ASSERT_EQ(0, run_cli_to_end(train_args(dir / "c.txt", dir / "ref", steps, 0), dir / "ref.log"))
       << slurp(dir / "ref.log");
   // (SIGHUP: a closed terminal or SSH session; SIGUSR2: a scheduler's warning, fourteenth pass)
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR2}) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR2, SIGPWR}) {
     const fs::path out = dir / (sig == SIGINT    ? "int"
                                 : sig == SIGTERM ? "term"
                                 : sig == SIGHUP  ? "hup"
-                                                 : "usr2");
+                                : sig == SIGUSR2 ? "usr2"
+                                                 : "pwr");
     const pid_t pid = spawn_cli(train_args(dir / "c.txt", out, steps, 0), out.string() + ".log");
     // Signal once training has logged a few steps (the run would take ~1 s more).
     ASSERT_TRUE(wait_until([&] { return metrics_lines(out) >= 2; }, 60))

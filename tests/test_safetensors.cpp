@@ -142,6 +142,19 @@ TEST(Safetensors, AlteredTensorDataIsRefused) {
       EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
     }
   }
+  // Seventeenth hostile pass: bytes appended past the last tensor (4 GiB of them were copied
+  // whole to be checksummed) are refused as damage, unread.
+  for (const size_t extra : {size_t{1}, size_t{4096}}) {
+    write_file_atomic(p, good + std::string(extra, '\0'));
+    try {
+      SafetensorsReader::open(p);
+      ADD_FAILURE() << extra << " appended bytes loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::to_string(extra) + " bytes after its last tensor"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   // Twelfth hostile pass: one byte of the config edited (block_size 2 -> 4, a key misspelt so
   // that its default applied, norm_eps 1e-10 -> 1e-01) loaded as another model.
   for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{

@@ -96,12 +96,6 @@ class Model {
   // evaluation in a pipeline run, whose training uses stage passes instead.
   void release_activations();
 
-  // Allocates now the activations a forward() of (B,T) tokens needs (else its first call
-  // does): a batch that does not fit is refused before anything is written (attnres train
-  // --overwrite deletes the old run only after this; sixteenth hostile pass). Out of memory:
-  // an Error naming the options to lower.
-  void reserve_activations(int64_t B, int64_t T) { ensure_acts(*main_, B, T); }
-
   // Bytes of activation memory currently allocated (for reports).
   int64_t activation_bytes() const;
 
@@ -149,8 +143,6 @@ class Model {
   // reads of earlier sources into the store's gradients. Before it, the store's gradients of the
   // sources this stage formed must hold everything later stages added.
   void stage_backward(StagePass& p);
-  // Allocates now what stage_forward of (B,T) tokens through the pass needs.
-  void reserve_stage_pass(StagePass& p, int64_t B, int64_t T) { ensure_acts(p, B, T); }
 
  private:
   void build_layout();

@@ -105,13 +105,6 @@ class Pipeline {
   double step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
               int64_t B, int64_t T);
 
-  // Allocates now the stage passes (activations) a step of (B,T) micro-batches holds at once on
-  // this rank (else the step does), so a batch that does not fit is refused before the run
-  // writes anything. (The sources and send buffers, a few (B,T,d) each, still grow in the step.)
-  void reserve(int64_t B, int64_t T);
-  // Stage passes this rank holds (each with its activations), between steps all idle.
-  int64_t stage_passes() const;
-
   // Frees the buffers kept between steps (stage activations, sources, send buffers), e.g. before
   // an evaluation; the next step allocates them again.
   void release_memory();
@@ -119,8 +112,9 @@ class Pipeline {
   const Plan& plan() const { return plan_; }
   const Schedule& schedule() const { return sched_; }
   Scheme scheme() const { return scheme_; }
-  // This rank's sends since construction.
+  // This rank's sends since construction or reset_traffic().
   const Traffic& traffic() const { return traffic_; }
+  void reset_traffic() { traffic_ = Traffic{}; }
 
  private:
   struct Impl;

@@ -156,6 +156,9 @@ struct TrainResult {
   // step), and why graphs were turned off during the run (empty if they were not).
   int64_t graph_captures = 0, graph_replays = 0;
   std::string graphs_off_reason;
+  // The command that continues the run as it ran (e.g. "mpirun -np 2 attnres train --resume
+  // --out runs/a --pipeline 2"), for the stop message.
+  std::string resume_command;
 };
 
 // What the library tells the caller while training (the CLI draws the progress bar).

@@ -224,6 +224,11 @@ void apply_preset(CompareArgs& a) {
 std::vector<std::string> parse_modes(const CompareArgs& a) {
   const std::vector<std::string> modes = split(a.modes, ',');
   check(!modes.empty(), "--modes lists no residual mode");
+  // (given, it was ignored: every run trained the --modes; sixteenth hostile pass)
+  check(a.app == nullptr || a.app->get_option_no_throw("--residual") == nullptr ||
+            a.app->count("--residual") == 0,
+        "--residual picks one run's mode; a comparison trains each of --modes (e.g. --modes "
+        "prenorm,block): give --modes instead");
   for (size_t i = 0; i < modes.size(); i++) {
     for (size_t j = 0; j < i; j++) {
       check(modes[i] != modes[j], "--modes lists '" + modes[i] + "' twice");
@@ -334,6 +339,14 @@ std::string model_fingerprint(TrainConfig c) {
   if (j.contains("model") && j["model"].contains("attnres_temperature") &&
       j["model"]["attnres_temperature"] == 1.0) {
     j["model"].erase("attnres_temperature");
+  }
+  // A decay to 1 x the peak is no decay: cosine and wsd are the constant schedule (lr_at returns
+  // the peak for every step after the warm-up; --sweep schedule=cosine,constant --min-lr-ratio 1
+  // trained one model twice, sixteenth hostile pass).
+  if (j.contains("min_lr_ratio") && j["min_lr_ratio"] == 1.0) {
+    j["schedule"] = to_string(ScheduleKind::constant);
+    j.erase("min_lr_ratio");
+    j.erase("decay_fraction");
   }
   return train_config_fingerprint(j.dump());
 }
@@ -576,7 +589,7 @@ bool run_compare(CompareArgs& a) {
   const auto t_start = std::chrono::steady_clock::now();
   const std::atomic<bool>* stop = install_stop_handler();
   json runs = json::array();
-  int64_t k = 0;
+  int64_t k = 0, kept_runs = 0;
   double remaining = est_total;
   for (Group& g : groups) {
     for (int64_t s = 0; s < a.seeds; s++, k++) {
@@ -594,6 +607,7 @@ bool run_compare(CompareArgs& a) {
       const double est = est_total / static_cast<double>(n_runs);
       if (fs::exists(run_json)) {
         json kept = experiment::kept_run(c, vocab);
+        kept_runs++;
         std::printf("[run %lld/%lld] %s seed %llu: already done (%s), kept\n",
                     static_cast<long long>(k + 1), static_cast<long long>(n_runs), g.name.c_str(),
                     static_cast<unsigned long long>(c.seed),
@@ -658,6 +672,7 @@ bool run_compare(CompareArgs& a) {
   in.command_line = a.command_line;
   in.preset = a.preset;
   in.wall_time_s = wall;
+  in.kept_runs = kept_runs;
   in.base = b;
   in.tokenizer_ref = data.tokenizer_ref;
   in.vocab = vocab;

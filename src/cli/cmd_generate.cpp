@@ -9,6 +9,7 @@
 #include "backend/backend.hpp"
 #include "cli/commands.hpp"
 #include "cli/device_options.hpp"
+#include "cli/option_checks.hpp"
 
 namespace attnres::cli {
 
@@ -29,13 +30,21 @@ void run_generate(const GenArgs& a) {
   auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
   // Exactly the prompt's tokens: no BOS or other token is added.
   const std::vector<int32_t> prompt = tok->encode(a.prompt);
-  std::fputs(a.prompt.c_str(), stdout);
-  std::fflush(stdout);
+  // The prompt is echoed once generate has accepted it (a prompt longer than the context was
+  // printed whole, then refused: sixteenth hostile pass).
+  bool echoed = false;
+  auto echo = [&] {
+    if (echoed) return;
+    echoed = true;
+    std::fputs(a.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  };
   // Stream: decode everything generated so far and print what is new (so multi-token characters
   // and pieces come out whole).
   std::vector<int32_t> gen;
   std::string printed;
   generate(*model, prompt, a.max_new, a.sc, [&](int32_t t) {
+    echo();
     gen.push_back(t);
     const std::string text = tok->decode(gen);
     if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
@@ -45,6 +54,7 @@ void run_generate(const GenArgs& a) {
     }
     return true;
   });
+  echo();
   std::fputs("\n", stdout);
   std::fflush(stdout);
   if (static_cast<int64_t>(gen.size()) < a.max_new) {  // (the context filled up first)
@@ -73,7 +83,9 @@ void add_generate(CLI::App& app) {
   s->add_option("--top-k", a->sc.top_k, "Sample from the k most likely tokens (0 = off)")
       ->capture_default_str();
   s->add_option("--top-p", a->sc.top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
-  s->add_option("--seed", a->sc.seed, "Sampling seed")->capture_default_str();
+  s->add_option("--seed", a->sc.seed, "Sampling seed")
+      ->check(uint64_value())
+      ->capture_default_str();
   add_device_options(s, a->dev);
   s->callback([a] { run_generate(*a); });
 }

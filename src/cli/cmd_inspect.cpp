@@ -54,7 +54,14 @@ void run_inspect(const InspectArgs& a) {
     source = data + " (validation split)";
   }
   check(!ids.empty(), "the text encodes to no tokens");
-  if (static_cast<int64_t>(ids.size()) > want) ids.resize(want);
+  if (static_cast<int64_t>(ids.size()) > want) {
+    if (!a.text.empty()) {  // (cut without a word before: sixteenth hostile pass)
+      std::printf("note: --text is %zu tokens; the first %lld are used (%s)\n", ids.size(),
+                  static_cast<long long>(want),
+                  a.tokens > 0 && a.tokens < T_max ? "--tokens" : "the model's context");
+    }
+    ids.resize(want);
+  }
   const int64_t T = static_cast<int64_t>(ids.size());
   const Diagnostics d = measure_diagnostics(*model, ids.data(), 1, T);
   const ModelConfig& c = model->config();

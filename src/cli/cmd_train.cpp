@@ -87,8 +87,8 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
   if (!root) return;  // rank 0 alone reports and samples
   bar.finish();
   if (r.interrupted) {
-    std::printf("stopped at step %lld; continue with: attnres train --resume --out %s\n",
-                static_cast<long long>(r.steps_done), cfg.out_dir.c_str());
+    std::printf("stopped at step %lld; continue with: %s\n", static_cast<long long>(r.steps_done),
+                r.resume_command.c_str());
     return;
   }
   std::string memory;  // "355" or "rank 0 413 / rank 1 380"

@@ -466,6 +466,21 @@ int run_main(int argc, char** argv) {
   try {
     check_inputs_before_parsing(argc, argv);
     app.parse(argc, argv);
+  } catch (const CLI::ConfigError& e) {
+    // (CLI11's "INI was not able to parse train.stepz" named neither the file nor the fix:
+    // sixteenth hostile pass)
+    std::string path;
+    for (int i = 1; i < argc; i++) {
+      const std::string a = argv[i];
+      if (a == "--config" && i + 1 < argc) path = argv[i + 1];
+      if (a.rfind("--config=", 0) == 0) path = a.substr(9);
+    }
+    std::fprintf(stderr,
+                 "error: the --config file '%s': %s. Its keys are options' long names without "
+                 "'--', under the section of their command (e.g. [train] then steps = 100; "
+                 "`attnres train --help` lists them)\n",
+                 path.c_str(), e.what());
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (...) {

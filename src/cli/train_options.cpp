@@ -2,6 +2,7 @@
 #include "cli/train_options.hpp"
 
 #include "cli/enum_option.hpp"
+#include "cli/option_checks.hpp"
 
 #include <pthread.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "attnres/checkpoint.hpp"
@@ -27,8 +29,11 @@ namespace {
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_handling{false};  // a stop handler is installed
 // (SIGUSR2 and SIGXCPU: batch schedulers' warnings before a kill, e.g. Grid Engine's qsub
-// -notify and a CPU-time limit; fourteenth hostile pass)
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGHUP, SIGUSR2, SIGXCPU};
+// -notify and a CPU-time limit; fourteenth hostile pass. SIGALRM, a script's alarm, and SIGPWR,
+// a UPS's power failure, seventeenth. SIGPROF and SIGVTALRM keep their meaning: profilers time
+// with them.)
+constexpr int kStopSignals[] = {SIGINT,  SIGTERM, SIGUSR1, SIGHUP,
+                                SIGUSR2, SIGXCPU, SIGALRM, SIGPWR};
 // Stop signals this soon after the first are echoes of it, not a second request.
 constexpr std::chrono::milliseconds kSignalEcho{1000};
 
@@ -146,6 +151,24 @@ std::vector<std::string> given_train_options(const CLI::App& s) {
   return given;
 }
 
+// The configuration of the run in out_dir, as its train_config.json records it; none when the file
+// is missing or damaged (the resume itself then says so, naming the file).
+std::optional<TrainConfig> saved_run_config(const std::string& out_dir) {
+  try {
+    return TrainConfig::from_json(
+        read_small_file((std::filesystem::path(out_dir) / "train_config.json").string(),
+                        kMaxTrainConfigBytes, "a run's train_config.json"));
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// Whether the option `name` was given (on the command line or in --config).
+bool given_on(const CLI::App& s, const char* name) {
+  const CLI::Option* o = s.get_option_no_throw(name);
+  return o != nullptr && o->count() > 0;
+}
+
 }  // namespace
 
 void apply_init_from_defaults(const CLI::App& s, TrainArgs& a) {
@@ -183,40 +206,23 @@ void apply_init_from_defaults(const CLI::App& s, TrainArgs& a) {
 }
 
 void apply_saved_runtime(const CLI::App& s, TrainArgs& a) {
-  TrainConfig saved;
-  try {
-    saved = TrainConfig::from_json(
-        read_small_file((std::filesystem::path(a.cfg.out_dir) / "train_config.json").string(),
-                        kMaxTrainConfigBytes, "a run's train_config.json"));
-  } catch (const Error&) {
-    return;  // (missing or corrupt: the resume itself says so, naming the file)
-  }
-  auto given = [&](const char* name) {
-    const CLI::Option* o = s.get_option_no_throw(name);
-    return o != nullptr && o->count() > 0;
-  };
-  if (!given("--device")) a.cfg.device = saved.device;
-  if (!given("--precision")) a.cfg.precision = saved.precision;
-  if (!given("--cuda-graphs")) a.cfg.cuda_graphs = saved.cuda_graphs;
+  const std::optional<TrainConfig> saved = saved_run_config(a.cfg.out_dir);
+  if (!saved) return;
+  if (!given_on(s, "--device")) a.cfg.device = saved->device;
+  if (!given_on(s, "--precision")) a.cfg.precision = saved->precision;
+  if (!given_on(s, "--cuda-graphs")) a.cfg.cuda_graphs = saved->cuda_graphs;
 }
 
 void adopt_saved_layout(TrainArgs& a, int64_t ranks) {
   if (!a.cfg.resume) return;
-  TrainConfig saved;
-  try {
-    saved = TrainConfig::from_json(
-        read_small_file((std::filesystem::path(a.cfg.out_dir) / "train_config.json").string(),
-                        kMaxTrainConfigBytes, "a run's train_config.json"));
-  } catch (const Error&) {
-    return;  // (missing or corrupt: the resume itself says so, naming the file)
-  }
-  if (saved.ranks != ranks) return;
+  const std::optional<TrainConfig> saved = saved_run_config(a.cfg.out_dir);
+  if (!saved || saved->ranks != ranks) return;
   const TrainArgs::LayoutGiven& g = a.layout_given;
   TrainConfig& c = a.cfg;
-  if (!g.pipeline) c.pipeline = saved.pipeline;
-  if (!g.virtual_stages) c.virtual_stages = saved.virtual_stages;
-  if (!g.pipeline_comm) c.pipeline_comm = saved.pipeline_comm;
-  if (!g.zero1) c.zero1 = saved.zero1;
+  if (!g.pipeline) c.pipeline = saved->pipeline;
+  if (!g.virtual_stages) c.virtual_stages = saved->virtual_stages;
+  if (!g.pipeline_comm) c.pipeline_comm = saved->pipeline_comm;
+  if (!g.zero1) c.zero1 = saved->zero1;
   if (c.pipeline <= 1) {  // (--pipeline 1 given: the pipeline's own settings go with it)
     if (!g.virtual_stages) c.virtual_stages = 1;
     if (!g.pipeline_comm) c.pipeline_comm = "cached";
@@ -225,14 +231,11 @@ void adopt_saved_layout(TrainArgs& a, int64_t ranks) {
 
 void check_resume_options(const CLI::App& s, const std::string& out_dir) {
   const std::string path = (std::filesystem::path(out_dir) / "train_config.json").string();
+  const std::optional<TrainConfig> read = saved_run_config(out_dir);
+  if (!read) return;
+  const TrainConfig& saved = *read;
   TrainArgs probe;
-  try {
-    probe.cfg = TrainConfig::from_json(
-        read_small_file(path, kMaxTrainConfigBytes, "a run's train_config.json"));
-  } catch (const Error&) {
-    return;  // (missing or corrupt: the resume itself says so, naming the file)
-  }
-  const TrainConfig saved = probe.cfg;
+  probe.cfg = saved;
   probe.untied = !saved.model.tied;
   const std::vector<std::string> given = given_train_options(s);
   if (given.empty()) return;
@@ -373,7 +376,9 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
       ->capture_default_str();
   s->add_option("--grad-clip", c.grad_clip, "Global grad-norm clip (0 = off)")
       ->capture_default_str();
-  s->add_option("--seed", c.seed, "Seed for initialisation and batch order")->capture_default_str();
+  s->add_option("--seed", c.seed, "Seed for initialisation and batch order")
+      ->check(uint64_value())
+      ->capture_default_str();
   // evaluation, checkpoints, output
   s->add_option("--eval-every", c.eval_every, "Evaluate every K steps (0 = at the end)")
       ->capture_default_str();

@@ -235,30 +235,6 @@ void Pipeline::release_memory() {
   im.scratch = FloatBuf();
 }
 
-void Pipeline::reserve(int64_t B, int64_t T) {
-  const int64_t PV = plan_.stages();
-  std::vector<int64_t> live(static_cast<size_t>(PV), 0), most(static_cast<size_t>(PV), 0);
-  for (const Op& op : sched_.ops[static_cast<size_t>(comm_.rank())]) {
-    int64_t& n = live[static_cast<size_t>(op.stage)];
-    n += op.backward ? -1 : 1;
-    most[static_cast<size_t>(op.stage)] = std::max(most[static_cast<size_t>(op.stage)], n);
-  }
-  for (int64_t k = 0; k < PV; k++) {
-    auto& idle = impl_->idle[static_cast<size_t>(k)];
-    while (static_cast<int64_t>(idle.size()) < most[static_cast<size_t>(k)]) {
-      idle.push_back(model_.make_stage_pass(plan_.bounds[k], plan_.bounds[k + 1]));
-      model_.reserve_stage_pass(*idle.back(), B, T);
-    }
-  }
-}
-
-int64_t Pipeline::stage_passes() const {
-  int64_t n = 0;
-  for (const auto& v : impl_->idle) n += static_cast<int64_t>(v.size());
-  for (const auto& p : impl_->live) n += p != nullptr ? 1 : 0;
-  return n;
-}
-
 double Pipeline::step(const std::vector<const int32_t*>& inputs,
                       const std::vector<const int32_t*>& targets, int64_t B, int64_t T) {
   const ModelConfig& c = model_.config();

@@ -33,9 +33,11 @@ json aggregate(const Configuration& g, const json& runs) {
     if (r["tokens_per_s"].is_number()) tps.push_back(r["tokens_per_s"]);
     has_w |= r["diagnostics"].is_object() && r["diagnostics"].contains("depth_weights");
   }
+  ModelConfig model = g.cfg.model;  // (as the runs trained it: ffn_hidden, n_kv_head resolved)
+  model.resolve();
   json j = {{"name", g.name},
             {"mode", to_string(g.cfg.model.residual.mode)},
-            {"residual", json::parse(g.cfg.model.to_json())},
+            {"residual", json::parse(model.to_json())},
             {"sweep", g.sweep},
             {"params", params},
             {"flops_per_token", fpt},
@@ -98,6 +100,19 @@ std::string baseline_of(const std::vector<Configuration>& configs) {
   return n == 1 ? pre : configs.front().name;
 }
 
+namespace {
+
+// The runs' own training time, kept runs' included (each run.json's measured seconds).
+double train_time_s(const json& runs) {
+  double t = 0;
+  for (const auto& r : runs) {
+    if (r.contains("seconds") && r["seconds"].is_number()) t += r["seconds"].get<double>();
+  }
+  return t;
+}
+
+}  // namespace
+
 json assemble_results(const ResultsInput& in) {
   const TrainConfig& b = in.base;
   const std::string baseline = baseline_of(in.configs);
@@ -130,6 +145,8 @@ json assemble_results(const ResultsInput& in) {
                     {"device", to_string(b.device)},
                     {"precision", to_string(b.precision)}}},
                   {"wall_time_s", in.wall_time_s},
+                  {"runs_kept", in.kept_runs},
+                  {"train_time_s", train_time_s(in.runs)},
                   {"preset", in.preset},
                   {"data",
                    {{"path", b.data_path},

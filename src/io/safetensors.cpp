@@ -293,6 +293,13 @@ SafetensorsReader SafetensorsReader::open(const std::string& path) {
                           "checkpoint, or re-save it from a good copy");
   }
   if (rec != r.metadata_.end()) {
+    // An attnres writer ends the file with its last tensor: bytes past it were appended (4 GiB
+    // of them were copied whole to be checksummed; seventeenth hostile pass).
+    const uint64_t used = order.empty() ? 0 : order.back()->end;
+    check(data_size == used, "checkpoint " + f + " has " + std::to_string(data_size - used) +
+                                 " bytes after its last tensor, which an attnres save never "
+                                 "leaves: the file was appended to or damaged; use another "
+                                 "checkpoint, or re-save it from a good copy");
     r.owned_.assign(r.data_start_, r.data_start_ + data_size);
     r.data_start_ = r.owned_.data();
     uint64_t sum = kFnv1a64Offset;

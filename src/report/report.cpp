@@ -203,7 +203,17 @@ void write_report(const std::string& run_dir) {
     }
     md << "\n";
     md << "* Wall time: " << fmt("%.1f", r.at("wall_time_s").get<double>() / 60.0) << " min for "
-       << r.at("runs").size() << " runs\n\n";
+       << r.at("runs").size() << " runs";
+    // (a rerun that kept finished runs timed only what it trained itself; sixteenth pass)
+    const int64_t kept = r.value("runs_kept", int64_t{0});
+    if (kept > 0) {
+      md << ", " << kept << " of them kept from an earlier call of the command (not in that time)";
+    }
+    if (r.contains("train_time_s") && r["train_time_s"].is_number()) {
+      md << "; the runs' own training took " << fmt("%.1f", r["train_time_s"].get<double>() / 60.0)
+         << " min";
+    }
+    md << "\n\n";
 
     md << "## Setup\n\n";
     const auto& m = r.at("model");

@@ -211,7 +211,7 @@ class Trainer {
     build_model();
     build_optimizer();
     setup_pipeline();  // (before stage 5: a refused pipeline or a batch that does not fit
-    reserve_memory();  //  must not cost an --overwrite's old run; sixteenth hostile pass)
+    rehearse();        //  must not cost an --overwrite's old run; sixteenth hostile pass)
     restore_or_start();
     describe_run();
     step_loop();
@@ -694,14 +694,34 @@ class Trainer {
         " per step");
   }
 
-  // The activations of a step, allocated now rather than in the first step: a batch that does
-  // not fit is refused (naming --batch-size and --seq-len) while the old run is still there.
-  void reserve_memory() {
+  // Stage 4b: a rehearsal of what the run allocates, on zero tokens, before stage 5 writes or
+  // deletes anything: one training step's forward and backward (no update), an evaluation
+  // batch, and rank 0's diagnostics batch. A batch that does not fit is refused here, with the
+  // old run of an --overwrite still there and no step trained in vain (the first step, a
+  // router's buffers or the first evaluation ran out of memory after the old run was deleted,
+  // or after steps that no checkpoint held; sixteenth and seventeenth hostile passes). It
+  // changes nothing the run computes: the gradients are zeroed, the weights are not touched.
+  void rehearse() {
+    const int64_t B = cfg_.batch_size, T = cfg_.seq_len, slice = piped_ ? B : B / ranks_;
+    const std::vector<int32_t> zeros(static_cast<size_t>(B * T), 0);
+    if (pipeline_) pipeline_->release_memory();
+    // (evaluations run the whole model: a pipeline's on whole batches, data parallel on a
+    // slice; rank 0's diagnostics on a whole batch)
+    model_->forward(zeros.data(), zeros.data(), slice, T);
+    if (root_) model_->forward(zeros.data(), zeros.data(), B, T);
     if (pipeline_) {
-      pipeline_->reserve(cfg_.batch_size, cfg_.seq_len);
+      model_->release_activations();
+      const std::vector<const int32_t*> micro(static_cast<size_t>(cfg_.grad_accum), zeros.data());
+      pipeline_->step(micro, micro, B, T);
+      pipeline_->reset_traffic();
     } else {
-      model_->reserve_activations(cfg_.batch_size / ranks_, cfg_.seq_len);
+      model_->forward(zeros.data(), zeros.data(), slice, T);
+      model_->backward();
     }
+    model_->zero_grad();
+    // A rank that failed ends the job (cmd_train aborts it) while the others wait here: rank 0
+    // never goes on to stage 5 unless every rank rehearsed.
+    if (ranks_ > 1) comm_.barrier();
   }
 
   // Stage 7: what is about to run, the metrics file, the first batch's fingerprint, the runner.
@@ -930,6 +950,7 @@ class Trainer {
 
   // Stage 9: the last checkpoint and the final model, the measured throughput and traffic.
   TrainResult finish() {
+    res_.resume_command = resume_command(layout_of(cfg_, ranks_));
     const int64_t step = step_;
     res_.steps_done = step;
     const StepRunner::Graphs g = runner_->graphs();
