@@ -310,8 +310,8 @@ std::string model_fingerprint(TrainConfig c) {
   ResidualConfig& r = c.model.residual;
   r.block_size = std::min(r.block_size, c.model.n_sublayers());
   // A window of at least every block's output is no window (the mixer sees all sources).
-  const int64_t blocks =
-      (c.model.n_sublayers() + r.effective_block_size() - 1) / r.effective_block_size();
+  const int64_t S = std::max<int64_t>(1, r.effective_block_size());  // (modes without blocks)
+  const int64_t blocks = (c.model.n_sublayers() + S - 1) / S;
   if (r.window >= blocks) r.window = 0;
   // Settings written two ways: a key epsilon of 0 is the model's norm_eps (none without a key
   // norm); a router warm-up of -1 is the schedule's.

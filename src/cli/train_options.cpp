@@ -319,6 +319,7 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
                   {"prenorm", "full", "block", "static", "denseformer"});
   CLI::Option* block_size =
       s->add_option("--block-size", r.block_size, "block: sublayers per block (S)")
+          ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))  // (0 divided: seventeenth pass)
           ->capture_default_str();
   s->add_option_function<int64_t>(
        "--block-layers", [&r](int64_t n) { r.block_size = 2 * n; },

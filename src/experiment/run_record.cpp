@@ -192,6 +192,20 @@ json kept_run(const TrainConfig& c, int64_t vocab) {
   check_run_shape(kept, c.seed, path, dir);
   if (kept.contains("settings")) {
     check_same_settings(kept["settings"], run_settings(c, vocab), dir, "run.json");
+  } else {
+    // A record without its settings (an older version's, or edited): the run's own
+    // train_config.json says what it trained (a 2-step run was kept in a 20-step comparison,
+    // its loss averaged in; seventeenth hostile pass). Without either, it is not kept.
+    const fs::path tc = dir / "train_config.json";
+    json have;
+    try {
+      have = parse_json(read_file(tc.string()));
+    } catch (const std::exception& e) {
+      throw Error("'" + path.string() + "' records no settings and '" + tc.string() +
+                  "' cannot say what the run trained (" + e.what() + "); delete '" + dir.string() +
+                  "' to train it again");
+    }
+    check_same_settings(have, run_settings(c, vocab), dir, "train_config.json");
   }
   return kept;
 }
