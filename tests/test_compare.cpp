@@ -506,6 +506,29 @@ TEST(Compare, KeptRunsKeepTheirThreadCount) {
     EXPECT_EQ(run(cmd, &log), 1) << shape << "\n" << log;
     EXPECT_NE(log.find("is not the record of a run of this comparison"), std::string::npos) << log;
   }
+  // Seventeenth: a record naming another run's directory (its model was scored as this run's)
+  // or group; a record without settings whose run trained other ones (a 2-step run was kept in
+  // a longer comparison, its loss averaged in).
+  json edited = json::parse(good);
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"dir", "../elsewhere"}, {"dir", "runs/full/seed1337"}, {"group", "full"}}) {
+    json bad = edited;
+    bad[key] = value;
+    std::ofstream(rj) << bad.dump();
+    EXPECT_EQ(run(cmd, &log), 1) << key << "=" << value << "\n" << log;
+    EXPECT_NE(log.find("is the record of another run"), std::string::npos) << log;
+  }
+  edited.erase("settings");
+  std::ofstream(rj) << edited.dump();
+  EXPECT_EQ(run(cmd, &log), 0) << log;  // (its train_config.json has this command's settings)
+  const fs::path tc = rj.parent_path() / "train_config.json";
+  const std::string tc_good = slurp(tc);
+  json tcj = json::parse(tc_good);
+  tcj["steps"] = 2;
+  std::ofstream(tc) << tcj.dump();
+  EXPECT_EQ(run(cmd, &log), 1) << log;
+  EXPECT_NE(log.find("train_config.json' was made with other settings"), std::string::npos) << log;
+  std::ofstream(tc) << tc_good;
   std::ofstream(rj) << good;
   EXPECT_EQ(run(cmd, &log), 0) << log;
 }

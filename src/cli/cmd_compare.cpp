@@ -606,7 +606,7 @@ bool run_compare(CompareArgs& a) {
       const fs::path run_json = dir / "run.json";
       const double est = est_total / static_cast<double>(n_runs);
       if (fs::exists(run_json)) {
-        json kept = experiment::kept_run(c, vocab);
+        json kept = experiment::kept_run(c, vocab, g.name, a.out);
         kept_runs++;
         std::printf("[run %lld/%lld] %s seed %llu: already done (%s), kept\n",
                     static_cast<long long>(k + 1), static_cast<long long>(n_runs), g.name.c_str(),

@@ -179,7 +179,7 @@ void check_run_shape(const json& r, uint64_t seed, const fs::path& path, const f
 }
 }  // namespace
 
-json kept_run(const TrainConfig& c, int64_t vocab) {
+json kept_run(const TrainConfig& c, int64_t vocab, const std::string& group, const fs::path& out) {
   const fs::path dir = c.out_dir;
   const fs::path path = dir / "run.json";
   json kept;
@@ -190,6 +190,14 @@ json kept_run(const TrainConfig& c, int64_t vocab) {
                 dir.string() + "' to train it again");
   }
   check_run_shape(kept, c.seed, path, dir);
+  // The record of this very run: another configuration's (or a path outside the comparison)
+  // had its model scored and its figures reported as this one's (seventeenth hostile pass).
+  const std::string rel = fs::relative(dir, out).string();
+  check(kept["group"] == group && kept.value("dir", rel) == rel,
+        "'" + path.string() + "' is the record of another run (group '" +
+            kept["group"].get<std::string>() + "', directory '" + kept.value("dir", rel) +
+            "'), not of '" + group + "' in '" + rel + "': it was copied or edited; delete '" +
+            dir.string() + "' to train it again");
   if (kept.contains("settings")) {
     check_same_settings(kept["settings"], run_settings(c, vocab), dir, "run.json");
   } else {

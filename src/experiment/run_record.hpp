@@ -32,9 +32,10 @@ nlohmann::json run_settings(const TrainConfig& c, int64_t vocab);
 void check_same_settings(const nlohmann::json& have, const nlohmann::json& want,
                          const std::filesystem::path& dir, const char* what);
 
-// A finished run kept from an earlier invocation: its run.json (in c.out_dir), checked to have been
-// made with c's settings.
-nlohmann::json kept_run(const TrainConfig& c, int64_t vocab);
+// A finished run kept from an earlier invocation: its run.json (in c.out_dir), checked to be the
+// record of configuration `group` in the comparison `out`, made with c's settings.
+nlohmann::json kept_run(const TrainConfig& c, int64_t vocab, const std::string& group,
+                        const std::filesystem::path& out);
 
 // Makes c.out_dir ready for the run: an interrupted run there (a checkpoint and its
 // train_config.json) is resumed, after checking it was made with c's settings; anything else
