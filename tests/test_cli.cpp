@@ -981,4 +981,67 @@ TEST(Cli, SixteenthHostilePassMinors) {
   EXPECT_TRUE(contains(i.out, "tokens; the first 16 are used")) << i.out;
 }
 
+// Seventeenth hostile pass, its minors: a closing sample holding token 0 (a NUL byte) printed
+// empty; `--prompt=` took the next argument as the prompt; compare and scale wrote into the corpus
+// directory or a training run's; schedule errors did not name their option; a resumed run's done
+// line counted all its steps in this call's time.
+TEST(Cli, SeventeenthHostilePassMinors) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const std::string out = (dir / "run").string();
+  const std::string model =
+      " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 --eval-batches 1"
+      " --tokenizer byte";
+  const std::string byte = model + " --sample-tokens 0";
+  CliRun r = run("train --data " + data + model + " --steps 2 --out " + out +
+                 " --prompt= --sample-tokens 6");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t open = r.out.find("----\n"), close = r.out.rfind("\n----");
+  ASSERT_NE(open, std::string::npos) << r.out;
+  ASSERT_NE(close, std::string::npos) << r.out;
+  EXPECT_EQ(close - (open + 5), 7u) << r.out;  // (token 0 as the prompt, and 6 sampled)
+  // (a run of 4 steps stopped after its checkpoint at 2, as a kill leaves it)
+  const std::string four = (dir / "four").string();
+  ASSERT_EQ(run("train --data " + data + byte +
+                " --steps 4 --save-every 2 --keep-checkpoints 3 "
+                "--out " +
+                four)
+                .code,
+            0);
+  fs::remove_all(four + "/checkpoints/step_00000004");
+  fs::remove(four + "/model.safetensors");
+  std::ofstream(four + "/latest") << "step_00000002\n";
+  r = run("train --resume --out " + four);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "done: 4 steps (2 in this call) in")) << r.out;
+  r = run("generate --model " + out + "/model.safetensors --prompt= -n3");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "give a non-empty --prompt")) << r.out;
+  for (const auto& [o, name] : std::vector<std::pair<std::string, std::string>>{
+           {"--warmup -1", "--warmup"},
+           {"--min-lr-ratio 2", "--min-lr-ratio"},
+           {"--schedule wsd --decay-fraction 1.5", "--decay-fraction"}}) {
+    r = run("train --data " + data + byte + " --steps 2 " + o + " --out " + (dir / "x").string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(contains(r.out, "(" + name + ")")) << r.out;
+  }
+  fs::create_directories(dir / "texts");
+  fs::copy_file(data, dir / "texts" / "a.txt");
+  for (const std::string& cmd : {"compare --preset tiny --data " + (dir / "texts").string() +
+                                     " --out " + (dir / "texts").string(),
+                                 "compare --preset tiny --data " + (dir / "texts").string() +
+                                     " --out " + (dir / "texts" / "study").string(),
+                                 "scale --sizes 1x32,2x32 --data " + (dir / "texts").string() +
+                                     " --out " + (dir / "texts").string(),
+                                 "compare --preset tiny --data " + data + " --out " + out}) {
+    r = run(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, "inside it") || contains(r.out, "a training run's directory"))
+        << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir / "texts" / "results.json"));
+  EXPECT_FALSE(fs::exists(dir / "texts" / "data"));
+}
+
 }  // namespace

@@ -133,6 +133,7 @@ struct EvalInfo {
 
 struct TrainResult {
   int64_t steps_done = 0;
+  int64_t first_step = 0;  // where this call started (a resume: its checkpoint's step)
   bool interrupted = false;
   // Only what was measured: the validation loss of the final weights (the run's last evaluation;
   // a run resumed after its last step evaluates its final weights once), absent when the run was

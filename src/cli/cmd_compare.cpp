@@ -531,6 +531,25 @@ void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& r
 
 }  // namespace
 
+// --out is neither the corpus directory, inside it, nor a training run's directory: the study's
+// files were written among the texts (its rerun then refused that corpus), or among a run's.
+// (seventeenth hostile pass)
+void check_out_apart_from_data(const std::string& out, const std::string& data) {
+  std::error_code ec;
+  const fs::path o = fs::weakly_canonical(fs::absolute(out), ec);
+  const fs::path d = fs::weakly_canonical(fs::absolute(data), ec);
+  if (fs::is_directory(d, ec)) {
+    const fs::path rel = o.lexically_relative(d);
+    check(rel.empty() || *rel.begin() == "..",
+          "--out '" + out + "' is the corpus directory --data '" + data + "' or inside it" +
+              ": the study's files would be read as text by later runs; put it elsewhere");
+  }
+  check(!fs::exists(o / "train_config.json", ec) && !fs::exists(o / "latest", ec),
+        "--out '" + out +
+            "' is a training run's directory (train_config.json or latest is there); a "
+            "comparison keeps its runs in a directory of its own: use another --out");
+}
+
 void check_own_outputs(const std::string& out, const char* json_name, const char* md_name,
                        const char* json_key) {
   const fs::path js = fs::path(out) / json_name, md = fs::path(out) / md_name;
@@ -571,6 +590,7 @@ bool run_compare(CompareArgs& a) {
   check(a.seeds >= 1 && a.seeds <= 100, "--seeds must be in [1, 100]");
   std::vector<Group> groups = make_groups(a, modes, sweep_combos(a));
   const std::vector<Task> tasks = read_tasks(a.tasks);  // (checked before anything trains)
+  check_out_apart_from_data(a.out, a.base.cfg.data_path);
   // (a user's report.md or results.json in --out was replaced at the end: twelfth pass)
   check_own_outputs(a.out, "results.json", "report.md", "groups");
   // One comparison per directory: a second one deleted the first's unfinished runs while they

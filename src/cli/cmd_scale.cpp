@@ -214,6 +214,7 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
               " is set for each size by scale (--sizes LAYERSxWIDTH; the steps by "
               "--tokens-per-param and --min-steps); leave it out");
   }
+  check_out_apart_from_data(a.cmp.out, a.cmp.base.cfg.data_path);
   check_own_outputs(a.cmp.out, "scaling.json", "scaling.md", "modes");
   std::vector<json> results;
   for (size_t i = 0; i < sizes.size(); i++) {

@@ -114,10 +114,14 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
     std::snprintf(speed, sizeof speed, "%s tok/s, %.1f GFLOP/s model FLOPs",
                   format_count(*r.tokens_per_s).c_str(), *r.model_gflops);
   }
+  // (a resumed run's time is this call's: "1500 steps in 00:02" counted 691 of them; 17th pass)
+  const std::string steps =
+      std::to_string(r.steps_done) + " steps" +
+      (r.first_step > 0 ? " (" + std::to_string(r.steps_done - r.first_step) + " in this call)"
+                        : std::string());
   std::printf(
-      "done: %lld steps in %s | final val loss %s | %s | %lld params | peak memory %s "
-      "MiB\nmodel: %s\n",
-      static_cast<long long>(r.steps_done), format_duration(r.seconds).c_str(), val.c_str(), speed,
+      "done: %s in %s | final val loss %s | %s | %lld params | peak memory %s MiB\nmodel: %s\n",
+      steps.c_str(), format_duration(r.seconds).c_str(), val.c_str(), speed,
       static_cast<long long>(r.num_params), memory.c_str(), r.model_path.c_str());
   if (a.sample_tokens > 0) {
     Metadata meta;
@@ -143,10 +147,13 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), out.begin(), out.end());
     const bool cut = static_cast<int64_t>(out.size()) < a.sample_tokens;  // the context is full
+    // (written whole: a NUL byte in it, token 0 of the byte tokenizer, ended a %s early)
+    const std::string text = tok->decode(all);
     std::printf(
-        "sample (temperature 0.8, top-k 40%s):\n----\n%s\n----\n",
-        cut ? (", " + std::to_string(out.size()) + " tokens: the context is full").c_str() : "",
-        tok->decode(all).c_str());
+        "sample (temperature 0.8, top-k 40%s):\n----\n",
+        cut ? (", " + std::to_string(out.size()) + " tokens: the context is full").c_str() : "");
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::printf("\n----\n");
   }
 }
 

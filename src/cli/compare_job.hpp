@@ -32,4 +32,7 @@ bool run_compare(CompareArgs& a);
 void check_own_outputs(const std::string& out, const char* json_name, const char* md_name,
                        const char* json_key);
 
+// --out is neither the corpus directory --data, inside it, nor a training run's directory.
+void check_out_apart_from_data(const std::string& out, const std::string& data);
+
 }  // namespace attnres::cli

@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <csignal>
@@ -20,6 +21,7 @@
 #include <sstream>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "attnres/cuda.hpp"
 #include "attnres/data.hpp"
@@ -465,7 +467,17 @@ int run_main(int argc, char** argv) {
   }
   try {
     check_inputs_before_parsing(argc, argv);
-    app.parse(argc, argv);
+    // `--prompt=` is an empty prompt: CLI11 would take the next argument as its value
+    // (`--prompt= -n3` generated from the prompt "-n3"; seventeenth hostile pass).
+    std::vector<std::string> args(argv + 1, argv + argc);
+    for (size_t i = 0; i < args.size(); i++) {
+      if (args[i] == "--prompt=" && (i == 0 || args[i - 1] != "--prompt")) {
+        args[i] = "--prompt";
+        args.insert(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::string());
+      }
+    }
+    std::reverse(args.begin(), args.end());  // (CLI11 takes a vector last argument first)
+    app.parse(args);
   } catch (const CLI::ConfigError& e) {
     // (CLI11's "INI was not able to parse train.stepz" named neither the file nor the fix:
     // sixteenth hostile pass)

@@ -23,7 +23,7 @@ struct ResultsInput {
   std::string command_line, preset;
   double wall_time_s = 0.0;  // this command's
   int64_t kept_runs = 0;     // runs finished by an earlier command and kept (not timed in wall)
-  TrainConfig base;  // the settings every configuration shares (steps, batch, data, ...)
+  TrainConfig base;          // the settings every configuration shares (steps, batch, data, ...)
   std::string tokenizer_ref;
   int64_t vocab = 0, train_tokens = 0, val_tokens = 0;
   std::vector<Configuration> configs;

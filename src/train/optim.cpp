@@ -32,10 +32,17 @@ ScheduleKind parse_schedule_kind(const std::string& s) {
 }
 
 void ScheduleConfig::validate() const {
-  check(warmup_steps >= 0, "warmup steps must be >= 0");
-  check(total_steps >= 1, "total steps must be >= 1");
-  check(min_lr_ratio >= 0 && min_lr_ratio <= 1, "min lr ratio must be in [0, 1]");
-  check(decay_fraction > 0 && decay_fraction <= 1, "wsd decay fraction must be in (0, 1]");
+  // (the options are named: "min lr ratio must be ..." did not say which flag; 17th pass)
+  check(warmup_steps >= 0,
+        "the warm-up (--warmup) must be >= 0 steps, got " + std::to_string(warmup_steps));
+  check(total_steps >= 1, "the steps (--steps) must be >= 1");
+  check(min_lr_ratio >= 0 && min_lr_ratio <= 1,
+        "the final lr / peak lr (--min-lr-ratio) must be in [0, 1], got " +
+            std::to_string(min_lr_ratio));
+  check(decay_fraction > 0 && decay_fraction <= 1,
+        "the wsd schedule's decaying fraction of the steps (--decay-fraction) must be in (0, 1], "
+        "got " +
+            std::to_string(decay_fraction));
 }
 
 double lr_at(const ScheduleConfig& s, double base_lr, int64_t step) {

@@ -953,6 +953,7 @@ class Trainer {
     res_.resume_command = resume_command(layout_of(cfg_, ranks_));
     const int64_t step = step_;
     res_.steps_done = step;
+    res_.first_step = start_;
     const StepRunner::Graphs g = runner_->graphs();
     res_.graph_captures = g.captures;
     res_.graph_replays = g.replays;
