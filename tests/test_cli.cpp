@@ -1042,6 +1042,25 @@ TEST(Cli, SeventeenthHostilePassMinors) {
   }
   EXPECT_FALSE(fs::exists(dir / "texts" / "results.json"));
   EXPECT_FALSE(fs::exists(dir / "texts" / "data"));
+  // Global options after the command, repeated options, ranges: one `error:` line with the fix.
+  r = run("train --data " + data + byte + " --threads 1 --out " + (dir / "y").string());
+  EXPECT_GT(r.code, 0);
+  EXPECT_TRUE(contains(r.out, "error: ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "give it before the command")) << r.out;
+  r = run("train --data " + data + byte + " --dist-timeout -1 --out " + (dir / "y").string());
+  EXPECT_GT(r.code, 0);
+  EXPECT_TRUE(contains(r.out, "finite number of seconds >= 0")) << r.out;
+  EXPECT_LT(r.out.size(), 400u) << r.out;  // (not DBL_MAX in 300 digits)
+  r = run("compare --preset tiny --data " + data + " --seed 18446744073709551615 --seeds 3 --out " +
+          (dir / "z").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "runs past the largest seed")) << r.out;
+  r = run("scale --sizes 1x32,2x32 --seeds 0 --data " + data + " --out " + (dir / "z").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_FALSE(contains(r.out, "size 1/2")) << r.out;
+  r = run("inspect --model " + out + "/model.safetensors --text hello --data " + data);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "not both")) << r.out;
 }
 
 }  // namespace

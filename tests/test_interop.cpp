@@ -183,6 +183,8 @@ TEST(ImportHf, UnsupportedConfigsAreRefusedByName) {
       {"head_dim", 16, "head_dim 16"},
       {"rope_parameters", {{"rope_type", "llama3"}, {"rope_theta", 5e5}}, "rope_type 'llama3'"},
       {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "rope_type 'linear'"},
+      // (seventeenth hostile pass: imported as a full rotary, another function)
+      {"partial_rotary_factor", 0.5, "'partial_rotary_factor' is 0.5"},
       {"hidden_size", "32", "'hidden_size' must be an integer"},
       {"architectures", "Qwen2ForCausalLM", "Qwen2ForCausalLM"},  // (a string, not a list)
       {"num_hidden_layers", nullptr, "num_hidden_layers"},

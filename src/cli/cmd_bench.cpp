@@ -662,7 +662,7 @@ void add_bench(CLI::App& app) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   s->add_option("--repeats", a->repeats,
                 "Rounds over all modes, interleaved; each mode reports its median round")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   s->add_option("--json", a->json_out, "Also write the results as JSON to this file");
   add_device_options(s, a->dev);

@@ -30,6 +30,8 @@ void run_inspect(const InspectArgs& a) {
   const int64_t want = a.tokens > 0 ? std::min(a.tokens, T_max) : T_max;
   std::vector<int32_t> ids;
   std::string source;
+  check(a.text.empty() || a.data.empty(),
+        "give --text or --data, not both (the model runs on one of them)");
   if (!a.text.empty()) {
     ids = tok->encode(a.text);
     source = "--text";

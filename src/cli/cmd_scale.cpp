@@ -206,6 +206,7 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
   check(a.tokens_per_param > 0 && a.tokens_per_param <= 1e4,
         "--tokens-per-param must be in (0, 1e4]");
   check(a.min_steps >= 1, "--min-steps must be >= 1");
+  check(a.cmp.seeds >= 1 && a.cmp.seeds <= 100, "--seeds must be in [1, 100]");  // (before size 1)
   // What each size sets itself: the model's shape (--sizes) and its budget (--tokens-per-param,
   // --min-steps). Given as well, they were dropped without a word (eleventh hostile pass).
   for (const char* o : {"--n-layer", "--d-model", "--steps"}) {

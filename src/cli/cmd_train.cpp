@@ -212,12 +212,12 @@ void add_train(CLI::App& app) {
   s->add_option("--pipeline", a->cfg.pipeline,
                 "Multi-process runs: the N ranks form one pipeline (pass N = the rank count): each "
                 "runs consecutive sublayers; block or full AttnRes only")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))
       ->capture_default_str();
   s->add_option("--virtual-stages", a->cfg.virtual_stages,
                 "Pipeline: stages per rank, interleaved (stage k on rank k mod N); shrinks the "
                 "bubble and is where cached block communication saves bytes")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))
       ->capture_default_str();
   s->add_option("--pipeline-comm", a->cfg.pipeline_comm,
                 "Pipeline: how block representations travel between stages: cached (each rank "
@@ -228,14 +228,18 @@ void add_train(CLI::App& app) {
   s->add_option("--dist-timeout", d->timeout_s,
                 "Multi-process runs: seconds a rank may wait for the others in one collective "
                 "before the job is aborted (0 = wait forever)")
-      ->check(CLI::NonNegativeNumber)
       ->check(CLI::Validator(
-          [](const std::string& v) {  // (NaN passes NonNegativeNumber, and every comparison)
-            return std::isfinite(std::strtod(v.c_str(), nullptr))
+          [](const std::string& v) {  // (NaN passes every comparison; CLI11's range printed
+                                      //  DBL_MAX in 300 digits: seventeenth pass)
+            char* end = nullptr;
+            const double t = std::strtod(v.c_str(), &end);
+            return end != v.c_str() && *end == '\0' && std::isfinite(t) && t >= 0
                        ? std::string()
-                       : "--dist-timeout must be a finite number of seconds (0 = wait forever)";
+                       : "'" + v +
+                             "': --dist-timeout must be a finite number of seconds >= 0 (0 = "
+                             "wait forever)";
           },
-          "FINITE"))
+          "SECONDS"))
       ->capture_default_str();
   s->footer(
       "Data-parallel training on N processes (OpenMPI):\n"

@@ -477,6 +477,7 @@ int run_main(int argc, char** argv) {
       }
     }
     std::reverse(args.begin(), args.end());  // (CLI11 takes a vector last argument first)
+    app.name(argv[0]);                       // (as parse(argc, argv) would: the usage line)
     app.parse(args);
   } catch (const CLI::ConfigError& e) {
     // (CLI11's "INI was not able to parse train.stepz" named neither the file nor the fix:
@@ -494,7 +495,23 @@ int run_main(int argc, char** argv) {
                  path.c_str(), e.what());
     return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // One `error:` line as every other refusal, and where a global option came after the
+    // command, where it goes (CLI11 said only "The following arguments were not expected:
+    // 0 --threads"; seventeenth hostile pass).
+    std::string hint;
+    const std::string what = e.what();
+    for (const char* global : {"--threads", "--config"}) {
+      if (what.find("not expected") != std::string::npos &&
+          what.find(global) != std::string::npos) {
+        hint = std::string("; ") + global + " is an option of attnres itself: give it before " +
+               "the command (attnres " + global + " ... train ...)";
+      }
+    }
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s%s\nRun with --help for more information.\n", what.c_str(),
+                 hint.c_str());
+    return e.get_exit_code();
   } catch (...) {
     return report_exception();
   }

@@ -130,6 +130,15 @@ ModelConfig parse_config(const std::string& path) {
   c.norm_eps = 1e-6;
   read_json_field(j, "rms_norm_eps", c.norm_eps, what);
   c.rope_theta = rope_theta(j, path);
+  // (a partial rotary was imported as a full one, another function; seventeenth hostile pass)
+  for (const char* key : {"partial_rotary_factor", "rotary_pct"}) {
+    double f = 1.0;
+    if (auto it = j.find(key); it != j.end() && !it->is_null()) read_json_field(j, key, f, what);
+    if (f != 1.0) {
+      refuse(path, std::string("'") + key + "' is " + nlohmann::json(f).dump(),
+             "(rotary embeddings on part of each head) is not supported");
+    }
+  }
   c.tied = false;
   read_json_field(j, "tie_word_embeddings", c.tied, what);
   if (c.n_head > 0 && c.d_model % c.n_head == 0) {
