@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -670,6 +671,21 @@ TEST(Faults, RunDirectoriesHaveOneOwner) {
     EXPECT_NE(w.find("--overwrite"), std::string::npos) << w;
   }
   c.overwrite = true;
+  {  // (seventeenth hostile pass: a stop request while the new run prepared its data was
+     //  honoured after the old run was deleted)
+    const std::string before = slurp(dir / "run" / "model.safetensors");
+    std::atomic<bool> stop{true};
+    TrainEvents early;
+    early.stop = &stop;
+    try {
+      train(c, early);
+      ADD_FAILURE() << "an --overwrite stopped before it started went on";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("nothing was deleted"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(slurp(dir / "run" / "model.safetensors"), before);
+    EXPECT_TRUE(fs::exists(dir / "run" / "latest"));
+  }
   std::vector<std::string> said;
   TrainEvents ev;
   ev.on_message = [&](const std::string& m) { said.push_back(m); };

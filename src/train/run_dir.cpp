@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -191,11 +192,18 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step, const Metadata& 
     fsync_dir(root.string());
   } catch (const std::exception& e) {  // attnres::Error or std::filesystem::filesystem_error
     fs::remove_all(tmp, ec);
+    // (with no checkpoint before it there is nothing to continue: the first save failed, and
+    // the message pointed at a `latest` that did not exist; seventeenth hostile pass)
+    const fs::path latest = fs::path(out_dir_) / "latest";
     throw Error("saving the checkpoint of step " + std::to_string(step) +
-                " failed: " + cause_of(e) + ". The previous checkpoint (named in '" +
-                (fs::path(out_dir_) / "latest").string() +
-                "') is intact; fix the cause and continue with `attnres train --resume --out " +
-                out_dir_ + "`");
+                " failed: " + cause_of(e) +
+                (fs::exists(latest, ec)
+                     ? ". The previous checkpoint (named in '" + latest.string() +
+                           "') is intact; fix the cause and continue with `attnres train "
+                           "--resume --out " +
+                           out_dir_ + "`"
+                     : ". No checkpoint of this run had been saved yet; fix the cause and start "
+                       "it again"));
   }
   write_file_atomic((fs::path(out_dir_) / "latest").string(), name + "\n");
   prune(name);
@@ -379,6 +387,8 @@ bool looks_like_a_runs(const std::string& n, const fs::path& p) {
     // metrics.jsonl: its first line is a step's (loss, or a skipped step) or an evaluation's
     return has({"step"}) && j["step"].is_number_integer() &&
            (has({"elapsed_s", "tokens"}) || (has({"skipped"}) && j["skipped"] == true));
+  } catch (const std::bad_alloc&) {  // (out of memory says nothing of the file: seventeenth
+    throw;                           //  pass's "'latest' is not what an attnres run writes")
   } catch (const std::exception&) {  // (unreadable, not JSON: not a run's)
     return false;
   }

@@ -212,6 +212,7 @@ class Trainer {
     build_optimizer();
     setup_pipeline();  // (before stage 5: a refused pipeline or a batch that does not fit
     rehearse();        //  must not cost an --overwrite's old run; sixteenth hostile pass)
+    stop_before_claim();
     restore_or_start();
     describe_run();
     step_loop();
@@ -722,6 +723,17 @@ class Trainer {
     // A rank that failed ends the job (cmd_train aborts it) while the others wait here: rank 0
     // never goes on to stage 5 unless every rank rehearsed.
     if (ranks_ > 1) comm_.barrier();
+  }
+
+  // A stop request (Ctrl-C) while an --overwrite run prepared its data ends it here, before
+  // stage 5 deletes the old run (it was honoured after: the old run was deleted, and an empty
+  // checkpoint of step 0 saved in its place; seventeenth hostile pass).
+  void stop_before_claim() {
+    if (cfg_.resume || !cfg_.overwrite) return;
+    bool stop = ev_.stop && ev_.stop->load();
+    if (ranks_ > 1) stop = comm_.any(stop);
+    check(!stop, "interrupted before the new run started: nothing was deleted, the run in '" +
+                     cfg_.out_dir + "' is as it was");
   }
 
   // Stage 7: what is about to run, the metrics file, the first batch's fingerprint, the runner.
