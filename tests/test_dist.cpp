@@ -309,6 +309,35 @@ TEST(Dist, BatchNotDivisibleByRanksIsAClearError) {
   EXPECT_LT(s, 30.0);
 }
 
+// --overwrite on several ranks prepares the new run's tokenizer in a staging directory that every
+// rank reads (it was written over the old run's in --out: a job killed while preparing its data
+// left the old model with the new tokenizer; seventeenth hostile pass), and moves it in at the
+// start; the new run's checkpoints and final model read it.
+TEST(Dist, OverwriteOnTwoRanksStagesItsTokenizer) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const fs::path out = dir / "run";
+  CliRun r =
+      shell(mpirun(2) + cli() + train_args(data, out, 2) + " --tokenizer bpe --vocab-size 300");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string old_tok = attnres::testing::slurp(out / "tokenizer.model");
+  r = shell(mpirun(2) + cli() + train_args(data, out, 2) +
+            " --tokenizer bpe --vocab-size 320 --overwrite");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(attnres::testing::slurp(out / "tokenizer.model"), old_tok);
+  for (const auto& e : fs::directory_iterator(out)) {
+    EXPECT_EQ(e.path().filename().string().find(".overwrite.tmp."), std::string::npos) << e.path();
+  }
+  r = shell(cli() + "eval --model " + (out / "model.safetensors").string() + " --batches 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = shell(cli() + "eval --model " +
+            (out / "checkpoints" / "step_00000002" / "model.safetensors").string() +
+            " --batches 1");
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
 TEST(Dist, CheckpointFromTwoRanksResumesOnOne) {
   SKIP_WITHOUT_MPIRUN();
   TempDir td;

@@ -351,6 +351,12 @@ class Trainer {
     std::error_code ec;
     fs::remove_all(staging_.str(), ec);  // (a directory this run made)
     staging_.clear();
+  }
+
+  // Stage 5, --overwrite, every rank: the tokenizer is read from --out from now on.
+  void leave_staging() {
+    if (staged_in_.empty()) return;
+    staged_in_.clear();
     if (!data_.tokenizer_path.empty()) {
       data_.tokenizer_path =
           (fs::path(cfg_.out_dir) / fs::path(data_.tokenizer_path).filename()).string();
@@ -364,14 +370,21 @@ class Trainer {
     dopt.tokenizer = cfg_.tokenizer;
     dopt.vocab_size = cfg_.bpe_vocab;
     dopt.out_dir = cfg_.data_dir.empty() ? cfg_.out_dir : cfg_.data_dir;
-    // --overwrite (one process): the new run's tokenizer and token cache are made in a staging
-    // directory and moved in at stage 5, once the old run is deleted. Made in --out itself, they
-    // would replace the old run's tokenizer.model, and a kill -9 before stage 5 would leave the
-    // old run reading its text through the new run's tokenizer.
-    if (root_ && ranks_ == 1 && !cfg_.resume && cfg_.overwrite && cfg_.data_dir.empty()) {
-      staging_ = make_temp_dir((fs::path(cfg_.out_dir) / ".overwrite.tmp.").string(),
-                               "in --out '" + cfg_.out_dir + "'");
-      dopt.out_dir = staging_.str();
+    // --overwrite: the new run's tokenizer and token cache are made in a staging directory and
+    // moved in at stage 5, once the old run is deleted. Made in --out itself, they would replace
+    // the old run's tokenizer.model, and a kill -9 before stage 5 would leave the old run reading
+    // its text through the new run's tokenizer. (Several ranks too: rank 0 makes it, the others
+    // read from it; mpirun's kill of a job stopped while preparing left the old run with the new
+    // tokenizer; seventeenth hostile pass.)
+    if (!cfg_.resume && cfg_.overwrite && cfg_.data_dir.empty()) {
+      std::string where;
+      if (root_) {
+        staging_ = make_temp_dir((fs::path(cfg_.out_dir) / ".overwrite.tmp.").string(),
+                                 "in --out '" + cfg_.out_dir + "'");
+        where = staging_.str();
+      }
+      staged_in_ = ranks_ > 1 ? comm_.broadcast_string(where) : where;
+      dopt.out_dir = staged_in_;
     }
     // A given tokenizer is copied in when the run starts; a resume reads the run's own copy (the
     // original may have moved; the fingerprint check below catches a replaced copy).
@@ -384,8 +397,8 @@ class Trainer {
       dopt.expect_fingerprint = cfg_.corpus_fingerprint;
       dopt.expect_tokenizer_fingerprint = cfg_.tokenizer_fingerprint;
     }
-    // Several ranks (no staging): the old tokenizer files are put back if the run fails first.
-    if (root_ && !cfg_.resume && cfg_.overwrite && staging_.empty()) {
+    // Not staged (a --data-dir): the old tokenizer files are put back if the run fails first.
+    if (root_ && !cfg_.resume && cfg_.overwrite && staged_in_.empty()) {
       for (const char* f : {"tokenizer.model", "tokenizer.model.trainkey"}) {
         restore_.save(join_path(dopt.out_dir, f));
       }
@@ -503,7 +516,7 @@ class Trainer {
     }
     // (a staged tokenizer is in --out by the first save: stage 5 moves it there)
     const std::string tok_path =
-        staging_.empty() || data_.tokenizer_path.empty()
+        staged_in_.empty() || data_.tokenizer_path.empty()
             ? data_.tokenizer_path
             : (fs::path(cfg_.out_dir) / fs::path(data_.tokenizer_path).filename()).string();
     run_dir_.emplace(cfg_.out_dir, cfg_.keep_checkpoints, data_.tokenizer_ref, tok_path,
@@ -583,6 +596,7 @@ class Trainer {
       if (!note.empty()) msg(note);
       write_file_atomic(cfg_path_.string(), cfg_text_);
     }
+    leave_staging();
     comm_.require_same(replica_hash(*model_, *opt_),
                        cfg_.resume ? "resumed weights and optimizer state" : "initial weights",
                        "every rank must run the same attnres build and read the same run "
@@ -1054,8 +1068,9 @@ class Trainer {
   int64_t tokens_per_step_ = 0;
   AppendFile metrics_;
   std::unique_ptr<RunLock> lock_;  // (rank 0) held while this run trains
-  RestoreOnFailure restore_;       // (destroyed before lock_ is released)
-  StagingDir staging_;             // --overwrite: the new run's data until stage 5 (see stage 2)
+  std::string staged_in_;     // --overwrite: where every rank's data was prepared (until stage 5)
+  RestoreOnFailure restore_;  // (destroyed before lock_ is released)
+  StagingDir staging_;        // --overwrite: the new run's data until stage 5 (see stage 2)
   TrainResult res_;
   Batch batch_;
   Clock::time_point t0_;
