@@ -852,6 +852,17 @@ TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {
     fs::remove(file);
   }
   fs::remove_all(ck / "step_00000008.tmp");
+  // Seventeenth pass: `latest` naming a checkpoint that is gone said "start without --resume"
+  // (then refused: a run is there); the run's own checkpoints are the way on.
+  std::ofstream(dir / "run" / "latest") << "step_00000099\n";
+  try {
+    train(rc, {});
+    ADD_FAILURE() << "a resume from a missing checkpoint went on";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the run's checkpoints are "), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("step_00000006"), std::string::npos) << e.what();
+  }
   // A file of the user's named like the checkpoint a save is about to write (planted after the
   // run started): the save is refused with the previous checkpoint intact, the file kept.
   std::ofstream(dir / "run" / "latest") << "step_00000006\n";

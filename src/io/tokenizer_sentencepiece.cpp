@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -187,6 +188,7 @@ TrainOutcome train_in_child(const std::function<sentencepiece::util::Status(std:
   int fds[2];
   check(::pipe2(fds, O_CLOEXEC) == 0,
         "cannot train the BPE tokenizer: pipe failed: " + errno_text(errno));
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int err = errno;
@@ -196,6 +198,10 @@ TrainOutcome train_in_child(const std::function<sentencepiece::util::Status(std:
                 "); the process is out of memory or processes (ulimit -v / -u)");
   }
   if (pid == 0) {  // the child: no output of its own (an abort message would be noise)
+    // It dies with its parent: a killed `train` left it training for minutes, its CPU and the
+    // run's lock held (seventeenth hostile pass). (The parent may be gone already.)
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (::getppid() != parent) ::_exit(3);
     ::close(fds[0]);
     const int null = ::open("/dev/null", O_WRONLY);
     if (null >= 0) ::dup2(null, 2);

@@ -266,7 +266,19 @@ std::string RunDir::latest() const {
     m += p.string();
     m += "' names checkpoint '";
     m += name;
-    m += "', which does not exist; resume from another run or start without --resume";
+    m += "', which does not exist";
+    // (the run's own complete checkpoints are the way on: "start without --resume" was then
+    // refused, a run being there; seventeenth hostile pass)
+    std::string have;
+    for (const auto& e : fs::directory_iterator(ckpt_root(), ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.find('.') == std::string::npos && is_saved_checkpoint(e.path())) {
+        have += (have.empty() ? "" : ", ") + n;
+      }
+    }
+    m += have.empty() ? "; the run has no checkpoint to resume: start it again with --overwrite"
+                      : "; the run's checkpoints are " + have +
+                            ": write the name of one into it to resume from there";
     throw Error(m);
   }
   return dir.string();
