@@ -309,7 +309,7 @@ int report_exception() {
     std::fprintf(stderr,
                  "\nerror: out of memory: the model, the batch or the sequences need more memory "
                  "than this process can get; lower --batch-size, --seq-len, --d-model or "
-                 "--n-layer (or raise ulimit -v). Checkpoints already saved are intact.\n");
+                 "--n-layer (or raise ulimit -v); files already written are intact.\n");
     return 1;
   } catch (const nlohmann::json::type_error& e) {
     std::fflush(stdout);

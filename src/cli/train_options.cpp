@@ -393,6 +393,11 @@ void add_train_options(CLI::App* s, TrainArgs& a) {
 }
 
 Corpus read_trained_corpus(const TrainConfig& t, const std::string& run_dir) {
+  std::error_code ec;
+  // (it said only "corpus ... does not exist; check the data path"; seventeenth pass)
+  check(std::filesystem::exists(t.data_path, ec),
+        "the corpus the run in '" + run_dir + "' trained on, '" + t.data_path +
+            "', is gone (moved or deleted): restore it, or pass --data to measure on another text");
   Corpus c = read_corpus(t.data_path, run_dir);
   const std::string got = hex64(fnv1a64(c.text));
   check(t.corpus_fingerprint.empty() || got == t.corpus_fingerprint,

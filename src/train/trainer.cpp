@@ -396,6 +396,11 @@ class Trainer {
     if (cfg_.resume) {
       dopt.expect_fingerprint = cfg_.corpus_fingerprint;
       dopt.expect_tokenizer_fingerprint = cfg_.tokenizer_fingerprint;
+      std::error_code ec;  // (it said "check the data path", which a resume cannot change)
+      check(fs::exists(cfg_.data_path, ec),
+            "cannot resume: the corpus the run trained on, '" + cfg_.data_path +
+                "', is gone (moved or deleted); a run continues on the very text it started "
+                "with: put it back at that path");
     }
     // Not staged (a --data-dir): the old tokenizer files are put back if the run fails first.
     if (root_ && !cfg_.resume && cfg_.overwrite && staged_in_.empty()) {
