@@ -1015,6 +1015,9 @@ TEST(Cli, SeventeenthHostilePassMinors) {
   r = run("train --resume --out " + four);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "done: 4 steps (2 in this call) in")) << r.out;
+  r = run("train --data " + data + byte + " --steps 2 --warmup 5 --out " + (dir / "w").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "the learning rate never reaches --lr")) << r.out;
   r = run("generate --model " + out + "/model.safetensors --prompt= -n3");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(contains(r.out, "give a non-empty --prompt")) << r.out;

@@ -757,6 +757,11 @@ class Trainer {
 
   // Stage 7: what is about to run, the metrics file, the first batch's fingerprint, the runner.
   void describe_run() {
+    if (cfg_.schedule.warmup_steps >= cfg_.steps && start_ == 0) {  // (17th pass: no word)
+      msg("note: the warm-up (--warmup " + std::to_string(cfg_.schedule.warmup_steps) +
+          ") is not shorter than the run (--steps " + std::to_string(cfg_.steps) +
+          "): the learning rate never reaches --lr");
+    }
     flops_tok_ = train_flops_per_token(cfg_.model, cfg_.seq_len);
     tokens_per_step_ = cfg_.batch_size * cfg_.seq_len * cfg_.grad_accum;
     const std::string ranks_text =
