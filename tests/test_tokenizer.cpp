@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,18 @@ TEST(SentencePiece, MissingAndCorruptModelFiles) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("corrupt.model"), std::string::npos) << e.what();
+  }
+  // Eighteenth hostile pass: a huge file (sparse here) was read whole, 20 GB past a timeout.
+  {
+    std::ofstream(d.file("huge.model")).close();
+    std::filesystem::resize_file(d.file("huge.model"), kMaxSentencePieceBytes + 1);
+    try {
+      load_sentencepiece(d.file("huge.model"));
+      FAIL() << "a tokenizer model over the bound was read";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("huge.model"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("larger than"), std::string::npos) << e.what();
+    }
   }
   try {
     load_tokenizer("sentencepiece:gone.model", d.path);

@@ -30,6 +30,9 @@ std::string read_file_prefix(const std::string& path, size_t max_bytes);
 // and `what` it should be when it holds more than max_bytes, read no further than that.
 std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what);
 
+// The largest tokenizer.model read (SentencePiece models of 256k pieces are a few MiB).
+constexpr size_t kMaxSentencePieceBytes = size_t{256} << 20;
+
 // `path` made absolute against the working directory and normalised ("" stays ""): how a run
 // records its corpus, so that a resume from another directory reads the same one.
 std::string absolute_path(const std::string& path);

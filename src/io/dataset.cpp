@@ -185,7 +185,8 @@ PreparedData prepare_data(const DataOptions& opt) {
     };
     if (!opt.tokenizer_model.empty()) {
       // A given model: checked, then copied in (its key says it was not trained on this corpus).
-      const std::string given = read_file(opt.tokenizer_model);
+      const std::string given = read_small_file(opt.tokenizer_model, kMaxSentencePieceBytes,
+                                                "a SentencePiece tokenizer model");
       load_sentencepiece(opt.tokenizer_model);
       if (read_if_exists(model_path) != given) {
         check_replaceable();
