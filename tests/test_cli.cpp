@@ -642,6 +642,37 @@ TEST(Cli, EveryAddressSpaceLimitEndsInSuccessOrAnError) {
   }
 }
 
+// Eighteenth hostile pass: with --precision bf16, oneDNN JIT-compiles a matmul primitive per
+// shape when first used, and crashed (SIGSEGV) where the mapping for its code failed: a band of
+// limits about 16 MiB wide died so. A headroom check now precedes each new primitive.
+TEST(Cli, Bf16UnderEveryAddressSpaceLimitEndsInSuccessOrAnError) {
+#ifdef ATTNRES_CLI_TEST_ASAN
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space";
+#endif
+  TempDir td;
+  const std::string data = corpus(td.path);
+  bool finished = false;
+  int refused = 0;
+  for (int mib = 340; mib <= 480 && !finished; mib += 4) {
+    SCOPED_TRACE("ulimit -v " + std::to_string(mib) + " MiB");
+    const CliRun r = attnres::testing::run_cli(
+        "--threads 1 train --data " + data +
+            " --d-model 32 --n-layer 2 --n-head 2 --sample-tokens 0 --seq-len 32 --steps 2"
+            " --eval-every 1 --eval-batches 1 --residual block --precision bf16 --batch-size 560"
+            " --out " +
+            (fs::path(td.path) / ("run" + std::to_string(mib))).string(),
+        "ulimit -v " + std::to_string(mib * 1024) + "; exec ");
+    ASSERT_TRUE(r.code == 0 || r.code == 1) << "exit " << r.code << ":\n" << r.out;
+    if (r.code == 1) {
+      refused++;
+      ASSERT_TRUE(contains(r.out, "error: out of memory")) << r.out;
+    }
+    finished = r.code == 0;
+  }
+  EXPECT_TRUE(finished);
+  EXPECT_GT(refused, 0);
+}
+
 // Issue 19, tenth hostile pass: the severe findings of the options/signals and files helpers.
 TEST(Cli, TenthHostilePassIsHandled) {
   TempDir td;
@@ -853,6 +884,12 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
       run("train --data " + data + kTinyModel + " --steps 4 --lr 2e-3 --out " + other.string())
           .code,
       0);
+  // Eighteenth: a held-out share larger than the run's reached into its training text.
+  r = run("eval " + (other / "model.safetensors").string() + " --val-fraction 0.5");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "--val-fraction 0.5 is larger than the run's (0.1)")) << r.out;
+  r = run("eval " + (other / "model.safetensors").string() + " --val-fraction 0.05");
+  EXPECT_EQ(r.code, 0) << r.out;
   fs::copy_file(model, other / "model.safetensors", fs::copy_options::overwrite_existing);
   const std::string copied = (other / "model.safetensors").string();
   for (const std::string& cmd : {"eval " + copied, "inspect " + copied}) {

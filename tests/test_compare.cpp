@@ -518,13 +518,34 @@ TEST(Compare, KeptRunsKeepTheirThreadCount) {
     EXPECT_EQ(run(cmd, &log), 1) << key << "=" << value << "\n" << log;
     EXPECT_NE(log.find("is the record of another run"), std::string::npos) << log;
   }
-  edited.erase("settings");
-  std::ofstream(rj) << edited.dump();
-  EXPECT_EQ(run(cmd, &log), 0) << log;  // (its train_config.json has this command's settings)
+  // Eighteenth: fields the results read whole, of another type (internal error).
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"params", "x"},
+           {"flops_per_token", nullptr},
+           {"diagnostics", {{"depth_weights", json::object()}}},
+           {"diagnostics", {{"depth_weights", {{"w", {5, 6}}}}}}}) {
+    json bad = edited;
+    bad[key] = value;
+    std::ofstream(rj) << bad.dump();
+    EXPECT_EQ(run(cmd, &log), 1) << key << "=" << value << "\n" << log;
+    EXPECT_NE(log.find("is not the record of a run of this comparison"), std::string::npos) << log;
+  }
   const fs::path tc = rj.parent_path() / "train_config.json";
   const std::string tc_good = slurp(tc);
   json tcj = json::parse(tc_good);
   tcj["steps"] = 2;
+  // Eighteenth: another run's train_config.json (and model) beside a record with settings.
+  std::ofstream(rj) << good;
+  std::ofstream(tc) << tcj.dump();
+  EXPECT_EQ(run(cmd, &log), 1) << log;
+  EXPECT_NE(log.find("train_config.json' was made with other settings"), std::string::npos) << log;
+  std::ofstream(tc) << tc_good;
+  edited.erase("dir");  // (a record without its directory is this run's, no other place's)
+  std::ofstream(rj) << edited.dump();
+  EXPECT_EQ(run(cmd, &log), 0) << log;
+  edited.erase("settings");
+  std::ofstream(rj) << edited.dump();
+  EXPECT_EQ(run(cmd, &log), 0) << log;  // (its train_config.json has this command's settings)
   std::ofstream(tc) << tcj.dump();
   EXPECT_EQ(run(cmd, &log), 1) << log;
   EXPECT_NE(log.find("train_config.json' was made with other settings"), std::string::npos) << log;

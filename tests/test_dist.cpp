@@ -400,6 +400,37 @@ TEST(Dist, Zero1IsBitIdenticalToReplicatedAndResumes) {
   EXPECT_TRUE(slurp(dir / "z" / "model.safetensors") == slurp(dir / "rep" / "model.safetensors"));
 }
 
+// Eighteenth hostile pass: at each save of a --zero1 run, rank 0 gathers the whole AdamW state,
+// which the rehearsal before an --overwrite's claim did not cover: under a memory limit that fit
+// the training, the old run was deleted and the first save ran out of memory (both lost). Under
+// this limit the job either trains and saves or leaves the old run as it was.
+TEST(Dist, Zero1OverwriteNeverLosesTheOldRunToTheSavesGather) {
+#if defined(__SANITIZE_ADDRESS__) || ATTNRES_HAS_ASAN
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space";
+#endif
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const fs::path run = dir / "run";
+  ASSERT_EQ(shell(cli() + train_args(data, run, 4) + " --save-every 2").code, 0);
+  using attnres::testing::slurp;
+  const std::string weights = slurp(run / "model.safetensors");
+  const CliRun r = shell("ulimit -v 600000; " + mpirun(2) + cli() + "train --data " + data +
+                         " --out " + run.string() +
+                         " --overwrite --zero1 --d-model 512 --n-layer 6 --n-head 8 --seq-len 16"
+                         " --batch-size 2 --steps 3 --save-every 1 --eval-every 0"
+                         " --eval-batches 1 --sample-tokens 0");
+  if (r.code == 0) {  // (it fit on this machine: a whole new run in its place)
+    EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000003" / "optimizer.safetensors"));
+    return;
+  }
+  EXPECT_TRUE(contains(r.out, "rank 0 gathers to save a --zero1 run")) << r.out;
+  EXPECT_FALSE(contains(r.out, "deleted the previous run")) << r.out;
+  EXPECT_TRUE(slurp(run / "model.safetensors") == weights);
+  EXPECT_EQ(slurp(run / "latest"), "step_00000004\n");
+}
+
 // An mpirun job in the background, its output in a log file.
 class Job {
  public:

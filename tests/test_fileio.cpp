@@ -6,9 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
@@ -309,4 +312,32 @@ TEST(FileIO, AppendFileKeepsWholeLines) {
   EXPECT_NE(err.find("metrics.jsonl"), std::string::npos) << err;
   EXPECT_NE(err.find("File too large"), std::string::npos) << err;
   EXPECT_EQ(read_file(p), "{\"a\":1}\n{\"c\":3}\n");
+}
+
+// Eighteenth hostile pass: a 20 GiB metrics.jsonl was read whole (twice) on --resume. Lines
+// are streamed, and a line longer than the bound is cut, never held whole.
+TEST(FileIO, ForEachLineStreamsAndCutsLongLines) {
+  TempDir d;
+  const std::string p = d.file("lines.txt");
+  write_file_atomic(p, "a\n\n" + std::string(100, 'x') + "\nlast");
+  std::vector<std::tuple<std::string, int64_t, bool>> got;
+  for_each_line(p, 10, [&](std::string_view line, int64_t n, bool cut) {
+    got.emplace_back(std::string(line), n, cut);
+  });
+  const std::vector<std::tuple<std::string, int64_t, bool>> want = {
+      {"a", 1, false}, {"", 2, false}, {std::string(10, 'x'), 3, true}, {"last", 4, false}};
+  EXPECT_EQ(got, want);
+  // A sparse file of 64 MiB without a newline: one cut line of the bound's length.
+  ASSERT_EQ(::truncate(p.c_str(), 0), 0);
+  ASSERT_EQ(::truncate(p.c_str(), int64_t{64} << 20), 0);
+  int64_t lines = 0;
+  size_t longest = 0;
+  for_each_line(p, 4096, [&](std::string_view line, int64_t, bool cut) {
+    lines++;
+    longest = std::max(longest, line.size());
+    EXPECT_TRUE(cut);
+  });
+  EXPECT_EQ(lines, 1);
+  EXPECT_EQ(longest, 4096u);
+  EXPECT_THROW(for_each_line(d.file("missing"), 10, [](std::string_view, int64_t, bool) {}), Error);
 }

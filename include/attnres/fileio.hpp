@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -29,6 +30,20 @@ std::string read_file_prefix(const std::string& path, size_t max_bytes);
 // The whole of a file that is small by nature (`latest`, a config, a key): Error naming the path
 // and `what` it should be when it holds more than max_bytes, read no further than that.
 std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what);
+
+// Copies `from` to `to` in pieces, with the guarantees of write_file_atomic (from == to makes a
+// private copy of a hard-linked file).
+void copy_file_atomic(const std::string& from, const std::string& to);
+
+// Calls fn(line, number) for each line of `path` (1-based numbers; no '\n'), reading it in
+// pieces: memory stays bounded however large the file. A line longer than max_line is passed
+// as its first max_line bytes with `cut` true (its rest skipped), so no line is held whole.
+// A final line without its newline is passed too. Same open checks as read_file.
+void for_each_line(const std::string& path, size_t max_line,
+                   const std::function<void(std::string_view line, int64_t number, bool cut)>& fn);
+
+// The longest metrics.jsonl line read (a diagnostics line of a deep model is a few MiB).
+constexpr size_t kMaxMetricsLine = size_t{64} << 20;
 
 // The largest tokenizer.model read (SentencePiece models of 256k pieces are a few MiB).
 constexpr size_t kMaxSentencePieceBytes = size_t{256} << 20;

@@ -72,6 +72,13 @@ void run_tasks(const EvalArgs& a, Model& model, const Tokenizer& tok) {
   }
 }
 
+// A fraction as the user would write it (0.1, not 0.100000).
+std::string fraction_text(double f) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", f);
+  return b;
+}
+
 void run_eval(const EvalArgs& a) {
   Metadata meta;
   std::shared_ptr<Backend> be = open_backend(a.dev);
@@ -91,6 +98,13 @@ void run_eval(const EvalArgs& a) {
       if (data.empty()) {
         data = t->data_path;
         corpus = read_trained_corpus(*t, run_dir);
+        // (a larger held-out share of the run's own corpus reaches into the text it trained
+        // on, and was reported as a val loss; eighteenth hostile pass)
+        check(a.split != "val" || val_fraction <= t->val_fraction,
+              "--val-fraction " + fraction_text(val_fraction) + " is larger than the run's (" +
+                  fraction_text(t->val_fraction) +
+                  "): that val split would include text the model trained on; give at most " +
+                  fraction_text(t->val_fraction) + ", or --data with other text");
       }
       if (val_fraction < 0) val_fraction = t->val_fraction;
     }

@@ -141,16 +141,20 @@ void decimal_integers(CLI::App& app) {
 void no_empty_values(CLI::App& app) {
   for (CLI::Option* o : app.get_options()) {
     // A flag given a value (`--overwrite=$UNSET`, `--overwrite=2`) took it as true, and deleted
-    // a run: only true/false words (or 1/0) are read, as in a --config file.
-    if (o->get_expected_min() == 0 && o->get_name() != "--help") {
+    // a run: only true/false words (or 1/0) are read, as in a --config file. So for an option
+    // that takes a boolean (--attnres-two-phase 0.5 or -1 was false; eighteenth hostile pass).
+    const bool boolean = o->get_type_name() == "BOOLEAN";
+    if ((o->get_expected_min() == 0 || boolean) && o->get_name() != "--help") {
       o->check(CLI::Validator(
-          [](std::string& v) {
+          [boolean](std::string& v) {
             std::string l = v;
             for (char& ch : l) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
             for (const char* w : {"true", "false", "1", "0", "on", "off", "yes", "no"}) {
               if (l == w) return std::string();
             }
-            return "'" + v + "' is not a value for a flag: give the flag alone, or =true / =false";
+            return "'" + v + "' is not a value for " +
+                   (boolean ? std::string("this option: give true or false")
+                            : std::string("a flag: give the flag alone, or =true / =false"));
           },
           "", "flag value"));
       continue;
@@ -496,6 +500,9 @@ int run_main(int argc, char** argv) {
     return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // A command that stopped on a signal (compare, scale) has said so and how to continue: its
+    // exit code alone (CLI11 added "error: Runtime error"; eighteenth hostile pass).
+    if (dynamic_cast<const CLI::RuntimeError*>(&e) && e.get_exit_code() == 130) return 130;
     // One `error:` line as every other refusal, and where a global option came after the
     // command, where it goes (CLI11 said only "The following arguments were not expected:
     // 0 --threads"; seventeenth hostile pass).

@@ -30,23 +30,23 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
     throw std::logic_error("dnnl_sgemm failed with status " + std::to_string(st));
 }
 
-namespace {
-
 // Address space the kernels' generation may take (measured: about 17 MiB with oneDNN 2.6; a margin
 // above it).
 constexpr size_t kGemmKernelHeadroom = size_t{24} << 20;
 
-void require_headroom() {
+void require_kernel_headroom() {
   void* p = mmap(nullptr, kGemmKernelHeadroom, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     throw Error("out of memory: the matrix-product kernels (oneDNN) need about " +
                 std::to_string(kGemmKernelHeadroom >> 20) +
                 " MiB of address space, more than this process could get; raise the memory "
-                "limit (ulimit -v)");
+                "limit (ulimit -v) or use a smaller --batch-size / --seq-len / model");
   }
   munmap(p, kGemmKernelHeadroom);
 }
+
+namespace {
 
 // Every transpose and beta on a few shapes (a row, a thin and a square product), so that each
 // kernel variant a command may reach is generated now.
@@ -70,7 +70,7 @@ void warm_up() {
 void prepare_gemm() {
   static std::once_flag once;
   std::call_once(once, [] {
-    require_headroom();
+    require_kernel_headroom();
     warm_up();
   });
 }

@@ -12,6 +12,10 @@ namespace attnres {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// Error unless the address space a kernel's generation may take (oneDNN's JIT, whose own
+// allocation failures crash) can still be had: called before generating one.
+void require_kernel_headroom();
+
 // Makes oneDNN generate its GEMM kernels now, while the process has memory to spare. oneDNN
 // JIT-compiles them on the first sgemm and does not check that the code buffer could be mapped:
 // under a tight address-space limit (ulimit -v) a first product late in a run, after the model and

@@ -57,6 +57,8 @@ class PrimitiveCache {
     auto it = cache_.find(s);
     if (it != cache_.end()) return it->second;
     if (cache_.size() >= kMax) cache_.clear();
+    // (oneDNN's code generation crashed, not failed, when it got no memory; 18th hostile pass)
+    require_kernel_headroom();
     return cache_.emplace(s, make(s)).first->second;
   }
   const dnnl::engine& engine() const { return engine_; }

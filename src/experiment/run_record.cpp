@@ -22,21 +22,23 @@ namespace attnres::experiment {
 
 RunMetrics read_metrics(const fs::path& metrics) {
   RunMetrics m;
-  std::istringstream f(fs::exists(metrics) ? read_file(metrics.string()) : std::string());
-  std::string line;
-  int64_t n = 0;
   std::vector<int64_t> steps;  // of the curve's points, while every line gives one
-  while (std::getline(f, line)) {
-    n++;
-    if (line.empty()) continue;
+  if (!fs::exists(metrics)) return m;
+  // Streamed line by line: a huge metrics.jsonl is never held whole.
+  for_each_line(metrics.string(), kMaxMetricsLine, [&](std::string_view line, int64_t n, bool cut) {
+    if (line.empty()) return;
+    const std::string where = "'" + metrics.string() + "' line " + std::to_string(n);
+    check(!cut, where + " is longer than any metrics line (" +
+                    std::to_string(kMaxMetricsLine >> 20) +
+                    " MiB): the file is damaged; delete that run's directory to train it again");
     json j;
     try {
       j = parse_json(line);
     } catch (const json::exception& e) {
-      throw Error("'" + metrics.string() + "' line " + std::to_string(n) + " is not valid JSON (" +
-                  e.what() + "); delete that run's directory to train it again");
+      throw Error(where + " is not valid JSON (" + e.what() +
+                  "); delete that run's directory to train it again");
     }
-    if (!j.is_object()) continue;
+    if (!j.is_object()) return;
     if (j.contains("val_loss")) {
       // A resumed run repeats the steps after its checkpoint, and logs their evaluations again:
       // the later line replaces every point from that step on (the curve had a point twice, and
@@ -56,7 +58,7 @@ RunMetrics read_metrics(const fs::path& metrics) {
       m.last_tokens_per_s = j.value("tokens_per_s", json(nullptr));
     }
     if (j.value("kind", "") == "diagnostics") m.diagnostics = j;
-  }
+  });
   return m;
 }
 
@@ -140,6 +142,18 @@ void check_same_settings(const json& have, const json& want, const fs::path& dir
 }
 
 namespace {
+// {"w": [[weight or null, ...], ...], ...}: the depth-weight table the diagnostics write.
+bool depth_weights_shaped(const json& d) {
+  if (!d.is_object() || !d.contains("w") || !d["w"].is_array()) return false;
+  for (const json& row : d["w"]) {
+    if (!row.is_array()) return false;
+    for (const json& x : row) {
+      if (!x.is_number() && !x.is_null()) return false;
+    }
+  }
+  return true;
+}
+
 // A kept run's record has the fields (and types) the comparison reads from it; valid JSON of
 // another shape gave `internal error` (sixteenth hostile pass).
 void check_run_shape(const json& r, uint64_t seed, const fs::path& path, const fs::path& dir) {
@@ -162,6 +176,16 @@ void check_run_shape(const json& r, uint64_t seed, const fs::path& path, const f
     for (const char* k : {"final_val_loss", "final_train_loss", "tokens_per_s", "seconds"}) {
       need(number_or_null(k), "a figure that is not a number");
     }
+    // (read whole by the results and the analysis: a missing or mistyped one was an internal
+    // error; eighteenth hostile pass)
+    for (const char* k : {"final_val_loss", "tokens_per_s"})
+      need(r.contains(k), "a figure missing");
+    need(r.contains("params") && r["params"].is_number_integer(), "no 'params' count");
+    need(r.contains("flops_per_token") && r["flops_per_token"].is_number(),
+         "no 'flops_per_token' figure");
+    need(r.contains("init_hash") && r["init_hash"].is_string(), "no 'init_hash' fingerprint");
+    need(!r.contains("batch_hash") || r["batch_hash"].is_string() || r["batch_hash"].is_null(),
+         "a 'batch_hash' that is not a fingerprint");
     for (const char* k : {"settings", "tasks"}) {
       need(!r.contains(k) || r[k].is_object(), "'settings' or 'tasks' not an object");
     }
@@ -171,6 +195,11 @@ void check_run_shape(const json& r, uint64_t seed, const fs::path& path, const f
     }
     need(!r.contains("diagnostics") || r["diagnostics"].is_object() || r["diagnostics"].is_null(),
          "'diagnostics' not an object");
+    if (r.contains("diagnostics") && r["diagnostics"].is_object() &&
+        r["diagnostics"].contains("depth_weights")) {
+      need(depth_weights_shaped(r["diagnostics"]["depth_weights"]),
+           "'diagnostics.depth_weights' not a table of weights");
+    }
     need(!r.contains("curve") || r["curve"].is_array(), "a 'curve' that is not a list");
   }
   check(bad.empty(), "'" + path.string() + "' is not the record of a run of this comparison (" +
@@ -193,28 +222,29 @@ json kept_run(const TrainConfig& c, int64_t vocab, const std::string& group, con
   // The record of this very run: another configuration's (or a path outside the comparison)
   // had its model scored and its figures reported as this one's (seventeenth hostile pass).
   const std::string rel = fs::relative(dir, out).string();
-  check(kept["group"] == group && kept.value("dir", rel) == rel,
+  // (a record without its directory is this one's: the tasks scored the comparison's root
+  // directory's model for it; eighteenth hostile pass)
+  if (!kept.contains("dir")) kept["dir"] = rel;
+  check(kept["group"] == group && kept["dir"] == rel,
         "'" + path.string() + "' is the record of another run (group '" +
-            kept["group"].get<std::string>() + "', directory '" + kept.value("dir", rel) +
+            kept["group"].get<std::string>() + "', directory '" + kept["dir"].get<std::string>() +
             "'), not of '" + group + "' in '" + rel + "': it was copied or edited; delete '" +
             dir.string() + "' to train it again");
   if (kept.contains("settings")) {
     check_same_settings(kept["settings"], run_settings(c, vocab), dir, "run.json");
-  } else {
-    // A record without its settings (an older version's, or edited): the run's own
-    // train_config.json says what it trained (a 2-step run was kept in a 20-step comparison,
-    // its loss averaged in; seventeenth hostile pass). Without either, it is not kept.
-    const fs::path tc = dir / "train_config.json";
-    json have;
-    try {
-      have = parse_json(read_file(tc.string()));
-    } catch (const std::exception& e) {
-      throw Error("'" + path.string() + "' records no settings and '" + tc.string() +
-                  "' cannot say what the run trained (" + e.what() + "); delete '" + dir.string() +
-                  "' to train it again");
-    }
-    check_same_settings(have, run_settings(c, vocab), dir, "train_config.json");
   }
+  // The run's own train_config.json says what it trained, and what the model beside it is (a
+  // record without settings kept a 2-step run in a 20-step comparison; another run's model and
+  // configuration copied in beside a record were scored as its run's; 17th and 18th passes).
+  const fs::path tc = dir / "train_config.json";
+  json have;
+  try {
+    have = parse_json(read_file(tc.string()));
+  } catch (const std::exception& e) {
+    throw Error("'" + tc.string() + "' cannot say what the run kept in '" + dir.string() +
+                "' trained (" + e.what() + "); delete '" + dir.string() + "' to train it again");
+  }
+  check_same_settings(have, run_settings(c, vocab), dir, "train_config.json");
   return kept;
 }
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "attnres/error.hpp"
 
@@ -195,6 +196,65 @@ std::string read_file_prefix(const std::string& path, size_t max_bytes) {
   ::close(fd);
   out.resize(got);
   return out;
+}
+
+void copy_file_atomic(const std::string& from, const std::string& to) {
+  const int fd = open_regular_file(from, O_RDONLY, "read");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  AtomicFileWriter out(to);
+  std::vector<char> buf(size_t{1} << 20);
+  for (;;) {
+    const ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int err = errno;
+      throw Error("cannot read '" + from + "': " + errno_text(err) + "; check the disk and path");
+    }
+    if (r == 0) break;
+    out.write(buf.data(), static_cast<size_t>(r));
+  }
+  out.commit();
+}
+
+void for_each_line(const std::string& path, size_t max_line,
+                   const std::function<void(std::string_view, int64_t, bool)>& fn) {
+  const int fd = open_regular_file(path, O_RDONLY, "read");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  std::string line;
+  bool cut = false;
+  int64_t number = 0;
+  std::vector<char> buf(size_t{1} << 16);
+  for (;;) {
+    const ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int err = errno;
+      throw Error("cannot read '" + path + "': " + errno_text(err) + "; check the disk and path");
+    }
+    if (r == 0) break;
+    const char* p = buf.data();
+    const char* end = p + r;
+    while (p < end) {
+      const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
+      const char* stop = nl ? nl : end;
+      const size_t room = max_line - std::min(max_line, line.size());
+      const size_t take = std::min(room, static_cast<size_t>(stop - p));
+      line.append(p, take);
+      cut = cut || take < static_cast<size_t>(stop - p);
+      if (!nl) break;
+      fn(line, ++number, cut);
+      line.clear();
+      cut = false;
+      p = nl + 1;
+    }
+  }
+  if (!line.empty() || cut) fn(line, ++number, cut);
 }
 
 std::string read_small_file(const std::string& path, size_t max_bytes, const std::string& what) {
@@ -460,7 +520,7 @@ int64_t AppendFile::open(const std::string& path) {
     // A hard link (a backup made with cp -al or rsync --link-dest): appending would add this
     // run's lines to the other name too. Append to a private copy, put in place by rename.
     close();
-    write_file_atomic(path, read_file(path));
+    copy_file_atomic(path, path);
     fd_ = open_regular_file(path, O_RDWR | O_NOFOLLOW, "append to");
     (void)::fstat(fd_, &st);
   }

@@ -66,9 +66,12 @@ struct DepthStructure {
 DepthStructure depth_structure(const json& diag) {
   DepthStructure s;
   if (!diag.is_object() || !diag.contains("depth_weights")) return s;
+  const json& dw = diag.at("depth_weights");
+  if (!dw.is_object() || !dw.contains("w") || !dw.at("w").is_array()) return s;  // (not a table)
   int rows = 0, recent = 0;
   double excess = 0;
-  for (const auto& row : diag.at("depth_weights").at("w")) {
+  for (const auto& row : dw.at("w")) {
+    if (!row.is_array()) continue;
     std::vector<std::pair<size_t, double>> src;  // (column, weight) of the row's sources
     for (size_t j = 0; j < row.size(); j++) {
       if (row[j].is_number()) src.emplace_back(j, row[j].get<double>());

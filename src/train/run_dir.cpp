@@ -195,6 +195,13 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step, const Metadata& 
     // (with no checkpoint before it there is nothing to continue: the first save failed, and
     // the message pointed at a `latest` that did not exist; seventeenth hostile pass)
     const fs::path latest = fs::path(out_dir_) / "latest";
+    // (a run directory moved during the save took its checkpoints along: "no checkpoint had
+    // been saved" was false; eighteenth hostile pass)
+    check(fs::exists(out_dir_, ec),
+          "saving the checkpoint of step " + std::to_string(step) + " failed: the run directory '" +
+              out_dir_ +
+              "' is gone (moved or deleted while it saved); its checkpoints went with it: "
+              "continue with `attnres train --resume --out <where it is now>`");
     throw Error("saving the checkpoint of step " + std::to_string(step) +
                 " failed: " + cause_of(e) +
                 (fs::exists(latest, ec)

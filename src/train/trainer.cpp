@@ -76,22 +76,22 @@ std::string format_mib(int64_t bytes) {
 // timing or on the rank count.) Unreadable lines are skipped.
 double logged_seconds_at(const fs::path& metrics, int64_t step) {
   if (!fs::exists(metrics)) return 0.0;
-  std::istringstream f(read_file(metrics.string()));
-  std::string line;
   int64_t best_step = -1;
   double secs = 0.0;
-  while (std::getline(f, line)) {
+  // Streamed line by line (a huge metrics.jsonl once cost twice its size in memory).
+  for_each_line(metrics.string(), kMaxMetricsLine, [&](std::string_view line, int64_t, bool cut) {
+    if (cut) return;
     const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("elapsed_s") || !j["elapsed_s"].is_number() ||
         !j.contains("step") || !j["step"].is_number_integer()) {
-      continue;
+      return;
     }
     const int64_t s = j["step"].get<int64_t>();
     if (s <= step && s >= best_step) {
       best_step = s;
       secs = j["elapsed_s"].get<double>();
     }
-  }
+  });
   return std::max(0.0, secs);
 }
 
@@ -738,6 +738,9 @@ class Trainer {
       model_->forward(zeros.data(), zeros.data(), slice, T);
       model_->backward();
     }
+    // ZeRO-1: the whole optimizer state rank 0 gathers at each save, beside the activations
+    // (the first save ran out of memory after an --overwrite deleted the old run; 18th pass).
+    if (root_ && opt_->sharded()) (void)whole_state();
     model_->zero_grad();
     // A rank that failed ends the job (cmd_train aborts it) while the others wait here: rank 0
     // never goes on to stage 5 unless every rank rehearsed.
@@ -815,7 +818,7 @@ class Trainer {
       comm_.send(opt_->v().data(), static_cast<int64_t>(opt_->v().size()), 0, 2);
       return;
     }
-    AdamW full(model_->layout(), cfg_.adamw);
+    AdamW full = whole_state();
     std::copy(opt_->m().data(), opt_->m().data() + opt_->m().size(), full.m().data());
     std::copy(opt_->v().data(), opt_->v().data() + opt_->v().size(), full.v().data());
     for (int r = 1; r < ranks_; r++) {
@@ -826,6 +829,17 @@ class Trainer {
     full.set_steps_taken(opt_->steps_taken());
     run_dir_->save(*model_, full, at_step, recent_loss_record());
     record_if_pending();
+  }
+
+  // ZeRO-1: the two moments of every parameter, which rank 0 gathers at each save.
+  AdamW whole_state() const {
+    try {
+      return AdamW(model_->layout(), cfg_.adamw);
+    } catch (const Error&) {  // (AdamW's own hint would be --zero1, which is on)
+      throw out_of_memory("the AdamW moments rank 0 gathers to save a --zero1 run",
+                          8.0 * static_cast<double>(model_->layout().total()),
+                          "lower --d-model, --n-layer or --vocab-size");
+    }
   }
 
   // The training losses since the last evaluation, which the next one reports as its mean: kept
