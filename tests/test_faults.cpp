@@ -859,10 +859,25 @@ TEST(Faults, UsersCheckpointsDirectoriesAreNeverDeleted) {
     train(rc, {});
     ADD_FAILURE() << "a resume from a missing checkpoint went on";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the run's checkpoints are "), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("the run's whole checkpoints are "), std::string::npos)
         << e.what();
     EXPECT_NE(std::string(e.what()).find("step_00000006"), std::string::npos) << e.what();
   }
+  // Eighteenth: the checkpoint `latest` names lost its optimizer state ("cannot open", no word
+  // of the whole ones).
+  std::ofstream(dir / "run" / "latest") << "step_00000050\n";
+  fs::create_directories(ck / "step_00000050");
+  fs::copy_file(ck / "step_00000006" / "model.safetensors",
+                ck / "step_00000050" / "model.safetensors");
+  try {
+    train(rc, {});
+    ADD_FAILURE() << "a resume from a checkpoint without its optimizer state went on";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no optimizer.safetensors"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("step_00000006"), std::string::npos) << e.what();
+  }
+  fs::remove_all(ck / "step_00000050");
   // A file of the user's named like the checkpoint a save is about to write (planted after the
   // run started): the save is refused with the previous checkpoint intact, the file kept.
   std::ofstream(dir / "run" / "latest") << "step_00000006\n";

@@ -76,6 +76,10 @@ TEST(Tasks, LongContextsAreCutFromTheLeft) {
   cut.items[0].context = std::string(12, 'a') + " the cat";  // the 16 inputs the model sees
   const TaskResult a = score_task(*model, *tok, t), b = score_task(*model, *tok, cut);
   EXPECT_EQ(a.logliks, b.logliks);
+  EXPECT_EQ(a.items_cut, 1);  // (counted, for eval's note)
+  Task short_task = t;
+  short_task.items[0].context = "the cat";
+  EXPECT_EQ(score_task(*model, *tok, short_task).items_cut, 0);
   t.items[0].choices = {std::string(40, 'x'), "y"};
   EXPECT_THROW(score_task(*model, *tok, t), Error);
 }

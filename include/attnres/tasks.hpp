@@ -48,6 +48,7 @@ struct TaskResult {
   double acc = 0, acc_stderr = 0;             // stderr: sqrt(acc (1 - acc) / (items - 1))
   double acc_norm = -1, acc_norm_stderr = 0;  // multiple choice only (-1: not defined)
   std::vector<std::vector<double>> logliks;   // (items, choices)
+  int64_t items_cut = 0;  // items whose context was cut from the left to fit the model's context
 };
 
 // Scores every choice of every item with `model` (on any backend), one sequence at a time.

@@ -69,6 +69,12 @@ void run_tasks(const EvalArgs& a, Model& model, const Tokenizer& tok) {
       std::printf(" | acc_norm %s", with_stderr(r.acc_norm, r.acc_norm_stderr).c_str());
     }
     std::printf("%s\n", products_note(a.dev));
+    if (r.items_cut > 0) {  // (eighteenth hostile pass: cut without a word)
+      std::printf(
+          "note: %lld item(s) longer than the model's context of %lld tokens were scored "
+          "on their context's last tokens (cut from the left)\n",
+          static_cast<long long>(r.items_cut), static_cast<long long>(model.config().max_seq_len));
+    }
   }
 }
 

@@ -131,6 +131,7 @@ TaskResult score_task(Model& model, const Tokenizer& tok, const Task& task) {
   for (const TaskItem& it : task.items) {
     const std::vector<int32_t> ctx = tok.encode(it.context.empty() ? "\n" : it.context);
     std::vector<double> s;
+    bool cut = false;
     for (const std::string& c : it.choices) {
       std::vector<int32_t> cont = tok.encode(c), before = ctx;
       check(!cont.empty(), "task file '" + task.path + "' item " +
@@ -144,8 +145,11 @@ TaskResult score_task(Model& model, const Tokenizer& tok, const Task& task) {
         before.push_back(cont.front());
         cont.erase(cont.begin());
       }
+      // (inputs are all but the last token; choice_loglik keeps the last max_seq_len)
+      cut |= static_cast<int64_t>(before.size() + cont.size()) - 1 > model.config().max_seq_len;
       s.push_back(choice_loglik(model, before, cont));
     }
+    r.items_cut += cut;
     size_t best = 0, best_norm = 0;
     for (size_t k = 1; k < s.size(); k++) {
       if (s[k] > s[best]) best = k;

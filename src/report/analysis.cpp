@@ -31,10 +31,12 @@ const json& diag_of(const json& r) {
   return r.contains("diagnostics") ? r.at("diagnostics") : none;
 }
 
+// (sized to fit: a loss of 1e308 in a results.json edited by hand was cut to 63 digits)
 std::string fmt(const char* f, double x) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, x);
-  return b;
+  const int n = std::snprintf(nullptr, 0, f, x);
+  std::string out(static_cast<size_t>(std::max(n, 0)), '\0');
+  std::snprintf(out.data(), out.size() + 1, f, x);
+  return out;
 }
 
 // The finite values of a diagnostics array (null entries are non-finite measurements).

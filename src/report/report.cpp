@@ -1,4 +1,5 @@
 // report.md from results.json (see attnres/report.hpp).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -17,10 +18,12 @@ namespace attnres {
 
 namespace {
 
+// (sized to fit: a loss of 1e308 in a results.json edited by hand was cut to 63 digits)
 std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
+  const int n = std::snprintf(nullptr, 0, f, x);
+  std::string out(static_cast<size_t>(std::max(n, 0)), '\0');
+  std::snprintf(out.data(), out.size() + 1, f, x);
+  return out;
 }
 
 std::string with_commas(int64_t n) {

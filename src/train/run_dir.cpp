@@ -276,19 +276,35 @@ std::string RunDir::latest() const {
     m += "', which does not exist";
     // (the run's own complete checkpoints are the way on: "start without --resume" was then
     // refused, a run being there; seventeenth hostile pass)
-    std::string have;
-    for (const auto& e : fs::directory_iterator(ckpt_root(), ec)) {
-      const std::string n = e.path().filename().string();
-      if (n.find('.') == std::string::npos && is_saved_checkpoint(e.path())) {
-        have += (have.empty() ? "" : ", ") + n;
-      }
-    }
-    m += have.empty() ? "; the run has no checkpoint to resume: start it again with --overwrite"
-                      : "; the run's checkpoints are " + have +
-                            ": write the name of one into it to resume from there";
+    m += ways_on(name);
     throw Error(m);
   }
+  // (a checkpoint missing a file failed with "cannot open ...", no word of the whole ones;
+  // eighteenth hostile pass)
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    if (!fs::exists(dir / f, ec)) {
+      throw Error("checkpoint '" + dir.string() + "', named in '" + p.string() + "', has no " + f +
+                  " (deleted?)" + ways_on(name));
+    }
+  }
   return dir.string();
+}
+
+std::string RunDir::ways_on(const std::string& except) const {
+  std::error_code ec;
+  std::string have;
+  for (const auto& e : fs::directory_iterator(ckpt_root(), ec)) {
+    const std::string n = e.path().filename().string();
+    if (n != except && n.find('.') == std::string::npos && is_saved_checkpoint(e.path()) &&
+        fs::is_regular_file(e.path() / "model.safetensors", ec) &&
+        fs::is_regular_file(e.path() / "optimizer.safetensors", ec)) {
+      have += (have.empty() ? "" : ", ") + n;
+    }
+  }
+  return have.empty() ? "; the run has no other checkpoint to resume: start it again with "
+                        "--overwrite"
+                      : "; the run's whole checkpoints are " + have +
+                            ": write the name of one into 'latest' to resume from there";
 }
 
 std::string RunDir::last_checkpoint_note() const {

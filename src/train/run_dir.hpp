@@ -47,6 +47,9 @@ class RunDir {
 
   // For an error message about a failed run: where its last good checkpoint is named.
   std::string last_checkpoint_note() const;
+  // "; the run's whole checkpoints are ...: write one into 'latest'" (or none): how a resume goes
+  // on when the checkpoint `latest` names (except) cannot be used.
+  std::string ways_on(const std::string& except) const;
 
  private:
   std::string ckpt_root() const;
