@@ -506,15 +506,27 @@ TEST(Compare, KeptRunsKeepTheirThreadCount) {
     EXPECT_EQ(run(cmd, &log), 1) << shape << "\n" << log;
     EXPECT_NE(log.find("is not the record of a run of this comparison"), std::string::npos) << log;
   }
+  // Nineteenth: a record edited by hand (a loss, a speed) was reported as measured, and flipped
+  // a verdict; every record carries a fingerprint of its content.
+  json edited = json::parse(good);
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"final_val_loss", 1.0}, {"tokens_per_s", 1e12}, {"record_fnv1a64", "0"}}) {
+    json bad = edited;
+    bad[key] = value;
+    std::ofstream(rj) << bad.dump();
+    EXPECT_EQ(run(cmd, &log), 1) << key << "=" << value << "\n" << log;
+    EXPECT_NE(log.find("is not as compare wrote it"), std::string::npos) << log;
+  }
+  // A record as compare writes it, but another place's (e.g. copied in): fingerprinted anew.
+  auto copied_in = [&](json j) { attnres::experiment::write_run_record(rj, j); };
   // Seventeenth: a record naming another run's directory (its model was scored as this run's)
   // or group; a record without settings whose run trained other ones (a 2-step run was kept in
   // a longer comparison, its loss averaged in).
-  json edited = json::parse(good);
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
            {"dir", "../elsewhere"}, {"dir", "runs/full/seed1337"}, {"group", "full"}}) {
     json bad = edited;
     bad[key] = value;
-    std::ofstream(rj) << bad.dump();
+    copied_in(bad);
     EXPECT_EQ(run(cmd, &log), 1) << key << "=" << value << "\n" << log;
     EXPECT_NE(log.find("is the record of another run"), std::string::npos) << log;
   }
@@ -526,7 +538,7 @@ TEST(Compare, KeptRunsKeepTheirThreadCount) {
            {"diagnostics", {{"depth_weights", {{"w", {5, 6}}}}}}}) {
     json bad = edited;
     bad[key] = value;
-    std::ofstream(rj) << bad.dump();
+    copied_in(bad);
     EXPECT_EQ(run(cmd, &log), 1) << key << "=" << value << "\n" << log;
     EXPECT_NE(log.find("is not the record of a run of this comparison"), std::string::npos) << log;
   }
@@ -541,10 +553,10 @@ TEST(Compare, KeptRunsKeepTheirThreadCount) {
   EXPECT_NE(log.find("train_config.json' was made with other settings"), std::string::npos) << log;
   std::ofstream(tc) << tc_good;
   edited.erase("dir");  // (a record without its directory is this run's, no other place's)
-  std::ofstream(rj) << edited.dump();
+  copied_in(edited);
   EXPECT_EQ(run(cmd, &log), 0) << log;
   edited.erase("settings");
-  std::ofstream(rj) << edited.dump();
+  copied_in(edited);
   EXPECT_EQ(run(cmd, &log), 0) << log;  // (its train_config.json has this command's settings)
   std::ofstream(tc) << tcj.dump();
   EXPECT_EQ(run(cmd, &log), 1) << log;
@@ -625,6 +637,18 @@ TEST(Compare, TasksScoreEveryRunsFinalModel) {
   EXPECT_EQ(run(cmd + " --tasks " + (fs::path(td.path) / "edited" / "mc.jsonl").string(), &log), 1)
       << log;
   EXPECT_NE(log.find("was not trained by the run"), std::string::npos) << log;
+  // Nineteenth: the run's own earlier checkpoint copied over its final model was scored as the
+  // run's; a record names its final model's checksum (here: another one's).
+  const fs::path prj = out / "runs" / "prenorm" / "seed1337" / "run.json";
+  json pj = json::parse(slurp(prj));
+  ASSERT_TRUE(pj.contains("model_checksum")) << pj.dump();
+  pj["model_checksum"] = "0123456789abcdef";
+  attnres::experiment::write_run_record(prj, pj);
+  std::ofstream(fs::path(td.path) / "edited" / "mc.jsonl", std::ios::app)
+      << mc.substr(0, mc.find('\n') + 1);
+  EXPECT_EQ(run(cmd + " --tasks " + (fs::path(td.path) / "edited" / "mc.jsonl").string(), &log), 1)
+      << log;
+  EXPECT_NE(log.find("is not the final model its run recorded"), std::string::npos) << log;
 }
 
 TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {

@@ -22,6 +22,7 @@
 #include "attnres/fileio.hpp"
 #include "attnres/model.hpp"
 #include "attnres/report.hpp"
+#include "attnres/safetensors.hpp"
 #include "attnres/tasks.hpp"
 #include "attnres/train.hpp"
 #include "backend/backend.hpp"
@@ -499,6 +500,14 @@ void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& r
         Metadata meta;
         model = load_model(model_path, &meta, 0, be);  // (as the runs trained: bf16 too)
         run_config_beside(model_path, meta);  // (a model copied in from another run: refused)
+        // (and the run's own earlier checkpoint copied over its final model; 19th pass)
+        const auto sum = meta.find(kDataChecksumKey);
+        check(!run.contains("model_checksum") ||
+                  (sum != meta.end() && run["model_checksum"] == sum->second),
+              "'" + model_path +
+                  "' is not the final model its run recorded (another checkpoint copied over "
+                  "it?): restore it, or delete '" +
+                  dir.string() + "' to train the run again");
         tok = load_checkpoint_tokenizer(meta, model_path, model->config().vocab_size);
         std::printf("scoring %s seed %s on %zu task(s)\n",
                     run.value("group", std::string()).c_str(), run.at("seed").dump().c_str(),
@@ -512,7 +521,7 @@ void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& r
                             {"acc", std::isfinite(r.acc) ? json(r.acc) : json(nullptr)},
                             {"acc_norm", r.acc_norm >= 0 ? json(r.acc_norm) : json(nullptr)}};
     }
-    if (model) write_file_atomic((dir / "run.json").string(), run.dump() + "\n");
+    if (model) experiment::write_run_record(dir / "run.json", run);
   }
   // The results hold the scores of this command's task files only: a kept run's score of a file
   // not named now (maybe edited since) was reported as current (sixteenth hostile pass). Its
@@ -684,7 +693,7 @@ bool run_compare(CompareArgs& a) {
         std::printf("  %s seed %llu diverged: %s\n", g.name.c_str(),
                     static_cast<unsigned long long>(c.seed), o.diverged.c_str());
       }
-      write_file_atomic(run_json.string(), rj.dump() + "\n");
+      experiment::write_run_record(run_json, rj);
       runs.push_back(rj);
     }
   }

@@ -98,28 +98,37 @@ void run_eval(const EvalArgs& a) {
   std::string data = a.data;
   double val_fraction = a.val_fraction;
   std::optional<Corpus> corpus;
+  std::optional<TrainConfig> run;
+  std::string run_dir;
   if (data.empty() || val_fraction < 0) {
-    std::string run_dir;
-    if (const auto t = run_config_beside(a.model, meta, &run_dir)) {
-      if (data.empty()) {
-        data = t->data_path;
-        corpus = read_trained_corpus(*t, run_dir);
-        // (a larger held-out share of the run's own corpus reaches into the text it trained
-        // on, and was reported as a val loss; eighteenth hostile pass)
-        check(a.split != "val" || val_fraction <= t->val_fraction,
-              "--val-fraction " + fraction_text(val_fraction) + " is larger than the run's (" +
-                  fraction_text(t->val_fraction) +
-                  "): that val split would include text the model trained on; give at most " +
-                  fraction_text(t->val_fraction) + ", or --data with other text");
-      }
-      if (val_fraction < 0) val_fraction = t->val_fraction;
+    run = run_config_beside(a.model, meta, &run_dir);
+  } else {
+    try {  // (only to know whether --data is the run's own corpus; below)
+      run = run_config_beside(a.model, meta, &run_dir);
+    } catch (const Error&) {  // another run's directory: its corpus says nothing of this model
     }
   }
+  if (run && data.empty()) {
+    data = run->data_path;
+    corpus = read_trained_corpus(*run, run_dir);
+  }
+  if (run && val_fraction < 0) val_fraction = run->val_fraction;
   check(!data.empty(), "no --data given and no train_config.json beside '" + a.model + "'");
   if (val_fraction < 0) val_fraction = 0.1;
   check(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
   auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
   if (!corpus) corpus = read_corpus(data);
+  // A larger held-out share of the run's own corpus (by default, or named by --data, at any
+  // path) reaches into the text it trained on, and was reported as a val loss (18th and 19th
+  // hostile passes).
+  const bool own_corpus =
+      run && (a.data.empty() || (!run->corpus_fingerprint.empty() &&
+                                 hex64(fnv1a64(corpus->text)) == run->corpus_fingerprint));
+  check(!own_corpus || a.split != "val" || val_fraction <= run->val_fraction,
+        "--val-fraction " + fraction_text(val_fraction) + " is larger than the run's (" +
+            fraction_text(run ? run->val_fraction : 0.0) + ") on the corpus it trained on: that " +
+            "val split would include text the model trained on; give at most " +
+            fraction_text(run ? run->val_fraction : 0.0) + ", or --data with other text");
   const std::vector<int32_t> ids = tok->encode(corpus->text);
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t n_train = static_cast<int64_t>(static_cast<double>(n) * (1.0 - val_fraction));

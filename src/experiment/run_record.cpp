@@ -9,9 +9,11 @@
 #include <optional>
 #include <sstream>
 
+#include "attnres/data.hpp"
 #include "attnres/error.hpp"
 #include "attnres/fileio.hpp"
 #include "attnres/model.hpp"
+#include "attnres/safetensors.hpp"
 #include "core/json_field.hpp"
 #include "train/run_dir.hpp"
 
@@ -186,6 +188,8 @@ void check_run_shape(const json& r, uint64_t seed, const fs::path& path, const f
     need(r.contains("init_hash") && r["init_hash"].is_string(), "no 'init_hash' fingerprint");
     need(!r.contains("batch_hash") || r["batch_hash"].is_string() || r["batch_hash"].is_null(),
          "a 'batch_hash' that is not a fingerprint");
+    need(!r.contains("model_checksum") || r["model_checksum"].is_string(),
+         "a 'model_checksum' that is not a checksum");
     for (const char* k : {"settings", "tasks"}) {
       need(!r.contains(k) || r[k].is_object(), "'settings' or 'tasks' not an object");
     }
@@ -208,6 +212,22 @@ void check_run_shape(const json& r, uint64_t seed, const fs::path& path, const f
 }
 }  // namespace
 
+namespace {
+constexpr const char* kRecordKey = "record_fnv1a64";
+
+// The fingerprint of a record: of its JSON text without the fingerprint's own field (an object's
+// keys are sorted, and numbers are printed to round-trip, so the text is the same after a read).
+std::string record_fingerprint(json rj) {
+  rj.erase(kRecordKey);
+  return hex64(fnv1a64(rj.dump()));
+}
+}  // namespace
+
+void write_run_record(const fs::path& path, json& rj) {
+  rj[kRecordKey] = record_fingerprint(rj);
+  write_file_atomic(path.string(), rj.dump() + "\n");
+}
+
 json kept_run(const TrainConfig& c, int64_t vocab, const std::string& group, const fs::path& out) {
   const fs::path dir = c.out_dir;
   const fs::path path = dir / "run.json";
@@ -219,6 +239,14 @@ json kept_run(const TrainConfig& c, int64_t vocab, const std::string& group, con
                 dir.string() + "' to train it again");
   }
   check_run_shape(kept, c.seed, path, dir);
+  // Its figures are the ones compare measured and wrote: an edited loss, speed or task score was
+  // reported and flipped a verdict (nineteenth hostile pass).
+  check(kept.contains(kRecordKey) && kept[kRecordKey].is_string() &&
+            kept[kRecordKey].get<std::string>() == record_fingerprint(kept),
+        "'" + path.string() +
+            "' is not as compare wrote it (edited since, or an older version's record without "
+            "its fingerprint): its figures would be reported unmeasured; delete '" +
+            dir.string() + "' to train it again");
   // The record of this very run: another configuration's (or a path outside the comparison)
   // had its model scored and its figures reported as this one's (seventeenth hostile pass).
   const std::string rel = fs::relative(dir, out).string();
@@ -332,6 +360,15 @@ json run_record(const std::string& group, const TrainConfig& c, int64_t vocab, c
              {"curve", rm.curve},
              {"diagnostics", rm.diagnostics}};
   if (!ok) rj["reason"] = o.diverged;
+  // The final model's checksum: --tasks scores that model and no other (an earlier checkpoint
+  // copied over it was scored as the run's; nineteenth hostile pass).
+  const fs::path model = dir / "model.safetensors";
+  std::error_code ec;
+  if (ok && fs::exists(model, ec)) {
+    const SafetensorsReader file = SafetensorsReader::open(model.string());
+    const auto it = file.metadata().find(kDataChecksumKey);
+    if (it != file.metadata().end()) rj["model_checksum"] = it->second;
+  }
   return rj;
 }
 

@@ -53,6 +53,11 @@ struct RunOutcome {
 // such, with no loss, so that the comparison goes on. Other errors propagate.
 RunOutcome train_run(const TrainConfig& c, const TrainEvents& ev);
 
+// Writes run.json `path` (atomically) with its fingerprint, "record_fnv1a64" (of the record
+// without it), set in `rj` too: a record edited since (a figure nobody measured) is refused when
+// kept.
+void write_run_record(const std::filesystem::path& path, nlohmann::json& rj);
+
 // The run.json record of configuration `group`'s run with config c (its out_dir the run's
 // directory, below `out`). A resumed or diverged run's fingerprint of the initial weights is
 // recomputed the way the trainer computes it (init from the seed).
