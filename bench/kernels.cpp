@@ -2,6 +2,8 @@
 // exists, with achieved GFLOP/s or GB/s as counters. Build: the `attnres_kernels_bench` target;
 // run: build/bench/attnres_kernels_bench [--benchmark_filter=REGEX].
 // Shapes are those of the d 512 / T 512 benchmark model (docs/BENCHMARKS.md).
+#include <omp.h>
+
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -264,6 +266,78 @@ void BM_FullDepthForward(benchmark::State& st) {
     benchmark::DoNotOptimize(x.back().data());
   }
 }
+// Every backward depth mix of a Full AttnRes model with L sublayers, by source as the model runs
+// it (depth_source_backward: source j's gradient from readers j+1..L, each reader's dx streamed
+// once per source), or in groups of G sources sharing one pass over the readers' dx
+// (depth_sources_backward); N 2048 tokens, d 128 (the deep, narrow model at L = 32). Args: {L, G}.
+void BM_FullDepthBackward(benchmark::State& st) {
+  const int64_t N = 2048, d = 128, L = st.range(0), G = st.range(1);
+  ops::DepthMix m;
+  m.d = d;
+  std::vector<std::vector<float>> v, r, dx, x, lse, D;
+  for (int64_t i = 0; i <= L; i++) {
+    v.push_back(randv(N * d, 10 + i));
+    r.emplace_back(N);
+    ops::depth_rstd(r.back().data(), v.back().data(), N, d, 1, 1e-5f);
+  }
+  std::vector<ops::DepthSource> src;
+  for (int64_t i = 0; i <= L; i++) src.push_back({v[i].data(), r[i].data(), nullptr});
+  const auto q = randv((L + 1) * d, 5, 0.1);
+  for (int64_t l = 0; l <= L; l++) {  // each mixer's forward output, lse and dx . x
+    x.emplace_back(N * d);
+    lse.emplace_back(N);
+    D.emplace_back(N);
+    dx.push_back(randv(N * d, 100 + l));
+    ops::depth_mix_forward(x[l].data(), lse[l].data(), src.data(), l + 1, q.data() + l * d, 0, m,
+                           N);
+    ops::depth_dx_dot(D[l].data(), dx[l].data(), x[l].data(), m, N);
+  }
+  const int nthr = omp_get_max_threads();
+  std::vector<std::vector<float>> dv(G, std::vector<float>(N * d));
+  std::vector<float> tmp(N * d), dq(static_cast<size_t>(nthr) * (L + 1) * d);
+  auto readers = [&](int64_t from, int64_t to) {  // mixers from..to
+    std::vector<ops::DepthReader> rd;
+    for (int64_t l = from; l <= to; l++) {
+      rd.push_back({dx[l].data(), lse[l].data(), D[l].data(), q.data() + l * d, l * d});
+    }
+    return rd;
+  };
+  for (auto _ : st) {
+    // Sources L..0 as the backward meets them; a group's head j takes readers j+1..L for sources
+    // j..j-G+1 in one pass; each later member adds the readers inside the group.
+    for (int64_t j = L; j >= 0; j--) {
+      const int64_t head = std::min(L, j + (L - j) % G), i = head - j;
+      if (i == 0) {
+        const int64_t n = std::min(G, j + 1);
+        std::vector<float*> out;
+        for (int64_t g = 0; g < n; g++) out.push_back(dv[g].data());
+        std::vector<ops::DepthSource> s(src.begin() + (j - n + 1), src.begin() + j + 1);
+        std::reverse(s.begin(), s.end());  // (source j first)
+        const auto rd = readers(j + 1, L);
+        if (!rd.empty()) {
+          ops::depth_sources_backward(out.data(), s.data(), n, rd.data(),
+                                      static_cast<int64_t>(rd.size()), dq.data(), (L + 1) * d, nthr,
+                                      m, N);
+        }
+      } else {
+        const auto rd = readers(j + 1, head);
+        ops::depth_source_backward(tmp.data(), src[j], rd.data(), static_cast<int64_t>(rd.size()),
+                                   dq.data(), (L + 1) * d, nthr, m, N);
+        float* part = dv[i].data();
+        for (int64_t c = 0; c < N * d; c++) part[c] += tmp[c];
+      }
+    }
+    benchmark::DoNotOptimize(dv[0].data());
+  }
+}
+BENCHMARK(BM_FullDepthBackward)
+    ->Args({32, 1})
+    ->Args({32, 2})
+    ->Args({32, 4})
+    ->Args({32, 8})
+    ->ArgNames({"L", "G"})
+    ->Unit(benchmark::kMillisecond);
+
 BENCHMARK(BM_FullDepthForward)
     ->Args({32, 1})
     ->Args({32, 2})

@@ -448,12 +448,14 @@ OpCase depth_two_phase_case(int64_t N, int64_t d, int64_t S, int64_t K, int64_t 
 // (out: the K mixes, (K,N,d)); the backward takes one source at a time, its gradient from all
 // K readers at once (WRITTEN), and adds each reader's query gradient from that source to
 // dq + k d. Over all S sources that is the whole gradient.
+// grouped: all S sources in one depth_sources_backward (one pass over the readers' dx).
 OpCase depth_by_source_case(int64_t N, int64_t d, int64_t S, int64_t K, int64_t H, bool softmax,
-                            bool key_norm) {
+                            bool key_norm, bool grouped = false) {
   const ops::DepthMix m = depth_mix(d, H, softmax, key_norm);
   OpCase c = make_case("depth_by_source_N" + std::to_string(N) + "_d" + std::to_string(d) + "_S" +
                            std::to_string(S) + "_K" + std::to_string(K) + "_H" + std::to_string(H) +
-                           (softmax ? "_softmax" : "_sigmoid") + (key_norm ? "_rms" : "_nonorm"),
+                           (softmax ? "_softmax" : "_sigmoid") + (key_norm ? "_rms" : "_nonorm") +
+                           (grouped ? "_grouped" : ""),
                        {}, K * N * d);
   for (int64_t i = 0; i < S; i++) {
     c.in.push_back({"v" + std::to_string(i), N * d, 0.5 + 0.3 * i, 0.0, true, /*written=*/true});
@@ -490,8 +492,12 @@ OpCase depth_by_source_case(int64_t N, int64_t d, int64_t S, int64_t K, int64_t 
       be.depth_dx_dot(D.back()->data(), dout + k * N * d, out->data() + k * N * d, m, N);
       rd.push_back({dout + k * N * d, lse[k]->data(), D.back()->data(), x[S] + k * d, 0});
     }
-    for (int64_t i = 0; i < S; i++) {
-      be.depth_source_backward(dx[i], s.src[i], rd.data(), K, dx[S], m, N);
+    if (grouped) {
+      be.depth_sources_backward(dx.data(), s.src.data(), S, rd.data(), K, dx[S], m, N);
+    } else {
+      for (int64_t i = 0; i < S; i++) {
+        be.depth_source_backward(dx[i], s.src[i], rd.data(), K, dx[S], m, N);
+      }
     }
     be.synchronize();
   };
@@ -565,6 +571,9 @@ const std::vector<OpCase>& cases() {
     t.push_back(depth_by_source_case(9, 16, 4, 3, 1, true, true));
     t.push_back(depth_by_source_case(7, 16, 3, 2, 2, true, true));
     t.push_back(depth_by_source_case(7, 16, 3, 2, 1, false, false));
+    t.push_back(depth_by_source_case(9, 16, 4, 3, 1, true, true, /*grouped=*/true));
+    t.push_back(depth_by_source_case(7, 16, 3, 2, 2, true, true, /*grouped=*/true));
+    t.push_back(depth_by_source_case(7, 16, 3, 2, 1, false, false, /*grouped=*/true));
     t.push_back(scalar_mix_case(5, 37));
     t.push_back(softmax_small_case(7));
     return t;

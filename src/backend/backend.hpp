@@ -182,6 +182,13 @@ class Backend {
   virtual void depth_source_backward(float* dv, const ops::DepthSource& src,
                                      const ops::DepthReader* rd, int64_t K, float* dq,
                                      const ops::DepthMix& m, int64_t N) = 0;
+  // The same for G sources every reader reads (dv: G HOST pointers): one pass over the readers'
+  // dx for all of them where the backend fuses it (the CPU's); else source by source.
+  virtual void depth_sources_backward(float* const* dv, const ops::DepthSource* src, int64_t G,
+                                      const ops::DepthReader* rd, int64_t K, float* dq,
+                                      const ops::DepthMix& m, int64_t N) {
+    for (int64_t g = 0; g < G; g++) depth_source_backward(dv[g], src[g], rd, K, dq, m, N);
+  }
   // out (n) = in rounded to bf16 (uint16_t bits; device backends only: bf16 storage).
   virtual void to_bf16(uint16_t* out, const float* in, int64_t n);
   // One tensor's AdamW update of n elements.

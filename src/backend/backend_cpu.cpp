@@ -230,12 +230,17 @@ class CpuBackend final : public Backend {
   // thread count), then combined in thread order: deterministic.
   void depth_source_backward(float* dv, const ops::DepthSource& src, const ops::DepthReader* rd,
                              int64_t K, float* dq, const ops::DepthMix& m, int64_t N) override {
+    depth_sources_backward(&dv, &src, 1, rd, K, dq, m, N);
+  }
+  void depth_sources_backward(float* const* dv, const ops::DepthSource* src, int64_t G,
+                              const ops::DepthReader* rd, int64_t K, float* dq,
+                              const ops::DepthMix& m, int64_t N) override {
     const int nthr = omp_get_max_threads();
     const int64_t d = m.d;
     readers_.assign(rd, rd + K);
     for (int64_t k = 0; k < K; k++) readers_[k].dq_offset = k * d;
     dq_part_.assign(static_cast<size_t>(nthr * K * d), 0.0f);
-    ops::depth_source_backward(dv, src, readers_.data(), K, dq_part_.data(), K * d, nthr, m, N);
+    ops::depth_sources_backward(dv, src, G, readers_.data(), K, dq_part_.data(), K * d, nthr, m, N);
     for (int t = 0; t < nthr; t++) {
       const float* p = dq_part_.data() + static_cast<int64_t>(t) * K * d;
       for (int64_t j = 0; j < K * d; j++) dq[j] += p[j];

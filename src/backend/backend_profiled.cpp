@@ -229,6 +229,12 @@ class ProfiledBackend final : public Backend {
     const Timed t(prof::kResidual);
     in_->depth_source_backward(dv, src, rd, K, dq, m, N);
   }
+  void depth_sources_backward(float* const* dv, const ops::DepthSource* src, int64_t G,
+                              const ops::DepthReader* rd, int64_t K, float* dq,
+                              const ops::DepthMix& m, int64_t N) override {
+    const Timed t(prof::kResidual);
+    in_->depth_sources_backward(dv, src, G, rd, K, dq, m, N);
+  }
   void to_bf16(uint16_t* out, const float* in, int64_t n) override {
     const Timed t(prof::kResidual);  // (bf16 copies of the depth sources)
     in_->to_bf16(out, in, n);

@@ -115,6 +115,21 @@ inline float score(const DepthSource& s, const float* q, int64_t n, int64_t h, c
   }
 }
 
+// The update half of mix_grad_row, for a weight a and score gradient ds found beforehand (s the
+// score, rs the key's inverse RMS): dv += a dx + ds (r q - s r^2 v / dh), dq += ds r v.
+[[gnu::always_inline]] inline void mix_update_row(float* dvh, float* dqh, const float* vh,
+                                                  const float* gh, const float* qh, float a,
+                                                  float ds, float s, float rs, const DepthMix& m) {
+  const int64_t dh = m.dh();
+  const float dsr = ds * rs;
+  const float kv = m.key_norm ? ds * s * rs * rs / static_cast<float>(dh) : 0.0f;
+#pragma omp simd
+  for (int64_t c = 0; c < dh; c++) {
+    dvh[c] += a * gh[c] + dsr * qh[c] - kv * vh[c];
+    dqh[c] += dsr * vh[c];
+  }
+}
+
 }  // namespace
 
 ATTNRES_KERNEL
@@ -300,37 +315,81 @@ void depth_dx_dot(float* D, const float* dx, const float* x, const DepthMix& m, 
 }
 
 ATTNRES_KERNEL
-void depth_source_backward(float* dv, const DepthSource& src, const DepthReader* rd, int64_t K,
-                           float* dq, int64_t dq_stride, int nthr, const DepthMix& m, int64_t N) {
+void depth_sources_backward(float* const* dv, const DepthSource* src, int64_t G,
+                            const DepthReader* rd, int64_t K, float* dq, int64_t dq_stride,
+                            int nthr, const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();
   const int64_t TB = backward_tile_rows(d);
   const int64_t tiles = (N + TB - 1) / TB;
+  const int64_t tile = G * TB * H;  // one tile's (source, row, head) entries
+  // Per thread: a tile's scores s, weights a and dx . v; made outside the region.
+  std::vector<float> scratch(static_cast<size_t>(nthr * 3 * tile));
 #pragma omp parallel num_threads(nthr)
   {
     float* my_dq = dq + static_cast<int64_t>(omp_get_thread_num()) * dq_stride;
+    float* sc = scratch.data() + static_cast<int64_t>(omp_get_thread_num()) * 3 * tile;
+    float* aw = sc + tile;
+    float* gv = aw + tile;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
-      const int64_t n0 = t * TB, nb = std::min(TB, N - n0);
-      std::fill(dv + n0 * d, dv + (n0 + nb) * d, 0.0f);  // the tile stays in L2 across readers
-      // Reader by reader, each streaming its dx over the tile; the tile's v rows stay in cache.
+      const int64_t n0 = t * TB, nb = std::min(TB, N - n0), nh = nb * H;
+      // The tiles of the G gradients stay in L2 across the readers.
+      for (int64_t g = 0; g < G; g++) std::fill(dv[g] + n0 * d, dv[g] + (n0 + nb) * d, 0.0f);
+      // Reader by reader, each streaming its dx over the tile once for all G sources.
       for (int64_t k = 0; k < K; k++) {
         const DepthReader& R = rd[k];
         float* dqk = my_dq + R.dq_offset;
+        // Pass 1: q . v and dx . v of every (source, row, head) of the tile.
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
           // One core keeps too few cache misses in flight to stream at full bandwidth, and the
           // hardware prefetchers lose track of many interleaved streams: fetch ahead explicitly.
           if (r + kPrefetchRows < nb) prefetch_row(R.dx + (n + kPrefetchRows) * d, d);
-          for (int64_t h = 0; h < H; h++) {
-            mix_grad_row(dv + n * d + h * dh, dqk + h * dh, src.v + n * d + h * dh,
-                         R.dx + n * d + h * dh, R.qg + h * dh,
-                         m.key_norm ? src.rstd[n * H + h] : 1.0f,
-                         m.softmax ? R.lse[n * H + h] : 0.0f, m.softmax ? R.D[n * H + h] : 0.0f, m);
+          for (int64_t g = 0; g < G; g++) {
+            for (int64_t h = 0; h < H; h++) {
+              const int64_t i = g * nh + r * H + h;
+              float qv;
+              dot2(R.qg + h * dh, R.dx + n * d + h * dh, src[g].v + n * d + h * dh, dh, &qv,
+                   &gv[i]);
+              sc[i] = m.key_norm ? qv * src[g].rstd[n * H + h] : qv;
+            }
+          }
+        }
+        // The weights of the whole tile at once (a vectorised exp: one scalar expf per row and
+        // reader was a sixth of this kernel's time at d 128).
+        for (int64_t g = 0; g < G; g++) {
+          const float* sg = sc + g * nh;
+          float* ag = aw + g * nh;
+          if (m.softmax) {
+            const float* l = R.lse + n0 * H;
+#pragma omp simd
+            for (int64_t i = 0; i < nh; i++) ag[i] = vexpf(sg[i] - l[i]);
+          } else {
+            for (int64_t i = 0; i < nh; i++) ag[i] = sigmoid(sg[i]);
+          }
+        }
+        // Pass 2: the updates, the rows of v and dx still in cache.
+        for (int64_t r = 0; r < nb; r++) {
+          const int64_t n = n0 + r;
+          for (int64_t g = 0; g < G; g++) {
+            for (int64_t h = 0; h < H; h++) {
+              const int64_t i = g * nh + r * H + h;
+              const float rs = m.key_norm ? src[g].rstd[n * H + h] : 1.0f;
+              const float ds =
+                  row::depth_score_grad(aw[i], gv[i], m.softmax ? R.D[n * H + h] : 0.0f, m.softmax);
+              mix_update_row(dv[g] + n * d + h * dh, dqk + h * dh, src[g].v + n * d + h * dh,
+                             R.dx + n * d + h * dh, R.qg + h * dh, aw[i], ds, sc[i], rs, m);
+            }
           }
         }
       }
     }
   }
+}
+
+void depth_source_backward(float* dv, const DepthSource& src, const DepthReader* rd, int64_t K,
+                           float* dq, int64_t dq_stride, int nthr, const DepthMix& m, int64_t N) {
+  depth_sources_backward(&dv, &src, 1, rd, K, dq, dq_stride, nthr, m, N);
 }
 
 ATTNRES_KERNEL

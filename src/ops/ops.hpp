@@ -139,6 +139,11 @@ struct DepthReader {
 // deterministic.
 void depth_source_backward(float* dv, const DepthSource& src, const DepthReader* rd, int64_t K,
                            float* dq, int64_t dq_stride, int nthr, const DepthMix& m, int64_t N);
+// The same for G sources at once, every one read by all K readers: dv[g] (N,d) OVERWRITTEN with
+// source g's gradient through them; each reader's dx is streamed once for the G sources.
+void depth_sources_backward(float* const* dv, const DepthSource* src, int64_t G,
+                            const DepthReader* rd, int64_t K, float* dq, int64_t dq_stride,
+                            int nthr, const DepthMix& m, int64_t N);
 // D (N,H) = dx . x over each head slice.
 void depth_dx_dot(float* D, const float* dx, const float* x, const DepthMix& m, int64_t N);
 // Two-phase computation (SPEC 4), softmax gate and per-token-independent queries only.
