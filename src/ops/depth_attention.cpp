@@ -6,8 +6,9 @@
 // runs (a token-by-token walk over 17+ interleaved sources ran at half the bandwidth). Forward:
 // pass 1 scores the tile against every source, a softmax over the sources (vectorised exp), pass 2
 // sums while the tile's rows are still in L2; only the log-sum-exp (N,H) is kept. Backward needs
-// no second pass: the saved lse gives each weight directly, and sum_j a_j (dx . v_j) = dx . x (x
-// is the forward output), so each source row is read once and its gradient updated at once.
+// no second pass over memory: the saved lse gives each weight directly, and sum_j a_j (dx . v_j)
+// = dx . x (x is the forward output), so each source row is read from memory once: a tile's
+// scores, their weights by one vectorised exp, then the updates while the tile is in cache.
 #include <omp.h>
 
 #include <algorithm>
@@ -87,36 +88,10 @@ inline float score(const DepthSource& s, const float* q, int64_t n, int64_t h, c
   return m.key_norm ? dot * s.rstd[n * m.H + h] : dot;
 }
 
-// One (row, head) of one mixer's backward into one source v: q . v and dx . v in one pass over
-// v give the score s = r (q . v) and d loss / d a; the weight a comes from the saved lse (softmax)
-// or the sigmoid, and ds = d loss / d s. Then, with r = rsqrt(mean(v^2) + eps) so that
-// ds/dv = r q - s r^2 v / dh: dv += a dx + ds (r q - s r^2 v / dh) (dv may be null) and
-// dq += ds r v. rs = 1 without key norm; lse and D = dx . x are used by the softmax only.
-[[gnu::always_inline]] inline void mix_grad_row(float* dvh, float* dqh, const float* vh,
-                                                const float* gh, const float* qh, float rs,
-                                                float lse, float D, const DepthMix& m) {
-  const int64_t dh = m.dh();
-  float qv, da;
-  dot2(qh, gh, vh, dh, &qv, &da);
-  const float s = qv * rs;
-  const float a = row::depth_weight(s, lse, m.softmax);
-  const float ds = row::depth_score_grad(a, da, D, m.softmax);
-  const float dsr = ds * rs;
-  if (dvh) {
-    const float kv = m.key_norm ? ds * s * rs * rs / static_cast<float>(dh) : 0.0f;
-#pragma omp simd
-    for (int64_t c = 0; c < dh; c++) {
-      dvh[c] += a * gh[c] + dsr * qh[c] - kv * vh[c];
-      dqh[c] += dsr * vh[c];
-    }
-  } else {
-#pragma omp simd
-    for (int64_t c = 0; c < dh; c++) dqh[c] += dsr * vh[c];
-  }
-}
-
-// The update half of mix_grad_row, for a weight a and score gradient ds found beforehand (s the
-// score, rs the key's inverse RMS): dv += a dx + ds (r q - s r^2 v / dh), dq += ds r v.
+// One (row, head) of a mixer's backward into one source v, given its score s = r (q . v) (r = rs,
+// the key's inverse RMS, rsqrt(mean(v^2) + eps); 1 without key norm), its weight a (from the
+// saved lse, or the sigmoid) and ds = d loss / d s (from a, dx . v and D = dx . x). With
+// ds/dv = r q - s r^2 v / dh: dv += a dx + ds (r q - s r^2 v / dh) and dq += ds r v.
 [[gnu::always_inline]] inline void mix_update_row(float* dvh, float* dqh, const float* vh,
                                                   const float* gh, const float* qh, float a,
                                                   float ds, float s, float rs, const DepthMix& m) {
@@ -259,10 +234,13 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
   // Shared query: each thread sums its rows' query gradient privately; combined in thread order
   // below so results do not depend on scheduling.
   std::vector<float> part(shared_q ? static_cast<size_t>(nthr) * d : 0, 0.0f);
-  std::vector<float> scratch(static_cast<size_t>(nthr * TB * H));  // made outside the region
+  std::vector<float> scratch(static_cast<size_t>(nthr * 4 * TB * H));  // made outside the region
 #pragma omp parallel num_threads(nthr)
   {
-    float* D = scratch.data() + omp_get_thread_num() * TB * H;  // dx . x per row and head
+    float* D = scratch.data() + omp_get_thread_num() * 4 * TB * H;  // dx . x per row and head
+    float* sc = D + TB * H;  // one source's scores, weights and dx . v over the tile
+    float* aw = sc + TB * H;
+    float* gv = aw + TB * H;
     float* my_dq =
         shared_q ? part.data() + static_cast<int64_t>(omp_get_thread_num()) * d : nullptr;
 #pragma omp for schedule(static)
@@ -276,22 +254,51 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
         }
       }
       // Source by source over the tile's rows (long contiguous runs of v and dv); the softmax
-      // weight is known from the saved lse, so each row of v is read once: q . v and dx . v in
-      // one pass, then the update while the row is in L1.
+      // weight is known from the saved lse: q . v and dx . v in one pass over the tile, the
+      // weights of the whole tile at once (a vectorised exp), then the updates while the rows
+      // are in cache.
+      const int64_t nh = nb * H;
       for (int64_t i = 0; i < S; i++) {
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
-          if (r + kPrefetchRows < nb) {
-            prefetch_row(src[i].v + (n + kPrefetchRows) * d, d);
-            if (src[i].dv) prefetch_row(src[i].dv + (n + kPrefetchRows) * d, d);
+          if (r + kPrefetchRows < nb) prefetch_row(src[i].v + (n + kPrefetchRows) * d, d);
+          const float* q = qg + n * q_ld;
+          for (int64_t h = 0; h < H; h++) {
+            float qv;
+            dot2(q + h * dh, dx + n * d + h * dh, src[i].v + n * d + h * dh, dh, &qv,
+                 &gv[r * H + h]);
+            sc[r * H + h] = m.key_norm ? qv * src[i].rstd[n * H + h] : qv;
+          }
+        }
+        if (m.softmax) {
+          const float* l = lse + n0 * H;
+#pragma omp simd
+          for (int64_t j = 0; j < nh; j++) aw[j] = vexpf(sc[j] - l[j]);
+        } else {
+          for (int64_t j = 0; j < nh; j++) aw[j] = sigmoid(sc[j]);
+        }
+        for (int64_t r = 0; r < nb; r++) {
+          const int64_t n = n0 + r;
+          if (src[i].dv && r + kPrefetchRows < nb) {
+            prefetch_row(src[i].dv + (n + kPrefetchRows) * d, d);
           }
           const float* q = qg + n * q_ld;
           float* dq = shared_q ? my_dq : dqg + n * d;
           for (int64_t h = 0; h < H; h++) {
-            mix_grad_row(src[i].dv ? src[i].dv + n * d + h * dh : nullptr, dq + h * dh,
-                         src[i].v + n * d + h * dh, dx + n * d + h * dh, q + h * dh,
-                         m.key_norm ? src[i].rstd[n * H + h] : 1.0f,
-                         m.softmax ? lse[n * H + h] : 0.0f, m.softmax ? D[r * H + h] : 0.0f, m);
+            const int64_t j = r * H + h;
+            const float rs = m.key_norm ? src[i].rstd[n * H + h] : 1.0f;
+            const float ds =
+                row::depth_score_grad(aw[j], gv[j], m.softmax ? D[j] : 0.0f, m.softmax);
+            if (src[i].dv) {
+              mix_update_row(src[i].dv + n * d + h * dh, dq + h * dh, src[i].v + n * d + h * dh,
+                             dx + n * d + h * dh, q + h * dh, aw[j], ds, sc[j], rs, m);
+            } else {
+              const float dsr = ds * rs;
+              const float* vh = src[i].v + n * d + h * dh;
+              float* dqh = dq + h * dh;
+#pragma omp simd
+              for (int64_t c = 0; c < dh; c++) dqh[c] += dsr * vh[c];
+            }
           }
         }
       }
