@@ -1,8 +1,10 @@
 // token_cache.cpp — FNV-1a hashing, checksums and the token cache file.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -88,14 +90,38 @@ bool is_token_cache_file(const std::string& path) {
   return n == static_cast<ssize_t>(sizeof magic) && std::memcmp(magic, kMagic, sizeof magic) == 0;
 }
 
+namespace {
+// Reads up to n bytes at `offset` (retrying short reads); returns how many were read.
+uint64_t read_at(int fd, void* out, uint64_t n, uint64_t offset) {
+  uint64_t got = 0;
+  while (got < n) {
+    const ssize_t r =
+        ::pread(fd, static_cast<char*>(out) + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<uint64_t>(r);
+  }
+  return got;
+}
+}  // namespace
+
 TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int32_t vocab_size) {
   TokenCache tc;
   tc.path_ = path;
-  const std::string bytes = read_file(path);
   const std::string f = "token cache '" + path + "'";
-  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
-  const uint64_t size = bytes.size();
-  check(size >= kTokenCacheHeaderBytes,
+  // The header first, the ids straight into place after it is checked (a 3 GB file of junk was
+  // read whole, then copied; nineteenth hostile pass).
+  const int fd = open_regular_file(path, O_RDONLY | O_CLOEXEC, "read");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  check(::fstat(fd, &st) == 0, "cannot read " + f + ": " + std::strerror(errno));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint8_t p[kTokenCacheHeaderBytes] = {};
+  check(size >= kTokenCacheHeaderBytes &&
+            read_at(fd, p, kTokenCacheHeaderBytes, 0) == kTokenCacheHeaderBytes,
         f + " is truncated (" + std::to_string(size) + " bytes, the header alone is " +
             std::to_string(kTokenCacheHeaderBytes) + ")" + kRebuild);
   check(std::memcmp(p, kMagic, 8) == 0,
@@ -123,7 +149,8 @@ TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int3
   check(key == expected_key, f + " was built from a different corpus or tokenizer (key mismatch)" +
                                  std::string(kRebuild));
   tc.tokens_.resize(static_cast<size_t>(count));
-  if (payload > 0) std::memcpy(tc.tokens_.data(), p + kTokenCacheHeaderBytes, payload);
+  check(read_at(fd, tc.tokens_.data(), payload, kTokenCacheHeaderBytes) == payload,
+        f + " is truncated (it shrank while read)" + std::string(kRebuild));
 
   // Every id is checked once here so the model's embedding lookup can trust them.
   const int32_t* t = tc.tokens_.data();
@@ -139,7 +166,7 @@ TokenCache TokenCache::open(const std::string& path, uint64_t expected_key, int3
                 kRebuild);
     }
   }
-  check(checksum64(p + kTokenCacheHeaderBytes, payload) == sum,
+  check(checksum64(tc.tokens_.data(), payload) == sum,
         f +
             " does not hold the tokens it was written with (checksum mismatch): it was altered "
             "or damaged" +

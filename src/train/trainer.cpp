@@ -5,6 +5,9 @@
 // deterministic in (seed, step, micro), so a run resumed from a checkpoint continues exactly where
 // it stopped; data parallel over a dist::Communicator (each rank trains on its slice of every
 // batch, gradients are all-reduced).
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -12,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -93,6 +97,24 @@ double logged_seconds_at(const fs::path& metrics, int64_t step) {
     }
   });
   return std::max(0.0, secs);
+}
+
+// The address space this process holds (its virtual size: what `ulimit -v` bounds), or 0 when
+// /proc cannot say.
+size_t address_space_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0;
+  if (!(statm >> pages)) return 0;
+  return pages * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Whether `bytes` more address space could be had now (mapped, not touched, and given back).
+bool address_space_spare(size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  ::munmap(p, bytes);
+  return true;
 }
 
 // Fingerprint of everything that must be identical on every rank: weights, the AdamW step count
@@ -729,6 +751,7 @@ class Trainer {
     // slice; rank 0's diagnostics on a whole batch)
     model_->forward(zeros.data(), zeros.data(), slice, T);
     if (root_) model_->forward(zeros.data(), zeros.data(), B, T);
+    const size_t eval_bytes = static_cast<size_t>(model_->activation_bytes());
     if (pipeline_) {
       model_->release_activations();
       const std::vector<const int32_t*> micro(static_cast<size_t>(cfg_.grad_accum), zeros.data());
@@ -742,6 +765,23 @@ class Trainer {
     // (the first save ran out of memory after an --overwrite deleted the old run; 18th pass).
     if (root_ && opt_->sharded()) (void)whole_state();
     model_->zero_grad();
+    // An --overwrite deletes the old run next. A run that fits with nothing to spare ran out of
+    // memory later all the same, now and then (the heap grows as it fragments: a pipeline's
+    // evaluation after the last step, 7 of 24 runs in a 35 MB band; nineteenth hostile pass), so
+    // it must leave free an eighth of what it holds, and in a pipeline no less than its
+    // evaluation's activations (which a pipeline frees and takes again around each evaluation).
+    if (cfg_.overwrite && !cfg_.resume) {
+      const size_t held = address_space_bytes();
+      const size_t spare = std::max({size_t{32} << 20, held / 8, pipeline_ ? eval_bytes : 0});
+      if (!address_space_spare(spare)) {
+        throw out_of_memory(
+            "the margin a run keeps before --overwrite deletes the old one (an eighth of the " +
+                std::to_string(held >> 20) + " MiB it holds" +
+                (pipeline_ ? std::string(", or a pipeline's evaluation activations") : "") + ")",
+            static_cast<double>(spare),
+            "nothing was deleted; lower --batch-size, --seq-len, --d-model or --n-layer");
+      }
+    }
     // A rank that failed ends the job (cmd_train aborts it) while the others wait here: rank 0
     // never goes on to stage 5 unless every rank rehearsed.
     if (ranks_ > 1) comm_.barrier();
