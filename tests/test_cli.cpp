@@ -904,6 +904,31 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
   EXPECT_EQ(r.code, 0) << r.out;
 }
 
+// Nineteenth pass: a run trained on one thread, stopped and continued with the command it
+// printed (then on all cores) ended with other weights, without a word. The thread count is
+// part of the recorded layout: the command names it, and a resume on another count says so.
+TEST(Cli, AResumeOnAnotherThreadCountIsNoted) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const std::string run_dir = (dir / "run").string();
+  CliRun r = run("--threads 1 train --data " + data + kTinyModel +
+                 " --steps 4 --save-every 2 --out " + run_dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ofstream(dir / "run" / "latest") << "step_00000002\n";
+  r = run("--threads 2 train --resume --sample-tokens 0 --out " + run_dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out,
+                       "trained as 1 process of 1 thread and continues as 1 process of 2 "
+                       "threads"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "(attnres --threads 1 train --resume --out " + run_dir)) << r.out;
+  std::ofstream(dir / "run" / "latest") << "step_00000002\n";
+  r = run("--threads 2 train --resume --sample-tokens 0 --out " + run_dir);  // (now recorded)
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(contains(r.out, "continues as")) << r.out;
+}
+
 // Fourteenth pass: a --prompt longer than the context failed train after the whole training
 // (exit 1, the model saved): a script retrying with --overwrite threw the model away. The sample
 // now starts from the prompt's end, with a note, and train succeeds.

@@ -42,8 +42,8 @@ void copy_file_atomic(const std::string& from, const std::string& to);
 void for_each_line(const std::string& path, size_t max_line,
                    const std::function<void(std::string_view line, int64_t number, bool cut)>& fn);
 
-// The longest metrics.jsonl line read (a diagnostics line of a deep model is a few MiB).
-constexpr size_t kMaxMetricsLine = size_t{64} << 20;
+// The longest metrics.jsonl line read (a diagnostics line of a deep model is well under a MiB).
+constexpr size_t kMaxMetricsLine = size_t{16} << 20;
 
 // The largest tokenizer.model read (SentencePiece models of 256k pieces are a few MiB).
 constexpr size_t kMaxSentencePieceBytes = size_t{256} << 20;

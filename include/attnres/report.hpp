@@ -4,9 +4,13 @@
 // else in the report is generated from it, so `attnres report RUN_DIR` can regenerate it.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace attnres {
+
+// The largest results.json read (a comparison of many runs' curves is a few MiB).
+constexpr size_t kMaxResultsBytes = size_t{256} << 20;
 
 // Writes RUN_DIR/report.md from RUN_DIR/results.json (atomically). Throws Error naming the file
 // if results.json is missing or malformed.

@@ -95,6 +95,9 @@ struct TrainConfig {
   // layout says its sums run in another order, and a plain --resume on as many ranks continues
   // the pipeline it ran. 0: not recorded (runs of earlier versions).
   int64_t ranks = 0;
+  // The OpenMP threads of each rank (set by train(), recorded beside ranks): the CPU's sums run
+  // in an order that depends on them, so a resume on another count is noted. 0: not recorded.
+  int64_t threads = 0;
   // Where the model trains (attnres/backend.hpp): cpu, cuda or cuda-host. A runtime choice too;
   // other than cpu: data parallel only (no pipeline, no ZeRO-1); with several ranks on GPUs each
   // rank takes the GPU of its index on its host and gradients are summed with NCCL.

@@ -566,7 +566,8 @@ void check_own_outputs(const std::string& out, const char* json_name, const char
   bool ours = false;
   if (fs::exists(fs::symlink_status(js, ec))) {
     try {
-      ours = parse_json(read_file(js.string())).contains(json_key);
+      ours =
+          parse_json(read_small_file(js.string(), kMaxResultsBytes, json_name)).contains(json_key);
     } catch (const std::exception&) {  // (Error or a JSON exception: not an earlier output)
     }
     check(ours, "'" + js.string() + "' is not the " + json_name +
@@ -791,7 +792,7 @@ void add_report(CLI::App& app) {
     const std::string rp = (fs::path(*dir) / "results.json").string();
     json r;
     try {
-      r = parse_json(read_file(rp));
+      r = parse_json(read_small_file(rp, kMaxResultsBytes, "a comparison's results.json"));
     } catch (const json::exception& e) {
       throw Error("'" + rp + "' is not valid JSON (" + e.what() + "); rerun `attnres compare`");
     }

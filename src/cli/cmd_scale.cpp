@@ -250,7 +250,9 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
                 static_cast<double>(steps) * per_step);
     std::fflush(stdout);
     if (!run_compare(c)) return false;
-    results.push_back(json::parse(read_file((fs::path(c.out) / "results.json").string())));
+    results.push_back(
+        json::parse(read_small_file((fs::path(c.out) / "results.json").string(), kMaxResultsBytes,
+                                    "a comparison's results.json")));
   }
   const json s = summarize(sizes, results);
   write_file_atomic((fs::path(a.cmp.out) / "scaling.json").string(), s.dump(1) + "\n");

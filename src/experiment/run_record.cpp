@@ -233,7 +233,8 @@ json kept_run(const TrainConfig& c, int64_t vocab, const std::string& group, con
   const fs::path path = dir / "run.json";
   json kept;
   try {
-    kept = parse_json(read_file(path.string()));
+    kept =
+        parse_json(read_small_file(path.string(), kMaxRunRecordBytes, "a comparison's run.json"));
   } catch (const json::exception& e) {
     throw Error("'" + path.string() + "' is not valid JSON (" + e.what() + "); delete '" +
                 dir.string() + "' to train it again");
@@ -267,7 +268,8 @@ json kept_run(const TrainConfig& c, int64_t vocab, const std::string& group, con
   const fs::path tc = dir / "train_config.json";
   json have;
   try {
-    have = parse_json(read_file(tc.string()));
+    have =
+        parse_json(read_small_file(tc.string(), kMaxTrainConfigBytes, "a run's train_config.json"));
   } catch (const std::exception& e) {
     throw Error("'" + tc.string() + "' cannot say what the run kept in '" + dir.string() +
                 "' trained (" + e.what() + "); delete '" + dir.string() + "' to train it again");
@@ -297,7 +299,8 @@ bool prepare_run_dir(const TrainConfig& c, int64_t vocab) {
   }
   json have;  // an interrupted run continues only under the same settings
   try {
-    have = parse_json(read_file((dir / "train_config.json").string()));
+    have = parse_json(read_small_file((dir / "train_config.json").string(), kMaxTrainConfigBytes,
+                                      "a run's train_config.json"));
   } catch (const json::exception& e) {
     throw Error("'" + (dir / "train_config.json").string() + "' is not valid JSON (" + e.what() +
                 "); delete '" + dir.string() + "' to train it again");

@@ -53,6 +53,9 @@ struct RunOutcome {
 // such, with no loss, so that the comparison goes on. Other errors propagate.
 RunOutcome train_run(const TrainConfig& c, const TrainEvents& ev);
 
+// The largest run.json read (a run's curve and diagnostics are well under a MiB).
+constexpr size_t kMaxRunRecordBytes = size_t{64} << 20;
+
 // Writes run.json `path` (atomically) with its fingerprint, "record_fnv1a64" (of the record
 // without it), set in `rj` too: a record edited since (a figure nobody measured) is refused when
 // kept.

@@ -177,7 +177,7 @@ void write_report(const std::string& run_dir) {
   const std::string path = (fs::path(run_dir) / "results.json").string();
   nlohmann::json r;
   try {
-    r = parse_json(read_file(path));
+    r = parse_json(read_small_file(path, kMaxResultsBytes, "a comparison's results.json"));
   } catch (const nlohmann::json::exception& e) {
     throw Error("'" + path + "' is not valid JSON (" + e.what() + "); rerun `attnres compare`");
   }

@@ -431,7 +431,7 @@ bool looks_like_a_runs(const std::string& n, const fs::path& p) {
 
 }  // namespace
 
-std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only) {
+void check_out_not_in_checkpoints(const std::string& out_dir) {
   const fs::path d = out_dir;
   {  // Another run's checkpoints/ or one of its checkpoints is that run's, never a new run's place.
     std::error_code ec;  // (links resolved: a link to a checkpoint is that checkpoint)
@@ -451,6 +451,11 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
                        "that run (a new run there would replace a checkpoint's weights); use "
                        "another --out");
   }
+}
+
+std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only) {
+  const fs::path d = out_dir;
+  check_out_not_in_checkpoints(out_dir);
   auto present = [&](const char* n) { return fs::exists(fs::symlink_status(d / n)); };
   // Only what the engine wrote is ever deleted: regular files, and a checkpoints/ directory of
   // step_* directories. Anything else under those names is the user's: refused, never removed.

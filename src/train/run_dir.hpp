@@ -102,6 +102,9 @@ class RunLock {
 // Returns what it deleted, as a message ("" = nothing). With check_only, it only checks (and
 // deletes nothing): the trainer checks first and deletes once the new run's inputs have been
 // read and found good, so that a new run that cannot start loses nothing of the old one.
+// Error when out_dir is another run's checkpoints/ directory or one of its checkpoints (checked
+// before anything is made there: a refused --out left its .lock in the other run).
+void check_out_not_in_checkpoints(const std::string& out_dir);
 std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only = false);
 
 // The first entry of the directory `dir` that a run (train, or compare's record of it) does not

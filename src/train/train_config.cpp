@@ -121,6 +121,7 @@ std::string TrainConfig::to_json() const {
                      {"virtual_stages", virtual_stages},
                      {"pipeline_comm", pipeline_comm},
                      {"zero1", zero1}};
+    if (threads > 0) j["parallel"]["threads"] = threads;
   }
   return j.dump(2);
 }
@@ -193,8 +194,9 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
       get_pa("virtual_stages", c.virtual_stages);
       get_pa("pipeline_comm", c.pipeline_comm);
       get_pa("zero1", c.zero1);
+      get_pa("threads", c.threads);  // (absent: an earlier version's record)
       // (a damaged record is the file's fault, not an option's: said so, naming the field)
-      check(c.ranks >= 1 && c.pipeline >= 1 && c.virtual_stages >= 1 &&
+      check(c.ranks >= 1 && c.pipeline >= 1 && c.virtual_stages >= 1 && c.threads >= 0 &&
                 (c.pipeline_comm == "cached" || c.pipeline_comm == "naive"),
             "training config: 'parallel' records ranks " + std::to_string(c.ranks) + ", pipeline " +
                 std::to_string(c.pipeline) + ", virtual_stages " +

@@ -5,6 +5,7 @@
 // deterministic in (seed, step, micro), so a run resumed from a checkpoint continues exactly where
 // it stopped; data parallel over a dist::Communicator (each rank trains on its slice of every
 // batch, gradients are all-reduced).
+#include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -295,6 +296,7 @@ class Trainer {
       cfg_.pipeline = in_.pipeline;
       cfg_.virtual_stages = in_.virtual_stages;
       cfg_.pipeline_comm = in_.pipeline_comm;
+      cfg_.threads = omp_get_max_threads();
       if (cfg_.device != in_.device || cfg_.precision != in_.precision ||
           cfg_.cuda_graphs != in_.cuda_graphs) {
         auto how = [](const TrainConfig& c) {
@@ -311,6 +313,7 @@ class Trainer {
       note_layout_change();
     }
     cfg_.ranks = ranks_;
+    cfg_.threads = omp_get_max_threads();
     cfg_.schedule.total_steps = cfg_.steps;
     cfg_.validate();
     piped_ = cfg_.pipeline > 1;
@@ -332,6 +335,7 @@ class Trainer {
                 cfg_.pipeline_comm + "+device" + to_string(cfg_.device) + "+precision" +
                 to_string(cfg_.precision)),
         "training options", "start every rank with the same command line");
+    if (!cfg_.resume) check_out_not_in_checkpoints(cfg_.out_dir);  // (nineteenth pass)
     fs::create_directories(cfg_.out_dir);
     if (root_) {
       lock_ = std::make_unique<RunLock>(cfg_.out_dir);
@@ -638,18 +642,22 @@ class Trainer {
 
   // How the ranks share the work: what decides the order of the gradient sums (ranks, pipeline
   // stages, the scheme that sends the sources) and ZeRO-1 (the same sums: kept, not compared).
+  // And the threads of each rank (the CPU's kernels split rows, and sum partials, by thread;
+  // a resume on all cores of a run trained on one differed without a word; nineteenth pass).
   struct Layout {
     int64_t ranks = 0;  // 0: not recorded
     int64_t pipeline = 1, virtual_stages = 1;
     std::string comm = "cached";
     bool zero1 = false;
+    int64_t threads = 0;  // 0: not recorded
     bool same_sums(const Layout& o) const {
       return ranks == o.ranks && pipeline == o.pipeline && virtual_stages == o.virtual_stages &&
-             (pipeline == 1 || comm == o.comm);
+             (pipeline == 1 || comm == o.comm) &&
+             (threads == 0 || o.threads == 0 || threads == o.threads);
     }
   };
   static Layout layout_of(const TrainConfig& c, int64_t ranks) {
-    return {ranks, c.pipeline, c.virtual_stages, c.pipeline_comm, c.zero1};
+    return {ranks, c.pipeline, c.virtual_stages, c.pipeline_comm, c.zero1, c.threads};
   }
 
   // In words: "a pipeline of 2 ranks x 2 virtual stages (naive)", "data-parallel on 4 ranks".
@@ -661,13 +669,19 @@ class Trainer {
                                    : "") +
              (l.comm != "cached" ? " (" + l.comm + " communication)" : "");
     }
-    return l.ranks == 1 ? "1 process" : "data-parallel on " + r + " ranks";
+    const std::string t =
+        l.threads > 0 ? " of " + std::to_string(l.threads) +
+                            (l.threads == 1 ? std::string(" thread") : std::string(" threads"))
+                      : std::string();
+    return l.ranks == 1 ? "1 process" + t : "data-parallel on " + r + " ranks" + t;
   }
 
   // The command that continues a run of layout l as it ran.
   std::string resume_command(const Layout& l) const {
     std::string how = (l.ranks > 1 ? "mpirun -np " + std::to_string(l.ranks) + " " : "") +
-                      "attnres train --resume --out " + cfg_.out_dir;
+                      "attnres " +
+                      (l.threads > 0 ? "--threads " + std::to_string(l.threads) + " " : "") +
+                      "train --resume --out " + cfg_.out_dir;
     if (l.pipeline > 1) how += " --pipeline " + std::to_string(l.pipeline);
     if (l.virtual_stages > 1) how += " --virtual-stages " + std::to_string(l.virtual_stages);
     if (l.pipeline > 1 && l.comm != "cached") how += " --pipeline-comm " + l.comm;
