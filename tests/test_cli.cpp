@@ -907,7 +907,7 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
 // Nineteenth pass: a run trained on one thread, stopped and continued with the command it
 // printed (then on all cores) ended with other weights, without a word. The thread count is
 // part of the recorded layout: the command names it, and a resume on another count says so.
-TEST(Cli, AResumeOnAnotherThreadCountIsNoted) {
+TEST(Cli, AResumeOnAnotherThreadCountIsNotedAndSamplesAsTheRunStarted) {
   TempDir td;
   const fs::path dir = td.path;
   const std::string data = corpus(dir);
@@ -927,6 +927,16 @@ TEST(Cli, AResumeOnAnotherThreadCountIsNoted) {
   r = run("--threads 2 train --resume --sample-tokens 0 --out " + run_dir);  // (now recorded)
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(contains(r.out, "continues as")) << r.out;
+  // A plain --resume samples as the run started (--sample-tokens 0: no sample; it sampled 200
+  // tokens, since pass 5), and a given --sample-tokens applies to that call.
+  std::ofstream(dir / "run" / "latest") << "step_00000002\n";
+  r = run("--threads 2 train --resume --out " + run_dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(contains(r.out, "----")) << r.out;
+  std::ofstream(dir / "run" / "latest") << "step_00000002\n";
+  r = run("--threads 2 train --resume --sample-tokens 5 --prompt 'line 3' --out " + run_dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "----\nline 3")) << r.out;
 }
 
 // Fourteenth pass: a --prompt longer than the context failed train after the whole training

@@ -98,6 +98,11 @@ struct TrainConfig {
   // The OpenMP threads of each rank (set by train(), recorded beside ranks): the CPU's sums run
   // in an order that depends on them, so a resume on another count is noted. 0: not recorded.
   int64_t threads = 0;
+  // The closing sample of the CLI (--sample-tokens, --prompt): recorded in train_config.json
+  // "sample", outside the run's settings, so that a plain --resume samples as the run started
+  // (it sampled 200 tokens after a run started with --sample-tokens 0). -1: none recorded.
+  int64_t sample_tokens = -1;
+  std::string prompt;
   // Where the model trains (attnres/backend.hpp): cpu, cuda or cuda-host. A runtime choice too;
   // other than cpu: data parallel only (no pipeline, no ZeRO-1); with several ranks on GPUs each
   // rank takes the GPU of its index on its host and gradients are summed with NCCL.
@@ -163,6 +168,9 @@ struct TrainResult {
   // The command that continues the run as it ran (e.g. "mpirun -np 2 attnres train --resume
   // --out runs/a --pipeline 2"), for the stop message.
   std::string resume_command;
+  // The closing sample the run records (TrainConfig::sample_tokens, prompt; -1: none).
+  int64_t sample_tokens = -1;
+  std::string prompt;
 };
 
 // What the library tells the caller while training (the CLI draws the progress bar).

@@ -123,7 +123,10 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
       "done: %s in %s | final val loss %s | %s | %lld params | peak memory %s MiB\nmodel: %s\n",
       steps.c_str(), format_duration(r.seconds).c_str(), val.c_str(), speed,
       static_cast<long long>(r.num_params), memory.c_str(), r.model_path.c_str());
-  if (a.sample_tokens > 0) {
+  // The closing sample the run records (a plain --resume samples as the run started).
+  const int64_t sample_tokens = r.sample_tokens >= 0 ? r.sample_tokens : a.sample_tokens;
+  const std::string& prompt_text = r.sample_tokens >= 0 ? r.prompt : a.prompt;
+  if (sample_tokens > 0) {
     Metadata meta;
     auto model = load_model(r.model_path, &meta);
     auto tok = load_checkpoint_tokenizer(meta, r.model_path, model->config().vocab_size);
@@ -131,7 +134,7 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
     sc.temperature = 0.8;
     sc.top_k = 40;
     sc.seed = cfg.seed;
-    auto prompt = tok->encode(a.prompt);
+    auto prompt = tok->encode(prompt_text);
     if (prompt.empty()) prompt.push_back(0);
     // The model is saved by now: a --prompt longer than the context is cut from the left (a
     // failed exit here would make a script retry and throw the trained model away).
@@ -143,10 +146,10 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
           prompt.size(), static_cast<long long>(ctx), static_cast<long long>(keep));
       prompt.erase(prompt.begin(), prompt.end() - keep);
     }
-    auto out = generate(*model, prompt, a.sample_tokens, sc, nullptr);
+    auto out = generate(*model, prompt, sample_tokens, sc, nullptr);
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), out.begin(), out.end());
-    const bool cut = static_cast<int64_t>(out.size()) < a.sample_tokens;  // the context is full
+    const bool cut = static_cast<int64_t>(out.size()) < sample_tokens;  // the context is full
     // (written whole: a NUL byte in it, token 0 of the byte tokenizer, ended a %s early)
     const std::string text = tok->decode(all);
     std::printf(
@@ -258,6 +261,11 @@ void add_train(CLI::App& app) {
       "sequences through them (1F1B); losses and weights match a 1-process run with the same\n"
       "--batch-size and --grad-accum. See README, \"Multi-process training (MPI)\".");
   s->callback([a, d, s] {
+    // The closing sample: a new run records it; a resume takes the run's unless given.
+    if (!a->cfg.resume || s->count("--sample-tokens") > 0 || s->count("--prompt") > 0) {
+      a->cfg.sample_tokens = a->sample_tokens;
+      a->cfg.prompt = a->prompt;
+    }
     if (a->cfg.resume) {
       check_resume_options(*s, a->cfg.out_dir);
       apply_saved_runtime(*s, *a);

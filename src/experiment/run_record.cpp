@@ -65,8 +65,8 @@ RunMetrics read_metrics(const fs::path& metrics) {
 }
 
 // What a run's train_config.json records that is not a setting of its model or training.
-constexpr std::array<const char*, 6> kNoSettings = {"out_dir",    "data_dir",         "log_every",
-                                                    "save_every", "keep_checkpoints", "parallel"};
+constexpr std::array<const char*, 7> kNoSettings = {
+    "out_dir", "data_dir", "log_every", "save_every", "keep_checkpoints", "parallel", "sample"};
 
 json run_settings(const TrainConfig& c, int64_t vocab) {
   TrainConfig r = c;

@@ -115,6 +115,7 @@ std::string TrainConfig::to_json() const {
                     {"precision", to_string(precision)},
                     {"cuda_graphs", cuda_graphs}};
   }
+  if (sample_tokens >= 0) j["sample"] = {{"tokens", sample_tokens}, {"prompt", prompt}};
   if (ranks > 0) {
     j["parallel"] = {{"ranks", ranks},
                      {"pipeline", pipeline},
@@ -184,6 +185,14 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
       if (get_rt("precision", name)) c.precision = parse_precision(name);
       get_rt("cuda_graphs", c.cuda_graphs);
     }
+    if (auto sa = j.find("sample"); sa != j.end()) {
+      check(sa->is_object(), "training config: 'sample' must be an object");
+      read_json_field(*sa, "tokens", c.sample_tokens, "training config sample");
+      read_json_field(*sa, "prompt", c.prompt, "training config sample");
+      check(c.sample_tokens >= 0, "training config: 'sample' records " +
+                                      std::to_string(c.sample_tokens) +
+                                      " tokens; a closing sample has 0 or more");
+    }
     if (auto pa = j.find("parallel"); pa != j.end()) {
       check(pa->is_object(), "training config: 'parallel' must be an object");
       auto get_pa = [&](const char* k, auto& dst) {
@@ -216,6 +225,7 @@ std::string fingerprint_of(const std::string& json_text, bool with_data_dir) {
   j.erase("out_dir");
   j.erase("runtime");                       // (where it trains: a resume may change it)
   j.erase("parallel");                      // (on how many ranks: likewise)
+  j.erase("sample");                        // (the closing sample is not the run's)
   if (!with_data_dir) j.erase("data_dir");  // (where a comparison keeps its data: it may move)
   return hex64(fnv1a64(j.dump()));
 }

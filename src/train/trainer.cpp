@@ -297,6 +297,10 @@ class Trainer {
       cfg_.virtual_stages = in_.virtual_stages;
       cfg_.pipeline_comm = in_.pipeline_comm;
       cfg_.threads = omp_get_max_threads();
+      if (in_.sample_tokens >= 0) {  // (given now: for this call; the record keeps the run's)
+        cfg_.sample_tokens = in_.sample_tokens;
+        cfg_.prompt = in_.prompt;
+      }
       if (cfg_.device != in_.device || cfg_.precision != in_.precision ||
           cfg_.cuda_graphs != in_.cuda_graphs) {
         auto how = [](const TrainConfig& c) {
@@ -1055,6 +1059,8 @@ class Trainer {
   // Stage 9: the last checkpoint and the final model, the measured throughput and traffic.
   TrainResult finish() {
     res_.resume_command = resume_command(layout_of(cfg_, ranks_));
+    res_.sample_tokens = cfg_.sample_tokens;
+    res_.prompt = cfg_.prompt;
     const int64_t step = step_;
     res_.steps_done = step;
     res_.first_step = start_;
