@@ -197,7 +197,8 @@ TEST(Faults, StopSignalsSaveACheckpointAndResumeExactly) {
     const std::string log = slurp(out.string() + ".log");
     ASSERT_EQ(code, 0) << strsignal(sig) << ": " << log;
     EXPECT_NE(log.find("stopped at step"), std::string::npos) << log;
-    EXPECT_NE(log.find("attnres train --resume --out " + out.string()), std::string::npos) << log;
+    EXPECT_NE(log.find(" train --resume --out " + out.string()), std::string::npos) << log;
+    EXPECT_NE(log.find("continue with: attnres --threads "), std::string::npos) << log;
     EXPECT_FALSE(fs::exists(out / "model.safetensors")) << "an interrupted run has no final model";
     const int64_t at = check_latest_loads(out);
     EXPECT_GT(at, 0);
