@@ -246,6 +246,15 @@ TEST(Cli, ConfigFileWithOverrides) {
   std::string js((std::istreambuf_iterator<char>(f)), {});
   EXPECT_TRUE(contains(js, "\"d_model\": 16")) << js;  // the file's value was used
   EXPECT_TRUE(contains(js, "\"lr\": 0.002")) << js;
+  EXPECT_FALSE(contains(r.out, "has no [train] section")) << r.out;
+  // Twentieth pass: a file of another command's section (a shared file) applies nothing here:
+  // said so (train ran its default 1000 steps without a word).
+  std::ofstream(dir / "other.toml") << "[compare]\nsteps = 2\n";
+  r = run("--config " + (dir / "other.toml").string() + " train --data " + data + kTinyModel +
+          " --steps 2 --out " + (dir / "other").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "other.toml' has no [train] section: nothing in it applies"))
+      << r.out;
   // A file saved with a UTF-8 byte-order mark: the reader said "INI was not able to parse" and
   // named neither the file nor the cause.
   std::ofstream(dir / "bom.toml") << "\xEF\xBB\xBFsteps = 3\n";
@@ -879,6 +888,11 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
   }
   r = run("eval " + model + " --data " + data);  // (the text as it is now, asked for by name)
   EXPECT_EQ(r.code, 0) << r.out;
+  // Twentieth pass: the run's corpus, edited since and named by --data, with a larger held-out
+  // share than the run's: still mostly the text it trained on.
+  r = run("eval " + model + " --data " + data + " --val-fraction 0.5");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "on the corpus it trained on")) << r.out;
   // Eleventh hostile pass: a model copied into another run's directory was scored on that run's
   // validation split (which it may have trained on) as held-out text. The final model records its
   // run's settings, and eval and inspect refuse another run's defaults for it.

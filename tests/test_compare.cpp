@@ -564,6 +564,13 @@ TEST(Compare, KeptRunsKeepTheirThreadCount) {
   std::ofstream(tc) << tc_good;
   std::ofstream(rj) << good;
   EXPECT_EQ(run(cmd, &log), 0) << log;
+  // Twentieth: a kept run whose final model is gone (or another) is not "already done".
+  const fs::path model = rj.parent_path() / "model.safetensors";
+  fs::rename(model, rj.parent_path() / "moved.safetensors");
+  EXPECT_EQ(run(cmd, &log), 1) << log;
+  EXPECT_NE(log.find("has lost its final model"), std::string::npos) << log;
+  fs::rename(rj.parent_path() / "moved.safetensors", model);
+  EXPECT_EQ(run(cmd, &log), 0) << log;
 }
 
 // compare --tasks scores every finished run's final model on the task files (the same numbers as
@@ -628,7 +635,8 @@ TEST(Compare, TasksScoreEveryRunsFinalModel) {
   EXPECT_NE(log.find("bad.jsonl' line 1"), std::string::npos) << log;
   EXPECT_FALSE(fs::exists(fs::path(td.path) / "cmp2" / "runs"));
   // Twelfth hostile pass: another run's model copied over a kept run's was scored and recorded
-  // as that run's. The model records its run's settings; scoring refuses a stranger.
+  // as that run's. The model records its run's settings, and the run its model's checksum: the
+  // kept run is refused (twentieth pass: before, when scored).
   const fs::path full = out / "runs" / "full" / "seed1337" / "model.safetensors";
   fs::copy_file(out / "runs" / "prenorm" / "seed1337" / "model.safetensors", full,
                 fs::copy_options::overwrite_existing);
@@ -636,7 +644,7 @@ TEST(Compare, TasksScoreEveryRunsFinalModel) {
       << mc.substr(0, mc.find('\n') + 1);
   EXPECT_EQ(run(cmd + " --tasks " + (fs::path(td.path) / "edited" / "mc.jsonl").string(), &log), 1)
       << log;
-  EXPECT_NE(log.find("was not trained by the run"), std::string::npos) << log;
+  EXPECT_NE(log.find("is not the final model its run recorded"), std::string::npos) << log;
   // Nineteenth: the run's own earlier checkpoint copied over its final model was scored as the
   // run's; a record names its final model's checksum (here: another one's).
   const fs::path prj = out / "runs" / "prenorm" / "seed1337" / "run.json";
@@ -753,16 +761,29 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
     EXPECT_NE(log.find("results.json"), std::string::npos) << log;
     EXPECT_EQ(log.find("internal error"), std::string::npos) << log;
   }
+  // Nineteenth and twentieth passes: a figure edited by hand was drawn as measured. A results.json
+  // carries a fingerprint of its figures; an edited one is refused.
   json r = json::parse(good);
+  ASSERT_TRUE(r.contains("results_fnv1a64"));
+  r["runs"][0]["final_val_loss"] = 3.0;
+  std::ofstream(rj, std::ios::trunc) << r.dump();
+  EXPECT_EQ(run("report " + out.string(), &log), 1) << log;
+  EXPECT_NE(log.find("is not as compare wrote it"), std::string::npos) << log;
+  // One without (an earlier version's) is drawn as written, with a note; its analysis still
+  // checks what it reads.
+  r = json::parse(good);
+  r.erase("results_fnv1a64");
   r["runs"].push_back(r["runs"][0]);  // the same seed twice
   std::ofstream(rj, std::ios::trunc) << r.dump();
   EXPECT_EQ(run("report " + out.string(), &log), 1) << log;
   EXPECT_NE(log.find("two runs with seed 1337"), std::string::npos) << log;
   // The report's table comes from the runs, not from stored aggregates.
   r = json::parse(good);
+  r.erase("results_fnv1a64");
   r["groups"][0]["val_loss_mean"] = 0.123456;
   std::ofstream(rj, std::ios::trunc) << r.dump();
   ASSERT_EQ(run("report " + out.string(), &log), 0) << log;
+  EXPECT_NE(log.find("carries no fingerprint"), std::string::npos) << log;
   const std::string report = slurp(out / "report.md");
   EXPECT_EQ(report.find("0.1235"), std::string::npos) << report;
   EXPECT_NE(report.find(f4(r["runs"][0]["final_val_loss"].get<double>()) + " (1 seed: no spread)"),

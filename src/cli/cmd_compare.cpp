@@ -722,7 +722,7 @@ bool run_compare(CompareArgs& a) {
   const std::string results_path = (fs::path(a.out) / "results.json").string();
   std::string why;
   bool plotted = false;
-  write_file_atomic(results_path, results.dump(1) + "\n");
+  experiment::write_results(results_path, results);
   if (!a.no_plots) {
     plotted = render_plots(a.out, &why);
   } else {
@@ -730,7 +730,7 @@ bool run_compare(CompareArgs& a) {
   }
   if (!plotted) {
     results["plots_note"] = why;
-    write_file_atomic(results_path, results.dump(1) + "\n");
+    experiment::write_results(results_path, results);
   }
   write_report(a.out);
 
@@ -796,6 +796,14 @@ void add_report(CLI::App& app) {
     } catch (const json::exception& e) {
       throw Error("'" + rp + "' is not valid JSON (" + e.what() + "); rerun `attnres compare`");
     }
+    // (a results.json edited by hand was redrawn as measured; nineteenth and twentieth passes)
+    const bool signed_results = experiment::check_results_fingerprint(r, rp);
+    if (!signed_results) {
+      std::printf(
+          "note: '%s' carries no fingerprint (an earlier version's, or edited): its "
+          "figures are drawn as written\n",
+          rp.c_str());
+    }
     try {
       r["analysis"] = report::analyze(r);  // the reading of the current version
     } catch (const json::exception& e) {
@@ -810,7 +818,11 @@ void add_report(CLI::App& app) {
     } else {
       r["plots_note"] = why;
     }
-    write_file_atomic(rp, r.dump(1) + "\n");
+    if (signed_results) {
+      experiment::write_results(rp, r);
+    } else {
+      write_file_atomic(rp, r.dump(1) + "\n");
+    }
     write_report(*dir);
     if (!ok) std::printf("plots not drawn: %s\n", why.c_str());
     std::printf("report: %s/report.md\n", dir->c_str());

@@ -118,12 +118,14 @@ void run_eval(const EvalArgs& a) {
   check(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
   auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
   if (!corpus) corpus = read_corpus(data);
-  // A larger held-out share of the run's own corpus (by default, or named by --data, at any
-  // path) reaches into the text it trained on, and was reported as a val loss (18th and 19th
-  // hostile passes).
-  const bool own_corpus =
-      run && (a.data.empty() || (!run->corpus_fingerprint.empty() &&
-                                 hex64(fnv1a64(corpus->text)) == run->corpus_fingerprint));
+  // A larger held-out share of the run's own corpus (by default, or named by --data: the same
+  // text at any path, or the run's corpus path even edited since) reaches into the text it
+  // trained on, and was reported as a val loss (18th, 19th and 20th hostile passes).
+  std::error_code ec;
+  const bool own_corpus = run && (a.data.empty() || absolute_path(a.data) == run->data_path ||
+                                  std::filesystem::equivalent(a.data, run->data_path, ec) ||
+                                  (!run->corpus_fingerprint.empty() &&
+                                   hex64(fnv1a64(corpus->text)) == run->corpus_fingerprint));
   check(!own_corpus || a.split != "val" || val_fraction <= run->val_fraction,
         "--val-fraction " + fraction_text(val_fraction) + " is larger than the run's (" +
             fraction_text(run ? run->val_fraction : 0.0) + ") on the corpus it trained on: that " +

@@ -18,6 +18,7 @@
 #include <map>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -185,7 +186,14 @@ std::string unquoted(std::string n) {
   return n;
 }
 
+// The --config file's sections ("" for keys before any section), for the note that none of it
+// applies to the command (a [compare] section given to train was skipped without a word;
+// twentieth hostile pass).
+std::string g_config_path;
+std::set<std::string> g_config_sections;
+
 void check_config_text(const std::string& path) {
+  g_config_path = path;
   std::istringstream in(attnres::read_file(path));
   std::map<std::string, int> first_line, first_key;
   std::string line, section;
@@ -210,6 +218,12 @@ void check_config_text(const std::string& path) {
     if (eq == std::string::npos) continue;
     const std::string key =
         (section.empty() ? "" : section + ".") + unquoted(line.substr(b, eq - b));
+    const std::string key_name = unquoted(line.substr(b, eq - b));
+    // (a dotted key at the top, train.steps = 2, is that section's)
+    g_config_sections.insert(
+        !section.empty()
+            ? section
+            : key_name.substr(0, key_name.find('.') == std::string::npos ? 0 : key_name.find('.')));
     const auto [it, fresh] = first_key.emplace(key, no);
     attnres::check(fresh, "the --config file '" + path + "' sets '" + key + "'" +
                               lines(it->second, no) +
@@ -424,6 +438,16 @@ int run_main(int argc, char** argv) {
     }
     if (threads > 0) omp_set_num_threads(threads);
     use_every_requested_thread();
+    if (!g_config_sections.empty() && !g_config_sections.count("")) {
+      for (const CLI::App* sub : app.get_subcommands()) {
+        if (!g_config_sections.count(sub->get_name())) {
+          std::fprintf(stderr,
+                       "note: the --config file '%s' has no [%s] section: nothing in it applies "
+                       "to `attnres %s`\n",
+                       g_config_path.c_str(), sub->get_name().c_str(), sub->get_name().c_str());
+        }
+      }
+    }
     for (const char* prints : {"eval", "generate", "info", "inspect", "bench", "report"}) {
       g_output_is_the_product |= app.got_subcommand(prints);
     }

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <set>
 
+#include "attnres/data.hpp"
+#include "attnres/error.hpp"
+#include "attnres/fileio.hpp"
 #include "experiment/host_info.hpp"
 #include "report/analysis.hpp"
 #include "report/stats.hpp"
@@ -112,6 +115,30 @@ double train_time_s(const json& runs) {
 }
 
 }  // namespace
+
+namespace {
+constexpr const char* kResultsKey = "results_fnv1a64";
+
+std::string results_fingerprint(json r) {
+  for (const char* k : {kResultsKey, "analysis", "plots_note"}) r.erase(k);
+  return hex64(fnv1a64(r.dump()));
+}
+}  // namespace
+
+void write_results(const std::string& path, json& results) {
+  results[kResultsKey] = results_fingerprint(results);
+  write_file_atomic(path, results.dump(1) + "\n");
+}
+
+bool check_results_fingerprint(const json& results, const std::string& path) {
+  if (!results.is_object() || !results.contains(kResultsKey)) return false;
+  check(results[kResultsKey].is_string() &&
+            results[kResultsKey].get<std::string>() == results_fingerprint(results),
+        "'" + path +
+            "' is not as compare wrote it (edited since): its figures would be drawn unmeasured; "
+            "rerun `attnres compare` with the same options (its kept runs are reused)");
+  return true;
+}
 
 json assemble_results(const ResultsInput& in) {
   const TrainConfig& b = in.base;

@@ -37,4 +37,13 @@ std::string baseline_of(const std::vector<Configuration>& configs);
 
 nlohmann::json assemble_results(const ResultsInput& in);
 
+// Writes results.json `path` (atomically) with "results_fnv1a64", a fingerprint of what the
+// comparison measured (the whole but the analysis and the plots note, which `report` redraws),
+// set in `results` too.
+void write_results(const std::string& path, nlohmann::json& results);
+// Whether results.json `results` (read from `path`) carries its fingerprint; Error naming the
+// file when it does and its figures no longer match it (edited since: a figure nobody measured
+// would be drawn).
+bool check_results_fingerprint(const nlohmann::json& results, const std::string& path);
+
 }  // namespace attnres::experiment

@@ -275,6 +275,25 @@ json kept_run(const TrainConfig& c, int64_t vocab, const std::string& group, con
                 "' trained (" + e.what() + "); delete '" + dir.string() + "' to train it again");
   }
   check_same_settings(have, run_settings(c, vocab), dir, "train_config.json");
+  // And its final model is there, the one it recorded (a deleted or swapped model was kept as
+  // "already done"; twentieth hostile pass).
+  if (kept.contains("model_checksum")) {
+    const fs::path model = dir / "model.safetensors";
+    std::string sum;
+    try {
+      const SafetensorsReader file = SafetensorsReader::open(model.string());
+      const auto it = file.metadata().find(kDataChecksumKey);
+      if (it != file.metadata().end()) sum = it->second;
+    } catch (const Error& e) {
+      throw Error("the run kept in '" + dir.string() + "' has lost its final model (" + e.what() +
+                  "); restore it, or delete '" + dir.string() + "' to train the run again");
+    }
+    check(kept["model_checksum"] == sum,
+          "'" + model.string() +
+              "' is not the final model its run recorded (another checkpoint or run copied over "
+              "it?); restore it, or delete '" +
+              dir.string() + "' to train the run again");
+  }
   return kept;
 }
 
