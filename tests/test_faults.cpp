@@ -637,6 +637,20 @@ TEST(Faults, RunDirectoriesHaveOneOwner) {
     }
   }
   RunLock again(td.path);  // released with its holder
+  {  // Twentieth pass: a .lock hard-linked to a user's file had that file replaced by the pid.
+    const fs::path d = dir / "linked";
+    fs::create_directories(d);
+    std::ofstream(dir / "notes.txt") << "the user's notes";
+    fs::create_hard_link(dir / "notes.txt", d / ".lock");
+    try {
+      RunLock lock(d.string());
+      ADD_FAILURE() << "a .lock hard-linked to another file was written";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is a hard link to another file"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(slurp(dir / "notes.txt"), "the user's notes");
+  }
   // Tenth hostile pass: deleting a live run's .lock let a second `train --overwrite` in, and a run
   // whose directory was moved went on saving at the old path (a new run there got mixed in).
   {

@@ -346,6 +346,15 @@ RunLock::RunLock(const std::string& out_dir) : out_dir_(out_dir) {
   }
   try {
     fd_ = open_regular_file(path, O_RDWR | O_CREAT | O_NOFOLLOW, "lock the run directory with");
+    // A hard link to another file (made by hand) would have that file's content replaced by the
+    // pid below (twentieth hostile pass).
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && st.st_nlink > 1) {
+      ::close(fd_);
+      fd_ = -1;
+      throw Error("'" + path + "' is a hard link to another file, whose content locking would " +
+                  "replace; remove '" + path + "' (the other name keeps the file)");
+    }
   } catch (...) {
     ::close(dfd_);  // (a constructor that throws runs no destructor)
     throw;
