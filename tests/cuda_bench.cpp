@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnres/backend.hpp"
@@ -111,11 +112,14 @@ int main(int argc, char** argv) {
                 static_cast<long long>(n), ms, 2.0 * n * n * n / ms / 1e9);
   }
 #endif
-  {
-    // Causal attention at the training steps' shape below, three ways (ATTNRES_FLASH_ATTENTION
-    // picks flash kernels or batched GEMMs for bf16). FLOPs as FlashAttention reports them: the
-    // causal half of QK^T and PV forward (2 B H T^2 hd), 2.5 times that backward.
-    const ops::AttnShape s{dry ? 2 : 8, dry ? 32 : 512, dry ? 4 : 12, dry ? 4 : 12, 64};
+  // Causal attention at the training steps' shape below and at longer sequences of as many
+  // tokens, three ways (ATTNRES_FLASH_ATTENTION picks flash kernels or batched GEMMs for bf16).
+  // FLOPs as FlashAttention reports them: the causal half of QK^T and PV forward (2 B H T^2 hd),
+  // 2.5 times that backward.
+  for (const auto& [B, T] :
+       dry ? std::vector<std::pair<int64_t, int64_t>>{{2, 32}}
+           : std::vector<std::pair<int64_t, int64_t>>{{8, 512}, {2, 2048}, {1, 4096}}) {
+    const ops::AttnShape s{B, T, dry ? 4 : 12, dry ? 4 : 12, 64};
     const int64_t N = s.B * s.T, HD = s.H * s.hd;
     const double flop = 2.0 * s.B * s.H * s.T * s.T * s.hd;
     const char* old = std::getenv("ATTNRES_FLASH_ATTENTION");

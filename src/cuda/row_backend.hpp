@@ -36,12 +36,14 @@ class RowBackend final : public Backend {
  public:
   template <class... Args>
   explicit RowBackend(Args&&... args) : x_(std::forward<Args>(args)...) {
-    // ATTNRES_FLASH_ATTENTION=0: bf16 attention as batched GEMMs even where flash kernels exist
-    // (to compare the two, or to step around a suspect kernel).
+    // ATTNRES_FLASH_ATTENTION=0: bf16 attention always as batched GEMMs, =1: always with the
+    // flash kernels where they exist (to compare the two, test either, or step around a suspect
+    // kernel); auto (the default): see flash().
     if (const char* v = std::getenv("ATTNRES_FLASH_ATTENTION")) {
       const std::string s = v;
-      check(s == "0" || s == "1", "ATTNRES_FLASH_ATTENTION must be 0 or 1, got '" + s + "'");
-      flash_enabled_ = s == "1";
+      check(s == "0" || s == "1" || s == "auto",
+            "ATTNRES_FLASH_ATTENTION must be 0, 1 or auto, got '" + s + "'");
+      flash_ = s == "0" ? Flash::never : s == "1" ? Flash::always : Flash::automatic;
     }
   }
   ~RowBackend() override {
@@ -497,9 +499,17 @@ class RowBackend final : public Backend {
       x_.gemm_batched_bf16(ta, tb, M, N, K, alpha, table, lda, ldb, beta, ldc, b.size());
     }
   }
+  // Automatically, the flash kernels only where one layer's (B,H,T,T) probabilities would pass
+  // kFlashFromScoreFloats: below it the batched bf16 GEMMs ran faster on an H200 (2.4x at B 8,
+  // T 512, H 12, hd 64; docs/BENCHMARKS.md), above it the flash kernels save that memory in
+  // every layer.
+  static constexpr int64_t kFlashFromScoreFloats = int64_t{64} << 20;  // 256 MiB a layer
   bool flash(const ops::AttnShape& s) const {
-    return Exec::kFlashAttention && flash_enabled_ && precision_ == MatmulPrecision::bf16 &&
-           x_.flash_attention_supported(s.hd);
+    if (!Exec::kFlashAttention || flash_ == Flash::never || precision_ != MatmulPrecision::bf16 ||
+        !x_.flash_attention_supported(s.hd)) {
+      return false;
+    }
+    return flash_ == Flash::always || s.B * s.H * s.T * s.T > kFlashFromScoreFloats;
   }
   // attention_forward / attention_backward with GEMM operands of type E: float, or uint16_t (bf16
   // bits: each operand rounded into a scratch copy first).
@@ -705,7 +715,7 @@ class RowBackend final : public Backend {
   static constexpr int64_t kStepPartials = 256;  // step scalars: partial sums per reduction
 
   Exec x_;
-  bool flash_enabled_ = true;
+  enum class Flash { never, always, automatic } flash_ = Flash::automatic;
   TableCache<Exec> tables_{x_};
   std::vector<const void*> flat_;
   std::vector<rows::Source> src_;
