@@ -916,6 +916,23 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
   }
   r = run("eval " + copied + " --data " + data + " --val-fraction 0.1");
   EXPECT_EQ(r.code, 0) << r.out;
+  // Twenty-first: a model copied out of its run (no train_config.json beside it) was scored on a
+  // larger held-out share of its own corpus. Its metadata records the corpus and the share.
+  const fs::path third = dir / "third";
+  ASSERT_EQ(run("train --data " + data + kTinyModel + " --steps 4 --val-fraction 0.05 --out " +
+                third.string())
+                .code,
+            0);
+  const std::string in_run = run("eval " + (third / "model.safetensors").string()).out;
+  const fs::path kept = dir / "kept.safetensors";
+  fs::copy_file(third / "model.safetensors", kept);
+  r = run("eval " + kept.string() + " --data " + data + " --val-fraction 0.5");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "--val-fraction 0.5 is larger than the run's (0.05)")) << r.out;
+  r = run("eval " + kept.string() + " --data " + data);  // (the run's share, 0.05, by default)
+  EXPECT_EQ(r.code, 0) << r.out;
+  const auto tokens = [](const std::string& out) { return out.substr(out.find(": ") + 2, 20); };
+  EXPECT_EQ(tokens(r.out), tokens(in_run)) << r.out << "\n" << in_run;
 }
 
 // Nineteenth pass: a run trained on one thread, stopped and continued with the command it

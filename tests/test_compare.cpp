@@ -681,6 +681,18 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
   EXPECT_NE(log.find("(lr differ)"), std::string::npos) << log;
   // Logging options do not decide a result: the same run is kept.
   ASSERT_EQ(run(base + " --modes prenorm --log-every 5 --out " + out.string(), &log), 0) << log;
+  // Twenty-first pass: with run.json gone, an edited metrics.jsonl (speed, curve, diagnostics)
+  // was taken as the kept run's measurements.
+  {
+    ASSERT_TRUE(fs::remove(run_dir / "run.json"));
+    const std::string logged = slurp(run_dir / "metrics.jsonl");
+    std::ofstream(run_dir / "metrics.jsonl", std::ios::trunc) << "{\"step\": 0}\n" << logged;
+    EXPECT_EQ(run(base + " --modes prenorm --out " + out.string(), &log), 1) << log;
+    EXPECT_NE(log.find("does not begin with what that run had logged"), std::string::npos) << log;
+    EXPECT_FALSE(fs::exists(run_dir / "run.json"));
+    std::ofstream(run_dir / "metrics.jsonl", std::ios::trunc) << logged;  // (as it was: kept)
+    ASSERT_EQ(run(base + " --modes prenorm --out " + out.string(), &log), 0) << log;
+  }
   // The same configuration twice, or an option every configuration must share, is refused.
   const std::string other = " --out " + (dir / "other").string();
   EXPECT_EQ(run(base + " --modes full,full" + other, &log), 1);

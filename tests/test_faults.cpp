@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -383,6 +384,49 @@ TEST(Faults, FullDiskWhileSavingKeepsThePreviousCheckpoint) {
   ASSERT_EQ(0, run_cli_to_end(resume_args(out), dir / "resume.log")) << slurp(dir / "resume.log");
   EXPECT_EQ(check_latest_loads(out), 8);
   EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+}
+
+// Twenty-first hostile pass: an --overwrite whose first save could not be written (a file-size
+// limit the old run's files fit under, the new run's optimizer state does not) deleted the old
+// run and then failed: both runs lost. It is refused before anything is deleted or trained; so
+// is a --out so long that the checkpoints' paths would pass the system's limit (with
+// --save-every 0 the whole run trained, then its only save failed).
+TEST(Faults, SavesThatCouldNotBeWrittenAreRefusedBeforeTheOldRunIsDeleted) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  const fs::path out = dir / "run";
+  ASSERT_EQ(0, run_cli_to_end(train_args(dir / "c.txt", out, 4, 2), dir / "old.log"))
+      << slurp(dir / "old.log");
+  const std::string old_model = slurp(out / "model.safetensors");
+  std::vector<std::string> args = train_args(dir / "c.txt", out, 4, 2);
+  for (size_t i = 0; i < args.size(); i++) {
+    if (args[i] == "--d-model") args[i + 1] = "96";  // optimizer.safetensors ~1.3 MB
+  }
+  args.push_back("--overwrite");
+  const rlim_t limit = 512 * 1024;  // above every file of the old run and the new run's data
+  ASSERT_LT(old_model.size(), limit);
+  const int code = run_cli_to_end(args, dir / "new.log", limit);
+  const std::string log = slurp(dir / "new.log");
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_NE(log.find("error: the file-size limit (ulimit -f)"), std::string::npos) << log;
+  EXPECT_NE(log.find("nothing was deleted"), std::string::npos) << log;
+  EXPECT_EQ(log.find("step 4/4"), std::string::npos) << log;  // (nothing trained)
+  EXPECT_EQ(slurp(out / "model.safetensors"), old_model);
+  EXPECT_EQ(check_latest_loads(out), 4);
+  // Without the limit the same command replaces the old run.
+  ASSERT_EQ(0, run_cli_to_end(args, dir / "new2.log")) << slurp(dir / "new2.log");
+  EXPECT_NE(slurp(dir / "new2.log").find("step 4/4"), std::string::npos);
+  EXPECT_NE(slurp(out / "model.safetensors"), old_model);
+
+  // A --out whose checkpoint paths would pass PATH_MAX: refused before a step is trained.
+  fs::path deep = dir;
+  while (deep.string().size() < PATH_MAX - 60) deep /= std::string(200, 'd');
+  const int code2 = run_cli_to_end(train_args(dir / "c.txt", deep / "r", 4, 0), dir / "deep.log");
+  const std::string log2 = slurp(dir / "deep.log");
+  EXPECT_EQ(code2, 1) << log2;
+  EXPECT_NE(log2.find("is too long a path"), std::string::npos) << log2;
+  EXPECT_EQ(log2.find("step 4/4"), std::string::npos) << log2;
 }
 
 TrainConfig tiny_config(const fs::path& dir) {

@@ -67,6 +67,12 @@ void check_weights_finite(const Model& model, const std::string& what, const std
 // checkpoint was saved with.
 inline constexpr const char* kTokenizerHashKey = "tokenizer_fnv1a64";
 
+// Metadata keys of the corpus a model trained on (hex FNV-1a 64 of its text) and of the share of
+// it held out for validation (%.17g): eval refuses a val split of that corpus that would reach
+// into the training text, also for a model copied out of its run (21st hostile pass).
+inline constexpr const char* kCorpusHashKey = "corpus_fnv1a64";
+inline constexpr const char* kValFractionKey = "val_fraction";
+
 // The file of the tokenizer a checkpoint at `path` records ("sentencepiece:<file>", resolved
 // beside the checkpoint); "" for the byte tokenizer (no "tokenizer" key, or "byte").
 std::string checkpoint_tokenizer_file(const Metadata& meta, const std::string& path);

@@ -150,6 +150,10 @@ struct TrainResult {
   std::optional<double> final_val_loss;
   std::optional<double> final_train_loss;
   std::optional<double> tokens_per_s, model_gflops;
+  // False when a resumed run's metrics.jsonl does not begin with what the run had logged when its
+  // checkpoint was saved (edited or replaced since, or a checkpoint of an older build that
+  // recorded none): its earlier lines are not this run's measurements.
+  bool log_intact = true;
   double seconds = 0;
   int64_t num_params = 0;
   int64_t skipped_steps = 0;

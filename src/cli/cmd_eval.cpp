@@ -85,6 +85,23 @@ std::string fraction_text(double f) {
   return b;
 }
 
+// The corpus a model trained on (its fingerprint) and the share of it held out: from its run's
+// train_config.json when that is beside it, else from its own metadata (a model copied out of
+// its run); a val_fraction of -1 when neither says.
+struct TrainedOn {
+  std::string fingerprint;
+  double val_fraction = -1;
+};
+TrainedOn trained_on(const std::optional<TrainConfig>& run, const Metadata& meta) {
+  if (run) return {run->corpus_fingerprint, run->val_fraction};
+  const auto f = meta.find(kCorpusHashKey), v = meta.find(kValFractionKey);
+  if (f == meta.end() || v == meta.end()) return {};  // (an older build's model)
+  char* end = nullptr;
+  const double x = std::strtod(v->second.c_str(), &end);
+  if (end == v->second.c_str() || *end != '\0' || !(x > 0 && x < 1)) return {};
+  return {f->second, x};
+}
+
 void run_eval(const EvalArgs& a) {
   Metadata meta;
   std::shared_ptr<Backend> be = open_backend(a.dev);
@@ -112,25 +129,30 @@ void run_eval(const EvalArgs& a) {
     data = run->data_path;
     corpus = read_trained_corpus(*run, run_dir);
   }
-  if (run && val_fraction < 0) val_fraction = run->val_fraction;
   check(!data.empty(), "no --data given and no train_config.json beside '" + a.model + "'");
-  if (val_fraction < 0) val_fraction = 0.1;
-  check(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
+  check(val_fraction < 0 || (val_fraction > 0 && val_fraction < 1),
+        "--val-fraction must be in (0, 1)");
   auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
   if (!corpus) corpus = read_corpus(data);
   // A larger held-out share of the run's own corpus (by default, or named by --data: the same
   // text at any path, or the run's corpus path even edited since) reaches into the text it
-  // trained on, and was reported as a val loss (18th, 19th and 20th hostile passes).
+  // trained on, and was reported as a val loss (18th, 19th and 20th hostile passes; a model
+  // copied out of its run, by the corpus and share its metadata records: 21st).
+  const TrainedOn trained = trained_on(run, meta);
   std::error_code ec;
-  const bool own_corpus = run && (a.data.empty() || absolute_path(a.data) == run->data_path ||
-                                  std::filesystem::equivalent(a.data, run->data_path, ec) ||
-                                  (!run->corpus_fingerprint.empty() &&
-                                   hex64(fnv1a64(corpus->text)) == run->corpus_fingerprint));
-  check(!own_corpus || a.split != "val" || val_fraction <= run->val_fraction,
+  const bool own_corpus =
+      trained.val_fraction > 0 &&
+      ((run && (a.data.empty() || absolute_path(a.data) == run->data_path ||
+                std::filesystem::equivalent(a.data, run->data_path, ec))) ||
+       (!trained.fingerprint.empty() && hex64(fnv1a64(corpus->text)) == trained.fingerprint));
+  if (val_fraction < 0) {
+    val_fraction = own_corpus ? trained.val_fraction : run ? run->val_fraction : 0.1;
+  }
+  check(!own_corpus || a.split != "val" || val_fraction <= trained.val_fraction,
         "--val-fraction " + fraction_text(val_fraction) + " is larger than the run's (" +
-            fraction_text(run ? run->val_fraction : 0.0) + ") on the corpus it trained on: that " +
+            fraction_text(trained.val_fraction) + ") on the corpus it trained on: that " +
             "val split would include text the model trained on; give at most " +
-            fraction_text(run ? run->val_fraction : 0.0) + ", or --data with other text");
+            fraction_text(trained.val_fraction) + ", or --data with other text");
   const std::vector<int32_t> ids = tok->encode(corpus->text);
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t n_train = static_cast<int64_t>(static_cast<double>(n) * (1.0 - val_fraction));
@@ -178,7 +200,10 @@ void add_eval(CLI::App& app) {
   s->add_option("--split", a->split, "val | train | all")
       ->check(CLI::IsMember({"val", "train", "all"}))
       ->capture_default_str();
-  s->add_option("--val-fraction", a->val_fraction, "Held-out fraction (default: the run's)");
+  s->add_option(
+      "--val-fraction", a->val_fraction,
+      "Held-out fraction (default: the run's, as its train_config.json or the model's metadata "
+      "records it; else 0.1)");
   // (CLI11 checks the ranges: a batch of 0 windows divided by zero, negative counts reported
   // perplexity 1 over a negative number of tokens)
   s->add_option("--seq-len", a->seq_len, "Window length (default 0: the model's context)")

@@ -345,6 +345,15 @@ json run_record(const std::string& group, const TrainConfig& c, int64_t vocab, c
   const fs::path dir = c.out_dir;
   const TrainResult& r = o.result;
   const bool ok = o.diverged.empty();
+  // A resumed run's earlier figures come from its log: only one that still holds what the run
+  // had logged at its checkpoint (an edited log's speed, curve and diagnostics were signed into
+  // the results as measured; twenty-first hostile pass).
+  check(!c.resume || !ok || r.log_intact,
+        "'" + (dir / "metrics.jsonl").string() +
+            "' does not begin with what that run had logged when its checkpoint was saved "
+            "(edited or replaced since, or saved by an older attnres), and its run.json is gone: "
+            "its curve and speed cannot be taken as measured; delete '" +
+            dir.string() + "' to train that run again");
   const RunMetrics rm = read_metrics(dir / "metrics.jsonl");
   // Fingerprints of the initial shared weights and the batch order.
   uint64_t init_hash = r.init_hash;

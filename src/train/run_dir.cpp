@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -214,6 +217,81 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step, const Metadata& 
   }
   write_file_atomic((fs::path(out_dir_) / "latest").string(), name + "\n");
   prune(name);
+}
+
+namespace {
+
+std::string mib_text(double bytes) {
+  return std::to_string(static_cast<int64_t>(bytes / (1 << 20) + 0.5));
+}
+
+// The bytes that removing `p` (a file, or a directory's files) would free: files linked
+// elsewhere free nothing.
+uint64_t freed_by_removing(const fs::path& p) {
+  uint64_t n = 0;
+  std::error_code ec;
+  auto add = [&n](const fs::path& f) {
+    struct stat st {};
+    if (::lstat(f.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1) {
+      n += static_cast<uint64_t>(st.st_size);
+    }
+  };
+  if (!fs::is_directory(fs::symlink_status(p, ec))) {
+    add(p);
+    return n;
+  }
+  for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    add(it->path());
+  }
+  return n;
+}
+
+}  // namespace
+
+void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_step,
+                                bool reclaimed) const {
+  // The longest path a save writes: checkpoints/step_N.tmp/optimizer.safetensors.tmp.<pid>.<n>.
+  std::error_code ec;
+  const fs::path abs = fs::absolute(out_dir_, ec);
+  const size_t longest = abs.string().size() + std::string("/checkpoints/").size() +
+                         step_dir_name(last_step).size() +
+                         std::string(".tmp/optimizer.safetensors.tmp.4294967295.4294967295").size();
+  check(longest < PATH_MAX, "--out '" + out_dir_ + "' is too long a path: the run's checkpoint " +
+                                "files under it would reach " + std::to_string(longest) +
+                                " characters, more than this system's " +
+                                std::to_string(PATH_MAX - 1) + "; use a shorter --out");
+  // The files' sizes: the floats, plus headers (a tensor's entry, and the metadata).
+  const double per_file = 256.0 * static_cast<double>(tensors) + (64 << 10);
+  const double model = 4.0 * static_cast<double>(params) + per_file;
+  const double optimizer = 8.0 * static_cast<double>(params) + 2 * per_file;
+  // (Only before an --overwrite: elsewhere a save that fails keeps the checkpoints before it and
+  // says so, and a limit lowered while a run trains is met only there.)
+  struct rlimit rl {};
+  if (reclaimed && ::getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    check(static_cast<double>(rl.rlim_cur) >= optimizer,
+          "the file-size limit (ulimit -f) is " + mib_text(static_cast<double>(rl.rlim_cur)) +
+              " MiB, but this run's optimizer.safetensors takes about " + mib_text(optimizer) +
+              " MiB, so its checkpoints could not be saved; nothing was deleted or trained: "
+              "raise the limit (ulimit -f unlimited) or make the model smaller");
+  }
+  struct statvfs fsst {};
+  if (::statvfs(out_dir_.c_str(), &fsst) != 0) return;  // (unknown: the save says what fails)
+  const double free_now = static_cast<double>(fsst.f_bavail) * static_cast<double>(fsst.f_frsize);
+  double freed = 0;
+  if (reclaimed) {
+    for (const char* n : {"model.safetensors", "checkpoints"}) {
+      freed += static_cast<double>(freed_by_removing(fs::path(out_dir_) / n));
+    }
+  }
+  const double need = 2 * model + optimizer + static_cast<double>(tokenizer_data_.size());
+  check(
+      free_now + freed >= need,
+      "the file system of --out '" + out_dir_ + "' has " + mib_text(free_now) + " MiB free" +
+          (reclaimed ? " (" + mib_text(free_now + freed) + " once --overwrite deletes the old run)"
+                     : std::string()) +
+          ", but a checkpoint of this run and its final model take about " + mib_text(need) +
+          " MiB; nothing was deleted or trained: free some space, or use another --out");
 }
 
 void RunDir::check_own_checkpoints() const {

@@ -42,6 +42,14 @@ class RunDir {
   // directory's checkpoints, e.g. those of the run this one was copied from).
   void check_own_checkpoints() const;
 
+  // Error when a save of this run could not be written, said before anything is deleted or
+  // trained: a path under --out longer than the system takes, less free space on --out's file
+  // system than one checkpoint and the final model need, and with reclaimed (an --overwrite,
+  // counting the bytes it frees) a file-size limit (ulimit -f) below the optimizer file. (An
+  // --overwrite deleted the old run, and then its first save failed: both runs lost; 21st hostile
+  // pass.) params: the model's floats, tensors: its tensor count, last_step: the run's last step.
+  void check_room_to_save(int64_t params, size_t tensors, int64_t last_step, bool reclaimed) const;
+
   // Path of the newest complete checkpoint directory; Error if there is none.
   std::string latest() const;
 
@@ -71,6 +79,10 @@ inline constexpr const char* kRuntimeKey = "attnres_runtime";
 // The sum (hex float) and count of the training losses since the last evaluation at a checkpoint.
 inline constexpr const char* kRecentLossKey = "attnres_recent_train_loss_sum";
 inline constexpr const char* kRecentStepsKey = "attnres_recent_train_steps";
+// The bytes of metrics.jsonl at a checkpoint, and their fingerprint (hex FNV-1a 64): a resume
+// knows whether the log still holds what the run had measured (21st hostile pass).
+inline constexpr const char* kLogBytesKey = "attnres_metrics_bytes";
+inline constexpr const char* kLogHashKey = "attnres_metrics_fnv1a64";
 
 // One training process per run directory: holds an exclusive lock on out_dir/.lock (flock, freed
 // by the kernel when the process ends, even by kill -9) from construction to destruction. Throws

@@ -20,6 +20,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attnres/checkpoint.hpp"
@@ -79,6 +81,25 @@ std::string format_mib(int64_t bytes) {
 // line of the latest step <= step; 0 if none): where a resumed run's clock continues, so its
 // loss-vs-time curve carries on. (Checkpoints do not hold it: their bytes do not depend on
 // timing or on the rank count.) Unreadable lines are skipped.
+// FNV-1a 64 of the first `limit` bytes of `path` (all of it with limit < 0), and how many bytes
+// that was (fewer when the file is shorter).
+std::pair<uint64_t, int64_t> hash_of_prefix(const std::string& path, int64_t limit) {
+  std::ifstream f(path, std::ios::binary);
+  uint64_t h = kFnv1a64Offset;
+  int64_t n = 0;
+  std::vector<char> buf(1 << 20);
+  while (f && (limit < 0 || n < limit)) {
+    const int64_t want = limit < 0 ? static_cast<int64_t>(buf.size())
+                                   : std::min<int64_t>(static_cast<int64_t>(buf.size()), limit - n);
+    f.read(buf.data(), want);
+    const auto got = static_cast<int64_t>(f.gcount());
+    if (got <= 0) break;
+    h = fnv1a64(std::string_view(buf.data(), static_cast<size_t>(got)), h);
+    n += got;
+  }
+  return {h, n};
+}
+
 double logged_seconds_at(const fs::path& metrics, int64_t step) {
   if (!fs::exists(metrics)) return 0.0;
   int64_t best_step = -1;
@@ -235,6 +256,10 @@ class Trainer {
     build_optimizer();
     setup_pipeline();  // (before stage 5: a refused pipeline or a batch that does not fit
     rehearse();        //  must not cost an --overwrite's old run; sixteenth hostile pass)
+    if (root_) {
+      run_dir_->check_room_to_save(model_->layout().total(), model_->layout().entries().size(),
+                                   cfg_.steps, cfg_.overwrite && !cfg_.resume);
+    }
     stop_before_claim();
     restore_or_start();
     describe_run();
@@ -249,7 +274,10 @@ class Trainer {
   void log_json(const nlohmann::json& j) {
     if (!root_) return;
     try {
-      metrics_.append(j.dump() + "\n");
+      const std::string line = j.dump() + "\n";
+      metrics_.append(line);
+      log_hash_ = fnv1a64(line, log_hash_);
+      log_bytes_ += static_cast<int64_t>(line.size());
     } catch (const Error& e) {
       const bool saved = fs::exists(fs::path(cfg_.out_dir) / "latest");
       throw Error(std::string(e.what()) + ". Training stopped: its log would lose lines. " +
@@ -573,6 +601,7 @@ class Trainer {
     if (cfg_.resume) {
       const std::string dir = run_dir_->latest();
       auto r = SafetensorsReader::open(dir + "/model.safetensors");
+      resume_meta_ = r.metadata();
       load_weights(*model_, r);
       Metadata om;
       if (!opt_->sharded()) {
@@ -844,6 +873,8 @@ class Trainer {
         msg("metrics.jsonl: dropped a torn last line (" + std::to_string(torn) +
             " bytes, cut by a kill or a full disk)");
       }
+      std::tie(log_hash_, log_bytes_) = hash_of_prefix(path, -1);
+      if (cfg_.resume) check_log_intact(path);
     }
     res_.num_params = model_->num_params();
     res_.flops_per_token = flops_tok_;
@@ -906,7 +937,47 @@ class Trainer {
   Metadata recent_loss_record() const {
     char sum[64];
     std::snprintf(sum, sizeof sum, "%a", recent_loss_);
-    return {{kRecentLossKey, sum}, {kRecentStepsKey, std::to_string(recent_n_)}};
+    Metadata m = data_record();
+    m.insert({{kRecentLossKey, sum},
+              {kRecentStepsKey, std::to_string(recent_n_)},
+              {kLogBytesKey, std::to_string(log_bytes_)},
+              {kLogHashKey, hex64(log_hash_)}});
+    return m;
+  }
+  // A resumed run's metrics.jsonl must begin with what the run had logged at its checkpoint;
+  // otherwise its earlier lines are not the run's measurements (compare took an edited log's
+  // speed, curve and diagnostics for a kept run's; 21st hostile pass).
+  void check_log_intact(const std::string& path) {
+    const auto b = resume_meta_.find(kLogBytesKey), h = resume_meta_.find(kLogHashKey);
+    int64_t bytes = -1;
+    if (b != resume_meta_.end()) {
+      try {
+        bytes = std::stoll(b->second);
+      } catch (const std::exception&) {
+      }
+    }
+    res_.log_intact = bytes >= 0 && h != resume_meta_.end() &&
+                      hash_of_prefix(path, bytes) == std::make_pair(from_hex(h->second), bytes);
+    if (!res_.log_intact && h != resume_meta_.end()) {
+      msg("note: " + path + " does not begin with what the run had logged when its checkpoint " +
+          "was saved (edited or replaced since): its earlier lines are kept as they are, but " +
+          "are not this run's measurements");
+    }
+  }
+  static uint64_t from_hex(const std::string& s) {
+    try {
+      size_t used = 0;
+      const uint64_t v = std::stoull(s, &used, 16);
+      return used == s.size() ? v : 0;
+    } catch (const std::exception&) {
+      return 0;
+    }
+  }
+  // What a saved model says of its data: which corpus, and the share held out (kCorpusHashKey).
+  Metadata data_record() const {
+    char vf[64];
+    std::snprintf(vf, sizeof vf, "%.17g", cfg_.val_fraction);
+    return {{kCorpusHashKey, data_.fingerprint}, {kValFractionKey, vf}};
   }
   void restore_recent_loss(const Metadata& meta) {
     const auto s = meta.find(kRecentLossKey), n = meta.find(kRecentStepsKey);
@@ -1093,12 +1164,13 @@ class Trainer {
       res_.model_path = (fs::path(cfg_.out_dir) / "model.safetensors").string();
       if (root_) {
         lock_->check_in_place();
-        save_model(res_.model_path, *model_,
-                   {{"tokenizer", data_.tokenizer_ref},
-                    {"step", std::to_string(step)},
-                    {kConfigHashKey, train_config_fingerprint(cfg_text_)},
-                    {kTokenizerHashKey, data_.tokenizer_fingerprint},
-                    {kRuntimeKey, runtime_text()}});
+        Metadata meta = data_record();
+        meta.insert({{"tokenizer", data_.tokenizer_ref},
+                     {"step", std::to_string(step)},
+                     {kConfigHashKey, train_config_fingerprint(cfg_text_)},
+                     {kTokenizerHashKey, data_.tokenizer_fingerprint},
+                     {kRuntimeKey, runtime_text()}});
+        save_model(res_.model_path, *model_, meta);
       }
     }
     comm_.barrier();  // on return, rank 0's files are complete on every rank
@@ -1151,6 +1223,9 @@ class Trainer {
   double flops_tok_ = 0.0;
   int64_t tokens_per_step_ = 0;
   AppendFile metrics_;
+  uint64_t log_hash_ = kFnv1a64Offset;  // metrics.jsonl's fingerprint and size so far (rank 0)
+  int64_t log_bytes_ = 0;
+  Metadata resume_meta_;           // the metadata of the checkpoint a resume continues from
   std::unique_ptr<RunLock> lock_;  // (rank 0) held while this run trains
   std::string staged_in_;     // --overwrite: where every rank's data was prepared (until stage 5)
   RestoreOnFailure restore_;  // (destroyed before lock_ is released)
