@@ -281,6 +281,14 @@ TEST(Cli, ConfigFileWithOverrides) {
     EXPECT_EQ(r.code, 1) << r.out;
     EXPECT_TRUE(contains(r.out, "this run's residual is 'full', which has no blocks")) << r.out;
   }
+  // So were the depth attention's options under a residual without one (21st hostile pass).
+  for (const char* opt : {" --attnres-window 2", " --attnres-gate sigmoid",
+                          " --residual static "
+                          "--attnres-heads 2"}) {
+    r = run("train" + std::string(opt) + " --data x --out " + (dir / "norun").string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(contains(r.out, "sets the depth attention of --residual full or block")) << r.out;
+  }
 }
 
 TEST(Cli, ErrorsAreClearAndNonZero) {

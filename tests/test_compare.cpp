@@ -692,6 +692,14 @@ TEST(Compare, HostileOptionsAndFilesGiveClearErrors) {
     EXPECT_FALSE(fs::exists(run_dir / "run.json"));
     std::ofstream(run_dir / "metrics.jsonl", std::ios::trunc) << logged;  // (as it was: kept)
     ASSERT_EQ(run(base + " --modes prenorm --out " + out.string(), &log), 0) << log;
+    // Twenty-second: lines appended past what the checkpoint recorded were read as measured.
+    ASSERT_TRUE(fs::remove(run_dir / "run.json"));
+    std::ofstream(run_dir / "metrics.jsonl", std::ios::app)
+        << "{\"elapsed_s\":0.3,\"step\":10,\"tokens\":1,\"val_loss\":1.0}\n";
+    ASSERT_EQ(run(base + " --modes prenorm --out " + out.string(), &log), 0) << log;
+    const json curve = json::parse(slurp(run_dir / "run.json"))["curve"];
+    ASSERT_FALSE(curve.empty());
+    for (const json& point : curve) EXPECT_NE(point[1].get<double>(), 1.0) << curve.dump();
   }
   // The same configuration twice, or an option every configuration must share, is refused.
   const std::string other = " --out " + (dir / "other").string();

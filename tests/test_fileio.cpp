@@ -287,6 +287,17 @@ TEST(FileIO, AppendFileKeepsWholeLines) {
   }
   EXPECT_EQ(read_file(backup), "{\"a\":1}\n{\"c\":3}\n");
   EXPECT_EQ(read_file(p), "{\"a\":1}\n{\"c\":3}\n{\"d\":4}\n");
+  // Twenty-second: a link made while the file is open (a backup of a live run).
+  {
+    AppendFile f;
+    f.open(p);
+    f.append("{\"e\":5}\n");
+    const std::string live_backup = d.file("live_backup.jsonl");
+    ASSERT_EQ(::link(p.c_str(), live_backup.c_str()), 0);
+    f.append("{\"f\":6}\n");
+    EXPECT_EQ(read_file(live_backup), "{\"a\":1}\n{\"c\":3}\n{\"d\":4}\n{\"e\":5}\n");
+    EXPECT_EQ(read_file(p), "{\"a\":1}\n{\"c\":3}\n{\"d\":4}\n{\"e\":5}\n{\"f\":6}\n");
+  }
   write_file_atomic(p, "{\"a\":1}\n{\"c\":3}\n");
   struct rlimit old {};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);

@@ -52,6 +52,30 @@ void expect_error(F&& f, std::initializer_list<std::string> needles) {
   }
 }
 
+// Twenty-second hostile pass: a printed resume command with --out 'runs/x;touch PWNED' ran
+// `touch PWNED` when pasted. A path in a suggested command is one shell word.
+TEST(HostileInputs, PathsInSuggestedCommandsAreOneShellWord) {
+  EXPECT_EQ(attnres::shell_word("runs/x-1_2.3"), "runs/x-1_2.3");
+  EXPECT_EQ(attnres::shell_word("runs/x;touch PWNED"), "'runs/x;touch PWNED'");
+  EXPECT_EQ(attnres::shell_word("it's $(rm) `x`"), "'it'\\''s $(rm) `x`'");
+  EXPECT_EQ(attnres::shell_word(""), "''");
+  attnres::testing::TempDir td;
+  const std::string out = td.path + "/x;touch PWNED";
+  TrainConfig c;
+  c.out_dir = out;
+  c.data_path = td.path + "/c.txt";
+  std::ofstream(c.data_path) << std::string(4000, 'a');
+  c.model.n_layer = 1;
+  c.model.d_model = 16;
+  c.model.n_head = 2;
+  c.batch_size = 2;
+  c.seq_len = 8;
+  c.steps = 2;
+  c.eval_every = 0;
+  c.log_every = 1;
+  EXPECT_NE(train(c, {}).resume_command.find("--out '" + out + "'"), std::string::npos);
+}
+
 TEST(HostileInputs, SafetensorsHeaderClaimingATerabyte) {
   TempDir td;
   const std::string p = td.file("huge_header.safetensors");

@@ -30,6 +30,11 @@ Error out_of_memory(const std::string& what, double bytes, const std::string& fi
 // for std::bad_alloc (whose what() is only "std::bad_alloc").
 std::string cause_of(const std::exception& e);
 
+// `s` as one word of a shell command that a message suggests: as it is when it holds only
+// characters no shell treats specially, else in single quotes (a --out named 'x;touch y' ran
+// `touch y` when the printed resume command was pasted; twenty-second hostile pass).
+std::string shell_word(const std::string& s);
+
 // Throws Error(msg) when cond is false. For checks on user input, not internal invariants.
 inline void check(bool cond, const std::string& msg) {
   if (!cond) throw Error(msg);

@@ -154,6 +154,10 @@ struct TrainResult {
   // checkpoint was saved (edited or replaced since, or a checkpoint of an older build that
   // recorded none): its earlier lines are not this run's measurements.
   bool log_intact = true;
+  // Bytes [log_skip_from, log_skip_to) of metrics.jsonl: what a resume found past its checkpoint's
+  // record, an earlier call's lines, neither checked nor written by this call (readers of the
+  // run's figures skip them: appended lines were taken as measured; 22nd hostile pass).
+  int64_t log_skip_from = 0, log_skip_to = 0;
   double seconds = 0;
   int64_t num_params = 0;
   int64_t skipped_steps = 0;

@@ -1,4 +1,5 @@
 // `attnres eval`: loss and perplexity of a checkpoint on a corpus's held-out split.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -171,12 +172,19 @@ void run_eval(const EvalArgs& a) {
   const int64_t B = std::min(a.batch_size, windows);
   Progress bar(10);
   auto comm = std::move(dist::make_local_group(1)[0]);
-  const WindowLoss w = window_loss(*model, span, B, T, a.batches, *comm, /*whole_batches=*/true,
-                                   [&](int64_t done, int64_t total, double mean) {
-                                     char f[64];
-                                     std::snprintf(f, sizeof f, "loss %.4f", mean);
-                                     bar.update(done, total, f, 0);
-                                   });
+  const auto t0 = std::chrono::steady_clock::now();
+  const WindowLoss w = window_loss(
+      *model, span, B, T, a.batches, *comm, /*whole_batches=*/true,
+      [&](int64_t done, int64_t total, double mean) {
+        char f[64];
+        std::snprintf(f, sizeof f, "loss %.4f", mean);
+        // (the ETA was always 00:00; twenty-first hostile pass)
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        bar.update(
+            done, total, f,
+            done > 0 ? secs / static_cast<double>(done) * static_cast<double>(total - done) : 0.0);
+      });
   bar.finish();
   // Finite weights can still overflow (e.g. 1e18 in every weight): no loss is printed then.
   check(std::isfinite(w.loss), "the loss of '" + a.model + "' on this data is not finite (" +

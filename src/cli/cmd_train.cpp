@@ -286,6 +286,18 @@ void add_train(CLI::App& app) {
                       "this run's residual is '") +
               to_string(a->cfg.model.residual.mode) +
               "', which has no blocks: drop them, or train with --residual block");
+    // (they were ignored without a word on the other residuals; twenty-first hostile pass)
+    const ResidualMode mode = a->cfg.model.residual.mode;
+    if (!a->cfg.resume && mode != ResidualMode::full && mode != ResidualMode::block) {
+      for (const char* o : {"--attnres-gate", "--attnres-key-norm", "--attnres-heads",
+                            "--attnres-query", "--attnres-window", "--attnres-key-eps",
+                            "--attnres-temperature", "--attnres-two-phase"}) {
+        check(s->count(o) == 0, std::string(o) + " sets the depth attention of --residual full " +
+                                    "or block, but this run's residual is '" + to_string(mode) +
+                                    "', which has none: drop it, or train with --residual full " +
+                                    "or block");
+      }
+    }
     run_train(*a, *d);
   });
 }

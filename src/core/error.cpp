@@ -1,5 +1,8 @@
-// The out-of-memory Error and the cause of a caught exception (attnres/error.hpp).
+// The out-of-memory Error, the cause of a caught exception and a shell word (attnres/error.hpp).
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <new>
 
 #include "attnres/error.hpp"
@@ -22,6 +25,16 @@ std::string cause_of(const std::exception& e) {
     return "out of memory (this process could get no more; raise ulimit -v or free memory)";
   }
   return e.what();
+}
+
+std::string shell_word(const std::string& s) {
+  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_./:=@%+,-", c) != nullptr;
+  });
+  if (plain) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
 
 }  // namespace attnres

@@ -22,12 +22,16 @@ using nlohmann::json;
 
 namespace attnres::experiment {
 
-RunMetrics read_metrics(const fs::path& metrics) {
+RunMetrics read_metrics(const fs::path& metrics, int64_t skip_from, int64_t skip_to) {
   RunMetrics m;
   std::vector<int64_t> steps;  // of the curve's points, while every line gives one
   if (!fs::exists(metrics)) return m;
+  int64_t at = 0;  // where the line starts in the file
   // Streamed line by line: a huge metrics.jsonl is never held whole.
   for_each_line(metrics.string(), kMaxMetricsLine, [&](std::string_view line, int64_t n, bool cut) {
+    const int64_t start = at;
+    at += static_cast<int64_t>(line.size()) + 1;  // (the newline)
+    if (start >= skip_from && start < skip_to) return;
     if (line.empty()) return;
     const std::string where = "'" + metrics.string() + "' line " + std::to_string(n);
     check(!cut, where + " is longer than any metrics line (" +
@@ -354,7 +358,7 @@ json run_record(const std::string& group, const TrainConfig& c, int64_t vocab, c
             "(edited or replaced since, or saved by an older attnres), and its run.json is gone: "
             "its curve and speed cannot be taken as measured; delete '" +
             dir.string() + "' to train that run again");
-  const RunMetrics rm = read_metrics(dir / "metrics.jsonl");
+  const RunMetrics rm = read_metrics(dir / "metrics.jsonl", r.log_skip_from, r.log_skip_to);
   // Fingerprints of the initial shared weights and the batch order.
   uint64_t init_hash = r.init_hash;
   int64_t params = r.num_params;

@@ -20,7 +20,9 @@ struct RunMetrics {
   nlohmann::json diagnostics = nullptr;
   nlohmann::json last_train_loss = nullptr, last_tokens_per_s = nullptr;
 };
-RunMetrics read_metrics(const std::filesystem::path& metrics);
+// Lines that start in bytes [skip_from, skip_to) are skipped (TrainResult::log_skip_from).
+RunMetrics read_metrics(const std::filesystem::path& metrics, int64_t skip_from = 0,
+                        int64_t skip_to = 0);
 
 // The settings that decide a run's result (model resolved against the vocabulary, as its
 // train_config.json holds them): what a kept or resumed run must have been made with. Where the

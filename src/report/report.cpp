@@ -188,6 +188,14 @@ void write_report(const std::string& run_dir) {
     const std::string baseline = r.at("baseline");
     md << "# attnres compare: " << r.at("data").at("path").get<std::string>() << "\n\n";
     md << "Generated from `results.json` by `attnres report " << run_dir << "`.\n\n";
+    // (the note was on the terminal alone, and the report drew the figures as measured; 21st
+    // hostile pass)
+    if (!r.contains("results_fnv1a64")) {
+      md << "**Unchecked figures:** this `results.json` carries no fingerprint (written by an "
+            "earlier attnres, or edited): every figure below is drawn as written, and may not be "
+            "what the runs measured. Rerun `attnres compare` with the same options to rebuild it "
+            "from the runs' records.\n\n";
+    }
     md << "* Command: `" << r.at("command").get<std::string>() << "`\n";
     md << "* Date: " << r.at("created").get<std::string>() << "\n";
     const nlohmann::json& hw = r.at("hardware");

@@ -69,9 +69,10 @@ bool is_saved_checkpoint(const fs::path& p) {
   }
   for (const auto& e : fs::directory_iterator(p)) {
     const std::string n = e.path().filename().string();
-    const bool known =
-        n == "model.safetensors" || n == "optimizer.safetensors" || n == "tokenizer.model" ||
-        is_temp_of(n, {"model.safetensors", "optimizer.safetensors", "tokenizer.model"});
+    const bool known = n == "model.safetensors" || n == "optimizer.safetensors" ||
+                       n == "tokenizer.model" || n == kLogRecordFile ||
+                       is_temp_of(n, {"model.safetensors", "optimizer.safetensors",
+                                      "tokenizer.model", kLogRecordFile});
     if (!known || !fs::is_regular_file(fs::symlink_status(e.path()))) return false;
     // (another tool's step_N/model.safetensors, same layout: fourteenth hostile pass)
     if (n == "model.safetensors" && !has_attnres_model_header(e.path().string())) return false;
@@ -101,7 +102,7 @@ void check_replaceable(const fs::path& p, int64_t step, const std::string& out_d
               ": it is not a checkpoint this run saved (a file, a link, or a directory holding "
               "files a save does not write), and it is left alone; move it away and continue "
               "with `attnres train --resume --out " +
-              out_dir + "`");
+              shell_word(out_dir) + "`");
 }
 
 void fsync_dir(const std::string& dir) {
@@ -148,7 +149,8 @@ void remove_abandoned_staging(const std::string& out_dir) {
 
 std::string RunDir::ckpt_root() const { return (fs::path(out_dir_) / "checkpoints").string(); }
 
-void RunDir::save(const Model& model, AdamW& opt, int64_t step, const Metadata& extra) const {
+void RunDir::save(const Model& model, AdamW& opt, int64_t step, const Metadata& extra,
+                  const std::string& log_record) const {
   const fs::path root = ckpt_root();
   const std::string name = step_dir_name(step);
   const fs::path dir = root / name, tmp = root / (name + ".tmp");
@@ -189,6 +191,7 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step, const Metadata& 
     if (!tokenizer_path_.empty()) {
       write_file_atomic((tmp / fs::path(tokenizer_path_).filename()).string(), tokenizer_data_);
     }
+    if (!log_record.empty()) write_file_atomic((tmp / kLogRecordFile).string(), log_record);
     fsync_dir(tmp.string());
     fs::remove_all(dir, ec);
     fs::rename(tmp, dir);
@@ -211,7 +214,7 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step, const Metadata& 
                      ? ". The previous checkpoint (named in '" + latest.string() +
                            "') is intact; fix the cause and continue with `attnres train "
                            "--resume --out " +
-                           out_dir_ + "`"
+                           shell_word(out_dir_) + "`"
                      : ". No checkpoint of this run had been saved yet; fix the cause and start "
                        "it again"));
   }
@@ -250,7 +253,7 @@ uint64_t freed_by_removing(const fs::path& p) {
 }  // namespace
 
 void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_step,
-                                bool reclaimed) const {
+                                int64_t save_every, bool reclaimed) const {
   // The longest path a save writes: checkpoints/step_N.tmp/optimizer.safetensors.tmp.<pid>.<n>.
   std::error_code ec;
   const fs::path abs = fs::absolute(out_dir_, ec);
@@ -284,14 +287,27 @@ void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_ste
       freed += static_cast<double>(freed_by_removing(fs::path(out_dir_) / n));
     }
   }
-  const double need = 2 * model + optimizer + static_cast<double>(tokenizer_data_.size());
+  // Before an --overwrite, every checkpoint the run holds at once: --keep-checkpoints of them,
+  // and one more while a save writes before pruning (one checkpoint counted only that the first
+  // save would fit; 22nd hostile pass). Elsewhere the first save and the final model: a later
+  // save that fails keeps the checkpoints before it.
+  const int64_t saves = (save_every > 0 ? (last_step - 1) / save_every : 0) + 1;
+  const int64_t held = reclaimed ? std::min(saves, keep_ + 1) : 1;
+  const double checkpoint = model + optimizer + static_cast<double>(tokenizer_data_.size());
+  const double need = static_cast<double>(held) * checkpoint + model + (1 << 20);
   check(
       free_now + freed >= need,
       "the file system of --out '" + out_dir_ + "' has " + mib_text(free_now) + " MiB free" +
           (reclaimed ? " (" + mib_text(free_now + freed) + " once --overwrite deletes the old run)"
                      : std::string()) +
-          ", but a checkpoint of this run and its final model take about " + mib_text(need) +
-          " MiB; nothing was deleted or trained: free some space, or use another --out");
+          ", but " +
+          (held > 1 ? "the " + std::to_string(held) +
+                          " checkpoints this run holds at once (it keeps --keep-checkpoints " +
+                          std::to_string(keep_) + " and writes one more before pruning)"
+                    : std::string("a checkpoint of this run")) +
+          " and its final model take about " + mib_text(need) +
+          " MiB; nothing was deleted or trained: free some space, " +
+          (held > 1 ? "lower --keep-checkpoints, " : "") + "or use another --out");
 }
 
 void RunDir::check_own_checkpoints() const {

@@ -32,7 +32,9 @@ class RunDir {
   // failure (e.g. a full disk) throws Error and leaves `latest` and the checkpoint it names
   // untouched; the partial step_N.tmp directory is removed.
   // extra: more metadata for both files (e.g. the trainer's running training-loss mean).
-  void save(const Model& model, AdamW& opt, int64_t step, const Metadata& extra = {}) const;
+  // log_record: the text of the checkpoint's kLogRecordFile ("" = none).
+  void save(const Model& model, AdamW& opt, int64_t step, const Metadata& extra = {},
+            const std::string& log_record = "") const;
 
   // Error when a later save of this run (a step in (step, last]) would have to replace something
   // under checkpoints/ that is not a checkpoint a save wrote (a user's file, or a checkpoint
@@ -44,11 +46,13 @@ class RunDir {
 
   // Error when a save of this run could not be written, said before anything is deleted or
   // trained: a path under --out longer than the system takes, less free space on --out's file
-  // system than one checkpoint and the final model need, and with reclaimed (an --overwrite,
-  // counting the bytes it frees) a file-size limit (ulimit -f) below the optimizer file. (An
+  // system than one checkpoint and the final model need (with reclaimed, an --overwrite counting
+  // the bytes it frees: every checkpoint the run holds at once), and with reclaimed a file-size
+  // limit (ulimit -f) below the optimizer file. (An
   // --overwrite deleted the old run, and then its first save failed: both runs lost; 21st hostile
   // pass.) params: the model's floats, tensors: its tensor count, last_step: the run's last step.
-  void check_room_to_save(int64_t params, size_t tensors, int64_t last_step, bool reclaimed) const;
+  void check_room_to_save(int64_t params, size_t tensors, int64_t last_step, int64_t save_every,
+                          bool reclaimed) const;
 
   // Path of the newest complete checkpoint directory; Error if there is none.
   std::string latest() const;
@@ -79,10 +83,10 @@ inline constexpr const char* kRuntimeKey = "attnres_runtime";
 // The sum (hex float) and count of the training losses since the last evaluation at a checkpoint.
 inline constexpr const char* kRecentLossKey = "attnres_recent_train_loss_sum";
 inline constexpr const char* kRecentStepsKey = "attnres_recent_train_steps";
-// The bytes of metrics.jsonl at a checkpoint, and their fingerprint (hex FNV-1a 64): a resume
-// knows whether the log still holds what the run had measured (21st hostile pass).
-inline constexpr const char* kLogBytesKey = "attnres_metrics_bytes";
-inline constexpr const char* kLogHashKey = "attnres_metrics_fnv1a64";
+// A checkpoint's record of metrics.jsonl as it was at the save: {"bytes": N, "fnv1a64": hex of
+// those N bytes}, so a resume knows whether the log still holds what the run had measured (21st
+// hostile pass). A file beside the weights, whose bytes do not depend on timing.
+inline constexpr const char* kLogRecordFile = "metrics_record.json";
 
 // One training process per run directory: holds an exclusive lock on out_dir/.lock (flock, freed
 // by the kernel when the process ends, even by kill -9) from construction to destruction. Throws

@@ -258,7 +258,7 @@ class Trainer {
     rehearse();        //  must not cost an --overwrite's old run; sixteenth hostile pass)
     if (root_) {
       run_dir_->check_room_to_save(model_->layout().total(), model_->layout().entries().size(),
-                                   cfg_.steps, cfg_.overwrite && !cfg_.resume);
+                                   cfg_.steps, cfg_.save_every, cfg_.overwrite && !cfg_.resume);
     }
     stop_before_claim();
     restore_or_start();
@@ -283,7 +283,7 @@ class Trainer {
       throw Error(std::string(e.what()) + ". Training stopped: its log would lose lines. " +
                   (saved ? "The checkpoints already saved are intact; continue with: attnres "
                            "train --resume --out " +
-                               cfg_.out_dir
+                               shell_word(cfg_.out_dir)
                          : std::string("No checkpoint had been saved yet; free space and start "
                                        "the run again")));
     }
@@ -601,7 +601,7 @@ class Trainer {
     if (cfg_.resume) {
       const std::string dir = run_dir_->latest();
       auto r = SafetensorsReader::open(dir + "/model.safetensors");
-      resume_meta_ = r.metadata();
+      resume_dir_ = dir;
       load_weights(*model_, r);
       Metadata om;
       if (!opt_->sharded()) {
@@ -714,7 +714,7 @@ class Trainer {
     std::string how = (l.ranks > 1 ? "mpirun -np " + std::to_string(l.ranks) + " " : "") +
                       "attnres " +
                       (l.threads > 0 ? "--threads " + std::to_string(l.threads) + " " : "") +
-                      "train --resume --out " + cfg_.out_dir;
+                      "train --resume --out " + shell_word(cfg_.out_dir);
     if (l.pipeline > 1) how += " --pipeline " + std::to_string(l.pipeline);
     if (l.virtual_stages > 1) how += " --virtual-stages " + std::to_string(l.virtual_stages);
     if (l.pipeline > 1 && l.comm != "cached") how += " --pipeline-comm " + l.comm;
@@ -897,7 +897,7 @@ class Trainer {
                        "command line");
     if (root_) lock_->check_in_place();
     if (!opt_->sharded()) {
-      if (root_) run_dir_->save(*model_, *opt_, at_step, recent_loss_record());
+      if (root_) run_dir_->save(*model_, *opt_, at_step, recent_loss_record(), log_record());
       record_if_pending();
       return;
     }
@@ -916,7 +916,7 @@ class Trainer {
       comm_.recv(full.v().data() + b, n, r, 2);
     }
     full.set_steps_taken(opt_->steps_taken());
-    run_dir_->save(*model_, full, at_step, recent_loss_record());
+    run_dir_->save(*model_, full, at_step, recent_loss_record(), log_record());
     record_if_pending();
   }
 
@@ -938,27 +938,36 @@ class Trainer {
     char sum[64];
     std::snprintf(sum, sizeof sum, "%a", recent_loss_);
     Metadata m = data_record();
-    m.insert({{kRecentLossKey, sum},
-              {kRecentStepsKey, std::to_string(recent_n_)},
-              {kLogBytesKey, std::to_string(log_bytes_)},
-              {kLogHashKey, hex64(log_hash_)}});
+    m.insert({{kRecentLossKey, sum}, {kRecentStepsKey, std::to_string(recent_n_)}});
     return m;
+  }
+  std::string log_record() const {
+    return nlohmann::json{{"bytes", log_bytes_}, {"fnv1a64", hex64(log_hash_)}}.dump() + "\n";
   }
   // A resumed run's metrics.jsonl must begin with what the run had logged at its checkpoint;
   // otherwise its earlier lines are not the run's measurements (compare took an edited log's
   // speed, curve and diagnostics for a kept run's; 21st hostile pass).
   void check_log_intact(const std::string& path) {
-    const auto b = resume_meta_.find(kLogBytesKey), h = resume_meta_.find(kLogHashKey);
+    const fs::path record = fs::path(resume_dir_) / kLogRecordFile;
     int64_t bytes = -1;
-    if (b != resume_meta_.end()) {
-      try {
-        bytes = std::stoll(b->second);
-      } catch (const std::exception&) {
+    std::string hash;
+    std::error_code ec;
+    if (fs::is_regular_file(record, ec)) {
+      const auto j = nlohmann::json::parse(read_small_file(record.string(), 4096, "a log record"),
+                                           nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("bytes") && j["bytes"].is_number_integer() &&
+          j.contains("fnv1a64") && j["fnv1a64"].is_string()) {
+        bytes = j["bytes"].get<int64_t>();
+        hash = j["fnv1a64"].get<std::string>();
       }
     }
-    res_.log_intact = bytes >= 0 && h != resume_meta_.end() &&
-                      hash_of_prefix(path, bytes) == std::make_pair(from_hex(h->second), bytes);
-    if (!res_.log_intact && h != resume_meta_.end()) {
+    res_.log_intact =
+        bytes >= 0 && hash_of_prefix(path, bytes) == std::make_pair(from_hex(hash), bytes);
+    if (res_.log_intact) {
+      res_.log_skip_from = bytes;
+      res_.log_skip_to = log_bytes_;  // (the file's size when this call opened it)
+    }
+    if (!res_.log_intact && bytes >= 0) {
       msg("note: " + path + " does not begin with what the run had logged when its checkpoint " +
           "was saved (edited or replaced since): its earlier lines are kept as they are, but " +
           "are not this run's measurements");
@@ -1225,7 +1234,7 @@ class Trainer {
   AppendFile metrics_;
   uint64_t log_hash_ = kFnv1a64Offset;  // metrics.jsonl's fingerprint and size so far (rank 0)
   int64_t log_bytes_ = 0;
-  Metadata resume_meta_;           // the metadata of the checkpoint a resume continues from
+  std::string resume_dir_;         // the checkpoint a resume continues from
   std::unique_ptr<RunLock> lock_;  // (rank 0) held while this run trains
   std::string staged_in_;     // --overwrite: where every rank's data was prepared (until stage 5)
   RestoreOnFailure restore_;  // (destroyed before lock_ is released)
