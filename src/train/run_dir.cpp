@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -224,9 +225,7 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step, const Metadata& 
 
 namespace {
 
-std::string mib_text(double bytes) {
-  return std::to_string(static_cast<int64_t>(bytes / (1 << 20) + 0.5));
-}
+std::string mib_text(double bytes) { return std::to_string(std::llround(bytes / (1 << 20))); }
 
 // The bytes that removing `p` (a file, or a directory's files) would free: files linked
 // elsewhere free nothing.
