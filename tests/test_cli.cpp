@@ -394,6 +394,8 @@ TEST(Cli, SecondHostilePassIsRefusedClearly) {
   refused(run("bench --modes full,full"), "--modes lists 'full' twice");
   refused(run("train" + tiny + " --out " + (dir / "c").string() + " --grad-accum 99999999999"),
           "--grad-accum must be in [1, 1048576]");
+  refused(run("train" + tiny + " --out " + (dir / "c").string() + " --sample-tokens -1"),
+          "--sample-tokens");
   refused(run("train --data " + data + " --out " + (dir / "c").string() +
               " --steps 1099511627776 --seq-len 1048576 --batch-size 4096"),
           "must be below 2^62");

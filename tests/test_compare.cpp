@@ -848,6 +848,8 @@ TEST(Compare, ScaleFitsALawPerModeFromTheComparisonsAtEachSize) {
   }
   EXPECT_TRUE(s["advantage"]["full"]["factor"].is_number()) << s.dump();
   EXPECT_NE(slurp(out / "scaling.md").find("Compute advantage"), std::string::npos);
+  // --no-plots: no link to a plot that was never drawn (22nd hostile pass).
+  EXPECT_EQ(slurp(out / "scaling.md").find("scaling.png"), std::string::npos);
   // Sizes must be LxD, growing, at least two.
   for (const char* bad : {"4x64", "4x64,2x32", "4x60,8x64", "ax64,8x64"}) {
     EXPECT_EQ(run("scale --sizes " + std::string(bad) + " --data " + data + " --out " +

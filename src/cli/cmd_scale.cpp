@@ -125,7 +125,9 @@ std::string fmt4(double x) {
   return b;
 }
 
-std::string markdown(const json& s, const std::vector<Size>& sizes, const std::vector<json>& res) {
+// plotted: whether scaling.png was drawn (a link to a plot never drawn; 22nd hostile pass).
+std::string markdown(const json& s, const std::vector<Size>& sizes, const std::vector<json>& res,
+                     bool plotted) {
   std::ostringstream md;
   char b[160];
   md << "# attnres scale\n\n| size | parameters | steps | tokens | configuration | val loss "
@@ -194,8 +196,8 @@ std::string markdown(const json& s, const std::vector<Size>& sizes, const std::v
       md << "* `" << mode << "`: not measured (" << a.value("why", std::string("no fit")) << ")\n";
     }
   }
-  md << "\n![loss vs compute](scaling.png)\n\nEach size's own comparison (results, paired "
-        "differences, claims) is in its folder: ";
+  if (plotted) md << "\n![loss vs compute](scaling.png)\n";
+  md << "\nEach size's own comparison (results, paired differences, claims) is in its folder: ";
   for (const Size& z : sizes) md << "[" << z.name() << "](" << z.name() << "/report.md) ";
   md << "\n";
   return md.str();
@@ -258,7 +260,7 @@ bool run_scale(ScaleArgs& a, CLI::App* app) {
   write_file_atomic((fs::path(a.cmp.out) / "scaling.json").string(), s.dump(1) + "\n");
   std::string why;
   const bool plotted = a.cmp.no_plots ? false : render_plots(a.cmp.out, &why);
-  std::string md = markdown(s, sizes, results);
+  std::string md = markdown(s, sizes, results, plotted);
   if (!plotted)
     md += "\nThe plot was not drawn: " + (a.cmp.no_plots ? std::string("--no-plots") : why) + ".\n";
   write_file_atomic((fs::path(a.cmp.out) / "scaling.md").string(), md);

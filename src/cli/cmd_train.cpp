@@ -207,6 +207,7 @@ void add_train(CLI::App& app) {
                 "AttnRes tensors missing from it start as in a new run)")
       ->check(CLI::ExistingFile);
   s->add_option("--sample-tokens", a->sample_tokens, "Tokens sampled after training (0 = none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))  // (-1 was taken; 22nd hostile pass)
       ->capture_default_str();
   s->add_option("--prompt", a->prompt, "Prompt of the final sample")->capture_default_str();
   s->add_flag("--zero1", a->cfg.zero1,
