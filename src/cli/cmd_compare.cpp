@@ -502,12 +502,8 @@ void score_tasks(const std::string& out, const std::vector<Task>& tasks, json& r
         run_config_beside(model_path, meta);  // (a model copied in from another run: refused)
         // (and the run's own earlier checkpoint copied over its final model; 19th pass)
         const auto sum = meta.find(kDataChecksumKey);
-        check(!run.contains("model_checksum") ||
-                  (sum != meta.end() && run["model_checksum"] == sum->second),
-              "'" + model_path +
-                  "' is not the final model its run recorded (another checkpoint copied over "
-                  "it?): restore it, or delete '" +
-                  dir.string() + "' to train the run again");
+        experiment::check_recorded_model(run, sum != meta.end() ? sum->second : std::string(),
+                                         model_path, dir);
         tok = load_checkpoint_tokenizer(meta, model_path, model->config().vocab_size);
         std::printf("scoring %s seed %s on %zu task(s)\n",
                     run.value("group", std::string()).c_str(), run.at("seed").dump().c_str(),

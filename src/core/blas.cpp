@@ -2,14 +2,13 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
-#include <sys/mman.h>
-
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "attnres/error.hpp"
+#include "core/address_space.hpp"
 
 namespace attnres {
 
@@ -35,15 +34,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 constexpr size_t kGemmKernelHeadroom = size_t{24} << 20;
 
 void require_kernel_headroom() {
-  void* p = mmap(nullptr, kGemmKernelHeadroom, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    throw Error("out of memory: the matrix-product kernels (oneDNN) need about " +
-                std::to_string(kGemmKernelHeadroom >> 20) +
-                " MiB of address space, more than this process could get; raise the memory "
-                "limit (ulimit -v) or use a smaller --batch-size / --seq-len / model");
-  }
-  munmap(p, kGemmKernelHeadroom);
+  check(address_space_spare(kGemmKernelHeadroom),
+        "out of memory: the matrix-product kernels (oneDNN) need about " +
+            std::to_string(kGemmKernelHeadroom >> 20) +
+            " MiB of address space, more than this process could get; raise the memory "
+            "limit (ulimit -v) or use a smaller --batch-size / --seq-len / model");
 }
 
 namespace {

@@ -292,13 +292,18 @@ json kept_run(const TrainConfig& c, int64_t vocab, const std::string& group, con
       throw Error("the run kept in '" + dir.string() + "' has lost its final model (" + e.what() +
                   "); restore it, or delete '" + dir.string() + "' to train the run again");
     }
-    check(kept["model_checksum"] == sum,
-          "'" + model.string() +
-              "' is not the final model its run recorded (another checkpoint or run copied over "
-              "it?); restore it, or delete '" +
-              dir.string() + "' to train the run again");
+    check_recorded_model(kept, sum, model, dir);
   }
   return kept;
+}
+
+void check_recorded_model(const json& run, const std::string& sum, const fs::path& model,
+                          const fs::path& dir) {
+  check(!run.contains("model_checksum") || run["model_checksum"] == sum,
+        "'" + model.string() +
+            "' is not the final model its run recorded (another checkpoint or run copied over "
+            "it?); restore it, or delete '" +
+            dir.string() + "' to train the run again");
 }
 
 bool prepare_run_dir(const TrainConfig& c, int64_t vocab) {

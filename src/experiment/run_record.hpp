@@ -39,6 +39,13 @@ void check_same_settings(const nlohmann::json& have, const nlohmann::json& want,
 nlohmann::json kept_run(const TrainConfig& c, int64_t vocab, const std::string& group,
                         const std::filesystem::path& out);
 
+// Error unless `sum`, the data checksum (kDataChecksumKey) of the model file `model` in the run
+// directory `dir`, is the one the run's record `run` kept ("model_checksum"; none kept: any):
+// another checkpoint or run copied over a run's final model was kept or scored as that run's
+// (nineteenth and twentieth hostile passes).
+void check_recorded_model(const nlohmann::json& run, const std::string& sum,
+                          const std::filesystem::path& model, const std::filesystem::path& dir);
+
 // Makes c.out_dir ready for the run: an interrupted run there (a checkpoint and its
 // train_config.json) is resumed, after checking it was made with c's settings; anything else
 // there is removed. Returns whether the run resumes.

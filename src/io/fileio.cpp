@@ -76,6 +76,28 @@ bool is_kernel_interface(long type) {
   return false;
 }
 
+// Closes a descriptor when it goes out of scope.
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
+// Reads fd to its end in pieces of buf[0, size), calling fn(data, n) for each (EINTR retried);
+// a read error is an Error naming `path`.
+template <class Fn>
+void read_pieces(int fd, const std::string& path, char* buf, size_t size, Fn&& fn) {
+  for (;;) {
+    const ssize_t r = ::read(fd, buf, size);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int err = errno;
+      throw Error("cannot read '" + path + "': " + errno_text(err) + "; check the disk and path");
+    }
+    if (r == 0) return;
+    fn(buf, static_cast<size_t>(r));
+  }
+}
+
 }  // namespace
 
 int open_regular_file(const std::string& path, int flags, const char* verb) {
@@ -156,25 +178,14 @@ std::string absolute_path(const std::string& path) {
 }
 
 std::string read_file(const std::string& path) {
-  const int fd = open_regular_file(path, O_RDONLY, "read");
+  const FdCloser fd{open_regular_file(path, O_RDONLY, "read")};
   struct stat st {};
-  (void)::fstat(fd, &st);
+  (void)::fstat(fd.fd, &st);
   std::string out;
   // (a file that grows while it is read is read to its end)
   if (st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
-  for (;;) {
-    ssize_t r = ::read(fd, buf, sizeof(buf));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      throw Error("cannot read '" + path + "': " + errno_text(err) + "; check the disk and path");
-    }
-    if (r == 0) break;
-    out.append(buf, static_cast<size_t>(r));
-  }
-  ::close(fd);
+  read_pieces(fd.fd, path, buf, sizeof buf, [&](const char* p, size_t n) { out.append(p, n); });
   return out;
 }
 
@@ -199,46 +210,22 @@ std::string read_file_prefix(const std::string& path, size_t max_bytes) {
 }
 
 void copy_file_atomic(const std::string& from, const std::string& to) {
-  const int fd = open_regular_file(from, O_RDONLY, "read");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const FdCloser fd{open_regular_file(from, O_RDONLY, "read")};
   AtomicFileWriter out(to);
   std::vector<char> buf(size_t{1} << 20);
-  for (;;) {
-    const ssize_t r = ::read(fd, buf.data(), buf.size());
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int err = errno;
-      throw Error("cannot read '" + from + "': " + errno_text(err) + "; check the disk and path");
-    }
-    if (r == 0) break;
-    out.write(buf.data(), static_cast<size_t>(r));
-  }
+  read_pieces(fd.fd, from, buf.data(), buf.size(),
+              [&](const char* p, size_t n) { out.write(p, n); });
   out.commit();
 }
 
 void for_each_line(const std::string& path, size_t max_line,
                    const std::function<void(std::string_view, int64_t, bool)>& fn) {
-  const int fd = open_regular_file(path, O_RDONLY, "read");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const FdCloser fd{open_regular_file(path, O_RDONLY, "read")};
   std::string line;
   bool cut = false;
   int64_t number = 0;
   std::vector<char> buf(size_t{1} << 16);
-  for (;;) {
-    const ssize_t r = ::read(fd, buf.data(), buf.size());
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int err = errno;
-      throw Error("cannot read '" + path + "': " + errno_text(err) + "; check the disk and path");
-    }
-    if (r == 0) break;
-    const char* p = buf.data();
+  read_pieces(fd.fd, path, buf.data(), buf.size(), [&](const char* p, size_t r) {
     const char* end = p + r;
     while (p < end) {
       const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)));
@@ -253,7 +240,7 @@ void for_each_line(const std::string& path, size_t max_line,
       cut = false;
       p = nl + 1;
     }
-  }
+  });
   if (!line.empty() || cut) fn(line, ++number, cut);
 }
 

@@ -105,6 +105,29 @@ inline float score(const DepthSource& s, const float* q, int64_t n, int64_t h, c
   }
 }
 
+// The backward's first pass at one (row n, head h) of source v: its score s = r (q . v) and
+// dx . v, in one pass over v's slice (q: the reader's query, dx: its gradient rows).
+[[gnu::always_inline]] inline void score_and_grad_dot(float* s, float* gv, const float* q,
+                                                      const float* dx, const DepthSource& v,
+                                                      int64_t n, int64_t h, const DepthMix& m) {
+  const int64_t d = m.d, dh = m.dh();
+  float qv;
+  dot2(q + h * dh, dx + n * d + h * dh, v.v + n * d + h * dh, dh, &qv, gv);
+  *s = m.key_norm ? qv * v.rstd[n * m.H + h] : qv;
+}
+
+// The weights a of nh scores s at once: exp(s - lse) against the rows' saved log-sum-exp
+// (softmax; a vectorised exp), or sigmoid(s).
+[[gnu::always_inline]] inline void tile_weights(float* a, const float* s, const float* lse,
+                                                int64_t nh, bool softmax) {
+  if (softmax) {
+#pragma omp simd
+    for (int64_t j = 0; j < nh; j++) a[j] = vexpf(s[j] - lse[j]);
+  } else {
+    for (int64_t j = 0; j < nh; j++) a[j] = sigmoid(s[j]);
+  }
+}
+
 }  // namespace
 
 ATTNRES_KERNEL
@@ -264,19 +287,10 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
           if (r + kPrefetchRows < nb) prefetch_row(src[i].v + (n + kPrefetchRows) * d, d);
           const float* q = qg + n * q_ld;
           for (int64_t h = 0; h < H; h++) {
-            float qv;
-            dot2(q + h * dh, dx + n * d + h * dh, src[i].v + n * d + h * dh, dh, &qv,
-                 &gv[r * H + h]);
-            sc[r * H + h] = m.key_norm ? qv * src[i].rstd[n * H + h] : qv;
+            score_and_grad_dot(&sc[r * H + h], &gv[r * H + h], q, dx, src[i], n, h, m);
           }
         }
-        if (m.softmax) {
-          const float* l = lse + n0 * H;
-#pragma omp simd
-          for (int64_t j = 0; j < nh; j++) aw[j] = vexpf(sc[j] - l[j]);
-        } else {
-          for (int64_t j = 0; j < nh; j++) aw[j] = sigmoid(sc[j]);
-        }
+        tile_weights(aw, sc, m.softmax ? lse + n0 * H : nullptr, nh, m.softmax);
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
           if (src[i].dv && r + kPrefetchRows < nb) {
@@ -355,25 +369,15 @@ void depth_sources_backward(float* const* dv, const DepthSource* src, int64_t G,
           for (int64_t g = 0; g < G; g++) {
             for (int64_t h = 0; h < H; h++) {
               const int64_t i = g * nh + r * H + h;
-              float qv;
-              dot2(R.qg + h * dh, R.dx + n * d + h * dh, src[g].v + n * d + h * dh, dh, &qv,
-                   &gv[i]);
-              sc[i] = m.key_norm ? qv * src[g].rstd[n * H + h] : qv;
+              score_and_grad_dot(&sc[i], &gv[i], R.qg, R.dx, src[g], n, h, m);
             }
           }
         }
         // The weights of the whole tile at once (a vectorised exp: one scalar expf per row and
         // reader was a sixth of this kernel's time at d 128).
         for (int64_t g = 0; g < G; g++) {
-          const float* sg = sc + g * nh;
-          float* ag = aw + g * nh;
-          if (m.softmax) {
-            const float* l = R.lse + n0 * H;
-#pragma omp simd
-            for (int64_t i = 0; i < nh; i++) ag[i] = vexpf(sg[i] - l[i]);
-          } else {
-            for (int64_t i = 0; i < nh; i++) ag[i] = sigmoid(sg[i]);
-          }
+          tile_weights(aw + g * nh, sc + g * nh, m.softmax ? R.lse + n0 * H : nullptr, nh,
+                       m.softmax);
         }
         // Pass 2: the updates, the rows of v and dx still in cache.
         for (int64_t r = 0; r < nb; r++) {

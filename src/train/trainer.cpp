@@ -6,8 +6,6 @@
 // it stopped; data parallel over a dist::Communicator (each rank trains on its slice of every
 // batch, gradients are all-reduced).
 #include <omp.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -35,6 +33,7 @@
 #include "attnres/pipeline.hpp"
 #include "attnres/train.hpp"
 #include "backend/backend.hpp"
+#include "core/address_space.hpp"
 #include "core/blas.hpp"
 #include "core/json_field.hpp"
 #include "train/evaluate.hpp"
@@ -119,24 +118,6 @@ double logged_seconds_at(const fs::path& metrics, int64_t step) {
     }
   });
   return std::max(0.0, secs);
-}
-
-// The address space this process holds (its virtual size: what `ulimit -v` bounds), or 0 when
-// /proc cannot say.
-size_t address_space_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  size_t pages = 0;
-  if (!(statm >> pages)) return 0;
-  return pages * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-}
-
-// Whether `bytes` more address space could be had now (mapped, not touched, and given back).
-bool address_space_spare(size_t bytes) {
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return false;
-  ::munmap(p, bytes);
-  return true;
 }
 
 // Fingerprint of everything that must be identical on every rank: weights, the AdamW step count
