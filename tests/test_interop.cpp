@@ -229,6 +229,21 @@ TEST(ImportHf, BadWeightsAndTokenizersAreRefusedByName) {
     EXPECT_NE(import_error(dir).find("no tensor 'lm_head.weight'"), std::string::npos);
     fs::remove_all(dir);
   }
+  {  // tied in config.json, yet the file holds a head: not read, and the import says so
+    // (twenty-first hostile pass: dropped without a word)
+    const std::string dir = copy_fixture(t, "llama_gqa");
+    EXPECT_FALSE(inspect_hf(dir).unread_tied_head);
+    nlohmann::json j = read_json(dir + "/config.json");
+    j["tie_word_embeddings"] = true;
+    write_json(dir + "/config.json", j);
+    EXPECT_TRUE(inspect_hf(dir).unread_tied_head);
+    const auto r =
+        attnres::testing::run_cli("import-hf " + dir + " --out " + t.file("tied.safetensors"));
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("the lm_head.weight in the files is not read"), std::string::npos)
+        << r.out;
+    fs::remove_all(dir);
+  }
   {  // num_key_value_heads null is the head count, as transformers reads it; an index entry
      // naming a shard that does not hold the tensor is refused
     const std::string dir = copy_fixture(t, "llama_tied_bf16");
@@ -413,6 +428,11 @@ TEST(ImportHf, CliWritesACheckpointOrNothing) {
   EXPECT_NE(r.out.find("is not an attnres checkpoint"), std::string::npos) << r.out;
   EXPECT_EQ(attnres::testing::slurp(hub + "/model.safetensors"), hub_weights);
   EXPECT_EQ(attnres::testing::slurp(t.file("theirs.safetensors")), hub_weights);
+  // Twenty-second pass: `info` on a Hugging Face model's weights suggested `attnres train`.
+  r = run_cli("info " + t.file("theirs.safetensors"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("convert its directory with `attnres import-hf"), std::string::npos)
+      << r.out;
   // Fourteenth pass: a generation_config.json written by hand beside an earlier export (which
   // export-hf never writes) was deleted by `export-hf --overwrite`.
   ASSERT_EQ(run_cli("export-hf " + out + " --out " + t.file("exp14")).code, 0);

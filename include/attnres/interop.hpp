@@ -33,6 +33,8 @@ struct HfSource {
   std::string tokenizer_model;      // path of its SentencePiece tokenizer.model; "" = the byte
                                     // tokenizer (config.json "attnres_tokenizer": "byte")
   int64_t tokenizer_pieces = 0;     // the tokenizer's vocabulary (0 = none)
+  bool unread_tied_head = false;    // tie_word_embeddings, yet the files hold an lm_head.weight,
+                                    // which is not read (the embedding is the head)
 };
 
 // Reads and checks config.json, the index and every shard's header, and the tokenizer. Error

@@ -75,6 +75,11 @@ void print_source(const HfSource& s) {
               s.weights_dtype.c_str(),
               s.tokenizer_model.empty() ? "byte" : s.tokenizer_model.c_str(),
               static_cast<long long>(s.tokenizer_pieces));
+  if (s.unread_tied_head) {  // (dropped without a word; twenty-first hostile pass)
+    std::printf(
+        "  note: config.json ties the output head to the embedding (tie_word_embeddings), so "
+        "the lm_head.weight in the files is not read, as transformers does\n");
+  }
 }
 
 void run_import(ImportArgs& a) {

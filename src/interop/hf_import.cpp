@@ -153,6 +153,7 @@ Opened open_source(const std::string& dir, int64_t max_seq_len) {
   for (const auto& [n, i] : o.where) {
     if (!mapped.count(n)) check_unmapped(n, o.readers[i].path(), s.config.tied);
   }
+  s.unread_tied_head = s.config.tied && o.where.count("lm_head.weight") > 0;
   s.weights_dtype = dtypes.size() == 1 ? *dtypes.begin() : "mixed";
   return o;
 }

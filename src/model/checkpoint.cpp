@@ -254,9 +254,18 @@ std::unique_ptr<Model> load_model(const std::string& path, Metadata* meta, int64
   SafetensorsReader r = SafetensorsReader::open(path);
   auto it = r.metadata().find("config");
   if (it == r.metadata().end()) {
+    // (a Hugging Face model's weights were answered with `attnres train`; 22nd hostile pass)
+    const bool hf = r.has("model.embed_tokens.weight") || r.has("lm_head.weight");
+    const bool adam = !hf && r.metadata().count("adam_steps") > 0;
     throw Error("'" + path +
                 "' has no model config in its __metadata__ (key 'config'); it is not "
-                "an attnres checkpoint. Train one with `attnres train`.");
+                "an attnres checkpoint. " +
+                (hf     ? std::string("It looks like a Hugging Face model's weights: convert its "
+                                          "directory with `attnres import-hf DIR --out OUT`.")
+                 : adam ? std::string("It looks like a checkpoint's optimizer state: name the "
+                                      "model.safetensors beside it.")
+                        : std::string("Train one with `attnres train`, or convert a Hugging Face "
+                                      "model with `attnres import-hf`.")));
   }
   ModelConfig cfg;
   try {
