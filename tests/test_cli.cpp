@@ -896,13 +896,18 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
     EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
     EXPECT_TRUE(contains(r.out, "changed since the run trained on it")) << r.out;
   }
-  r = run("eval " + model + " --data " + data);  // (the text as it is now, asked for by name)
+  // The text as it is now, asked for by name: its val split is not the run's held-out text
+  // (twenty-third pass: a cut corpus's val split was training text); the whole text is measured.
+  r = run("eval " + model + " --data " + data);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "its val split is no longer the run's held-out text")) << r.out;
+  r = run("eval " + model + " --data " + data + " --split all");
   EXPECT_EQ(r.code, 0) << r.out;
   // Twentieth pass: the run's corpus, edited since and named by --data, with a larger held-out
   // share than the run's: still mostly the text it trained on.
   r = run("eval " + model + " --data " + data + " --val-fraction 0.5");
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_TRUE(contains(r.out, "on the corpus it trained on")) << r.out;
+  EXPECT_TRUE(contains(r.out, "its val split is no longer the run's held-out text")) << r.out;
   // Eleventh hostile pass: a model copied into another run's directory was scored on that run's
   // validation split (which it may have trained on) as held-out text. The final model records its
   // run's settings, and eval and inspect refuse another run's defaults for it.

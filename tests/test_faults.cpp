@@ -429,6 +429,60 @@ TEST(Faults, SavesThatCouldNotBeWrittenAreRefusedBeforeTheOldRunIsDeleted) {
   EXPECT_EQ(log2.find("step 4/4"), std::string::npos) << log2;
 }
 
+// Runs `script` (sh) in a mount namespace of its own, so that the mounts it makes vanish with
+// it; its output goes to `log`. Returns its exit status, or -1 when this machine cannot (not
+// root, or no namespaces).
+int run_in_mount_namespace(const std::string& script, const fs::path& log) {
+  if (::geteuid() != 0) return -1;
+  const std::string cmd =
+      "unshare -m --propagation private sh -c '" + script + "' > " + log.string() + " 2>&1";
+  if (std::system("unshare -m --propagation private true > /dev/null 2>&1") != 0) return -1;
+  const int st = std::system(cmd.c_str());
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+// Twenty-third hostile pass: --overwrite deleted the old run and then failed on a file system
+// out of inodes (the free-space check counted bytes only), or with checkpoints/ a mount point
+// (its files deleted, then EBUSY). Both are refused before anything is deleted. Root only (a
+// tmpfs with few inodes, a bind mount), in a private mount namespace.
+TEST(Faults, OverwriteRefusesInodeShortageAndMountPoints) {
+  TempDir td;
+  const fs::path dir = td.path;
+  write_corpus(dir / "c.txt");
+  std::string train = std::string(ATTNRES_CLI_PATH) + " --threads 1 train --data " +
+                      (dir / "c.txt").string() +
+                      " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 "
+                      "--eval-every 0 --sample-tokens 0";
+  const fs::path fs_dir = dir / "fs", run = fs_dir / "run", elsewhere = dir / "elsewhere";
+  fs::create_directories(fs_dir);
+  fs::create_directories(elsewhere);
+  // The old run (one checkpoint) fits in 18 inodes; the new one (5 checkpoints at once) not.
+  const std::string inodes =
+      "mount -t tmpfs -o size=50m,nr_inodes=18 tmpfs " + fs_dir.string() + " && " + train +
+      " --steps 4 --save-every 0 --out " + run.string() + " > /dev/null && " + train +
+      " --steps 40 --save-every 5 --keep-checkpoints 4 --overwrite --out " + run.string() +
+      "; echo rc=$?; ls " + run.string() + " " + (run / "checkpoints").string();
+  int code = run_in_mount_namespace(inodes, dir / "inodes.log");
+  if (code < 0) GTEST_SKIP() << "needs root and mount namespaces";
+  std::string log = slurp(dir / "inodes.log");
+  EXPECT_NE(log.find("(it is out of inodes); nothing was deleted"), std::string::npos) << log;
+  EXPECT_NE(log.find("rc=1"), std::string::npos) << log;
+  EXPECT_NE(log.find("step_00000004"), std::string::npos) << log;  // (the old run's, kept)
+  EXPECT_NE(log.find("model.safetensors"), std::string::npos) << log;
+  // checkpoints/ a bind mount: its files would be deleted, then its removal fail (EBUSY).
+  const std::string bind = train + " --steps 4 --save-every 2 --out " + run.string() +
+                           " > /dev/null && mount --bind " + elsewhere.string() + " " +
+                           (run / "checkpoints").string() + " && " + train +
+                           " --steps 4 --overwrite --out " + run.string() + "; echo rc=$?";
+  fs::remove_all(fs_dir);
+  code = run_in_mount_namespace(bind, dir / "bind.log");
+  log = slurp(dir / "bind.log");
+  EXPECT_EQ(code, 0) << log;
+  EXPECT_NE(log.find("or a mount point"), std::string::npos) << log;
+  EXPECT_NE(log.find("rc=1"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(run / "model.safetensors")) << log;
+}
+
 TrainConfig tiny_config(const fs::path& dir) {
   TrainConfig c;
   c.data_path = (dir / "c.txt").string();

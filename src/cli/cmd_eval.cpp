@@ -141,11 +141,23 @@ void run_eval(const EvalArgs& a) {
   // copied out of its run, by the corpus and share its metadata records: 21st).
   const TrainedOn trained = trained_on(run, meta);
   std::error_code ec;
+  const bool by_path = run && (a.data.empty() || absolute_path(a.data) == run->data_path ||
+                               std::filesystem::equivalent(a.data, run->data_path, ec));
+  const std::string fingerprint = hex64(fnv1a64(corpus->text));
   const bool own_corpus =
       trained.val_fraction > 0 &&
-      ((run && (a.data.empty() || absolute_path(a.data) == run->data_path ||
-                std::filesystem::equivalent(a.data, run->data_path, ec))) ||
-       (!trained.fingerprint.empty() && hex64(fnv1a64(corpus->text)) == trained.fingerprint));
+      (by_path || (!trained.fingerprint.empty() && fingerprint == trained.fingerprint));
+  // The run's corpus changed since (cut, extended, a file of its directory removed): the val
+  // split of the text as it is now need not be the run's held-out text, and was training text
+  // reported as held out (twenty-third hostile pass).
+  check(!by_path || a.split != "val" || run->corpus_fingerprint.empty() ||
+            fingerprint == run->corpus_fingerprint,
+        "'" + data + "' is the corpus the run in '" + run_dir +
+            "' trained on, changed since (fingerprint " + fingerprint + ", the run's " +
+            (run ? run->corpus_fingerprint : std::string()) +
+            "): its val split is no longer the run's held-out text and may be text the model "
+            "trained on. Restore the corpus, evaluate on other text, or pass --split all to "
+            "measure the whole text as it is now (not held out)");
   if (val_fraction < 0) {
     val_fraction = own_corpus ? trained.val_fraction : run ? run->val_fraction : 0.1;
   }

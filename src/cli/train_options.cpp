@@ -405,7 +405,9 @@ Corpus read_trained_corpus(const TrainConfig& t, const std::string& run_dir) {
             "' changed since the run trained on it (fingerprint " + got + ", the run's " +
             t.corpus_fingerprint +
             "): its validation split would no longer be held-out text. Restore the corpus, or "
-            "pass --data to measure on the text as it is now");
+            "pass --data with other text (`attnres eval --data " +
+            shell_word(t.data_path) +
+            " --split all` measures the whole text as it is now, not as held-out text)");
   return c;
 }
 

@@ -227,26 +227,30 @@ namespace {
 
 std::string mib_text(double bytes) { return std::to_string(std::llround(bytes / (1 << 20))); }
 
-// The bytes that removing `p` (a file, or a directory's files) would free: files linked
-// elsewhere free nothing.
-uint64_t freed_by_removing(const fs::path& p) {
-  uint64_t n = 0;
+// The bytes and inodes that removing `p` (a file, or a directory and its files) would free:
+// files linked elsewhere free nothing.
+struct Freed {
+  double bytes = 0, inodes = 0;
+};
+Freed freed_by_removing(const fs::path& p) {
+  Freed f;
   std::error_code ec;
-  auto add = [&n](const fs::path& f) {
+  auto add = [&f](const fs::path& q) {
     struct stat st {};
-    if (::lstat(f.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1) {
-      n += static_cast<uint64_t>(st.st_size);
+    if (::lstat(q.c_str(), &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) f.inodes += 1;
+    if (S_ISREG(st.st_mode) && st.st_nlink == 1) {
+      f.bytes += static_cast<double>(st.st_size);
+      f.inodes += 1;
     }
   };
-  if (!fs::is_directory(fs::symlink_status(p, ec))) {
-    add(p);
-    return n;
-  }
+  add(p);
+  if (!fs::is_directory(fs::symlink_status(p, ec))) return f;
   for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::end(it);
        it.increment(ec)) {
     add(it->path());
   }
-  return n;
+  return f;
 }
 
 }  // namespace
@@ -280,10 +284,12 @@ void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_ste
   struct statvfs fsst {};
   if (::statvfs(out_dir_.c_str(), &fsst) != 0) return;  // (unknown: the save says what fails)
   const double free_now = static_cast<double>(fsst.f_bavail) * static_cast<double>(fsst.f_frsize);
-  double freed = 0;
+  double freed = 0, freed_inodes = 0;
   if (reclaimed) {
     for (const char* n : {"model.safetensors", "checkpoints"}) {
-      freed += static_cast<double>(freed_by_removing(fs::path(out_dir_) / n));
+      const Freed f = freed_by_removing(fs::path(out_dir_) / n);
+      freed += f.bytes;
+      freed_inodes += f.inodes;
     }
   }
   // Before an --overwrite, every checkpoint the run holds at once: --keep-checkpoints of them,
@@ -307,6 +313,22 @@ void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_ste
           " and its final model take about " + mib_text(need) +
           " MiB; nothing was deleted or trained: free some space, " +
           (held > 1 ? "lower --keep-checkpoints, " : "") + "or use another --out");
+  // And the files: a checkpoint is a directory of three or four files (each written under a
+  // temporary name first), beside checkpoints/, the final model, `latest`, the log (a file
+  // system out of inodes with bytes to spare lost an --overwrite's old run; 23rd hostile pass).
+  if (fsst.f_files == 0) return;  // (a file system without an inode count)
+  const double inodes = static_cast<double>(held) * 5 + 6;
+  const double free_inodes = static_cast<double>(fsst.f_favail);
+  check(free_inodes + freed_inodes >= inodes,
+        "the file system of --out '" + out_dir_ + "' has room for " +
+            std::to_string(static_cast<int64_t>(free_inodes)) + " more files" +
+            (reclaimed ? " (" + std::to_string(static_cast<int64_t>(free_inodes + freed_inodes)) +
+                             " once --overwrite deletes the old run)"
+                       : std::string()) +
+            ", but this run's checkpoints and final model need about " +
+            std::to_string(static_cast<int64_t>(inodes)) +
+            " (it is out of inodes); nothing was deleted or trained: delete files there, " +
+            (held > 1 ? "lower --keep-checkpoints, " : "") + "or use another --out");
 }
 
 void RunDir::check_own_checkpoints() const {
@@ -561,8 +583,21 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
   auto present = [&](const char* n) { return fs::exists(fs::symlink_status(d / n)); };
   // Only what the engine wrote is ever deleted: regular files, and a checkpoints/ directory of
   // step_* directories. Anything else under those names is the user's: refused, never removed.
+  // (a mount point there, e.g. checkpoints/ bind-mounted elsewhere, had its files deleted and
+  // then failed with EBUSY: both runs lost; twenty-third hostile pass)
+  struct stat dst {};
+  const bool known_dev = ::lstat(d.c_str(), &dst) == 0;
+  auto mounted = [&](const fs::path& p) {
+    struct stat st {};
+    if (known_dev && ::lstat(p.c_str(), &st) == 0 && st.st_dev != dst.st_dev) return true;
+    struct statx sx {};  // (a bind mount of a directory of the same file system: same st_dev)
+    return ::statx(AT_FDCWD, p.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &sx) == 0 &&
+           (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 &&
+           (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+  };
   auto ours = [&](const char* n) {
     const fs::path p = d / n;
+    if (mounted(p)) return false;
     if (std::string(n) == "model.safetensors") {  // (a Hugging Face model's weights are not ours)
       return is_attnres_checkpoint(p.string());
     }
@@ -571,7 +606,7 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
     }
     if (!fs::is_directory(fs::symlink_status(p))) return false;
     for (const auto& e : fs::directory_iterator(p)) {
-      if (!is_saved_checkpoint(e.path())) return false;
+      if (!is_saved_checkpoint(e.path()) || mounted(e.path())) return false;
     }
     return true;
   };
@@ -597,8 +632,9 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
     for (const std::string& n : v) {
       check(ours(n.c_str()), "'" + (d / n).string() +
                                  "' is not what an attnres run writes there (a directory, a "
-                                 "special file, a symlink or other files); it is left alone: "
-                                 "move it away or use another --out");
+                                 "special file, a symlink, other files, or a mount point"
+                                 "); it is left alone: move it away or use "
+                                 "another --out");
     }
   }
   // A tokenizer.model with no run beside it is another's (an import-hf checkpoint's, a user's):
