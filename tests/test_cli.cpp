@@ -311,11 +311,16 @@ TEST(Cli, ErrorsAreClearAndNonZero) {
   r = run("train --data " + corpus(dir) + " --out " + (dir / "t").string() + " --schedule nope");
   EXPECT_NE(r.code, 0);  // (CLI11's validation error: the choices are checked at the edge)
   EXPECT_TRUE(contains(r.out, "nope") && contains(r.out, "cosine")) << r.out;
-  r = run("train --data " + corpus(dir) + " --out " + (dir / "u").string() + " --router-lr-mult 0");
+  r = run("train --data " + corpus(dir) + " --out " + (dir / "u").string() +
+          " --residual full --router-lr-mult 0");
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "--router-lr-mult must be in (0, 1000]")) << r.out;
+  // (prenorm has no router tensors: the options did nothing; twenty-third hostile pass)
+  r = run("train --data " + corpus(dir) + " --out " + (dir / "u").string() + " --router-lr-mult 2");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.out, "but --residual prenorm has none")) << r.out;
   r = run("train --data " + corpus(dir) + " --out " + (dir / "v").string() +
-          " --device cuda-host --router-warmup 5");
+          " --residual full --device cuda-host --router-warmup 5");
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.out, "--device cpu only for now")) << r.out;
   r = run("train --data " + corpus(dir) + " --out " + (dir / "e").string() + " --norm-eps 0");

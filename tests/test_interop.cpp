@@ -678,6 +678,10 @@ TEST(ExportHf, AttnResModelsRoundTripWithK3Names) {
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
     EXPECT_LT(back.probe_tokens, 1);  // (nothing upcycled)
     EXPECT_THROW(import_hf(out, mode(S == 1 ? ResidualMode::block : ResidualMode::full)), Error);
+    // (--residual prenorm named by the user wrote the AttnRes model without a word; 23rd pass)
+    HfImportOptions named = mode(ResidualMode::prenorm);
+    named.residual_given = true;
+    EXPECT_THROW(import_hf(out, named), Error);
     if (S == 4) {  // A Llama config with K3's attn_res_block_size and tensors maps 1:1 too.
       nlohmann::json k3 = read_json(out + "/config.json");
       for (const char* k :

@@ -20,8 +20,9 @@
 namespace attnres {
 
 struct HfImportOptions {
-  ResidualConfig residual;  // prenorm (the HF model itself), full or block
-  int64_t max_seq_len = 0;  // 0 = config.json's max_position_embeddings
+  ResidualConfig residual;      // prenorm (the HF model itself), full or block
+  bool residual_given = false;  // residual named by the user (an AttnRes export then must match)
+  int64_t max_seq_len = 0;      // 0 = config.json's max_position_embeddings
 };
 
 // What a Hugging Face directory holds, read and checked without loading any weight.

@@ -182,6 +182,7 @@ void add_import_hf(CLI::App& app) {
                   "prenorm (the model as it is), full or block (AttnRes, zero queries: the same "
                   "function at step 0)",
                   {"prenorm", "full", "block"});
+  auto* mode = s->get_option("--residual");
   auto* bs = s->add_option("--block-size", r.block_size, "block: sublayers per block (S)")
                  ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
                  ->capture_default_str();
@@ -194,8 +195,9 @@ void add_import_hf(CLI::App& app) {
                 "max_position_embeddings)")
       ->check(CLI::Range(int64_t{1}, kMaxSeqLen));
   s->add_flag("--overwrite", a->overwrite, "Replace --out if it exists");
-  s->callback([a, bs] {
+  s->callback([a, bs, mode] {
     a->block_size_given = bs->count() > 0;
+    a->opt.residual_given = mode->count() > 0;
     run_import(*a);
   });
 }

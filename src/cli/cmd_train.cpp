@@ -299,6 +299,14 @@ void add_train(CLI::App& app) {
                                     "or block");
       }
     }
+    // (prenorm has no tensors of its own: they were taken and did nothing; 23rd hostile pass)
+    if (!a->cfg.resume && mode == ResidualMode::prenorm) {
+      for (const char* o : {"--router-lr-mult", "--router-warmup"}) {
+        check(s->count(o) == 0, std::string(o) + " applies to the residual mode's own tensors, " +
+                                    "but --residual prenorm has none: drop it, or train another " +
+                                    "--residual");
+      }
+    }
     run_train(*a, *d);
   });
 }

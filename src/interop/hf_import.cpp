@@ -246,7 +246,8 @@ HfImport import_hf(const std::string& dir, const HfImportOptions& opt) {
   out.source = o.src;
   const ResidualConfig& own = o.src.config.residual;
   if (own.is_attnres()) {  // an AttnRes export: imported as it is
-    check(opt.residual.mode == ResidualMode::prenorm ||
+    // (an explicit --residual prenorm wrote the full model without a word; 23rd hostile pass)
+    check((opt.residual.mode == ResidualMode::prenorm && !opt.residual_given) ||
               (opt.residual.mode == own.mode &&
                opt.residual.effective_block_size() == own.effective_block_size()),
           "'" + dir + "' holds a " + to_string(own.mode) + " AttnRes model" +
