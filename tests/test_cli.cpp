@@ -1155,6 +1155,15 @@ TEST(Cli, SeventeenthHostilePassMinors) {
     EXPECT_EQ(r.code, 1) << r.out;
     EXPECT_TRUE(contains(r.out, "(" + name + ")")) << r.out;
   }
+  // Twenty-third pass: options that do nothing in the configuration given were taken silently.
+  for (const auto& [o, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--vocab-size 500", "but this run reads bytes"},
+           {"--decay-fraction 0.5", "but this run's schedule is 'cosine'"},
+           {"--schedule constant --min-lr-ratio 0.5", "--schedule constant keeps it at --lr"}}) {
+    r = run("train --data " + data + byte + " --steps 2 " + o + " --out " + (dir / "x").string());
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(contains(r.out, says)) << r.out;
+  }
   fs::create_directories(dir / "texts");
   fs::copy_file(data, dir / "texts" / "a.txt");
   for (const std::string& cmd : {"compare --preset tiny --data " + (dir / "texts").string() +

@@ -299,6 +299,19 @@ void add_train(CLI::App& app) {
                                     "or block");
       }
     }
+    // Options that do nothing in the configuration given were taken without a word (23rd pass).
+    if (!a->cfg.resume) {
+      check(a->cfg.tokenizer != TokenizerKind::byte || s->count("--vocab-size") == 0,
+            "--vocab-size sets the size of a BPE tokenizer, but this run reads bytes (--tokenizer "
+            "byte: 256 ids): drop it, or pass --tokenizer bpe");
+      const ScheduleKind k = a->cfg.schedule.kind;
+      check(k == ScheduleKind::wsd || s->count("--decay-fraction") == 0,
+            std::string("--decay-fraction sets the decay of --schedule wsd, but this run's ") +
+                "schedule is '" + to_string(k) + "': drop it, or pass --schedule wsd");
+      check(k != ScheduleKind::constant || s->count("--min-lr-ratio") == 0,
+            "--min-lr-ratio sets where the learning rate decays to, but --schedule constant "
+            "keeps it at --lr: drop it, or pass --schedule cosine or wsd");
+    }
     // (prenorm has no tensors of its own: they were taken and did nothing; 23rd hostile pass)
     if (!a->cfg.resume && mode == ResidualMode::prenorm) {
       for (const char* o : {"--router-lr-mult", "--router-warmup"}) {
