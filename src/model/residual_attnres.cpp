@@ -51,8 +51,10 @@ class AttnResRouter final : public DepthRouter {
     two_phase_ = c.residual.two_phase && mix_.softmax && !dynamic_ && window_ == 0 && S_ > 1;
     // Full AttnRes with static queries: backward by source (see begin_backward), and the forward
     // in groups of mixers that share one pass over the older sources (prepare_grouped).
-    by_source_ = S_ == 1 && !dynamic_ && (window_ == 0 || window_ >= L_);
-    group_ = by_source_ && c.residual.two_phase && mix_.softmax ? kFullGroup : 1;
+    // Block AttnRes with static queries and no window: the block sums backward by source too,
+    // each partial sum (read by one mixer) by that mixer.
+    by_source_ = !dynamic_ && (S_ == 1 ? window_ == 0 || window_ >= L_ : window_ == 0);
+    group_ = S_ == 1 && by_source_ && c.residual.two_phase && mix_.softmax ? kFullGroup : 1;
     last_ = L_;
     own_.be = &be_;
     qg_.on(&be_);
@@ -179,12 +181,15 @@ class AttnResRouter final : public DepthRouter {
   const float* final_hidden() override { return final_.data(); }
 
   // ---------------------------------------------------------------- backward
-  // Two backward schemes. By mixer (block mode, dynamic queries): each mixer's backward adds into
-  // the gradients of all its sources as soon as its dx is known. By source (Full AttnRes with
-  // static queries): each mixer only keeps its dx and D = dx . x; a source's gradient is formed
+  // Two backward schemes. By mixer (dynamic queries, a window, pipeline stages): each mixer's
+  // backward adds into the gradients of all its sources as soon as its dx is known. By source
+  // (static queries): each mixer only keeps its dx and D = dx . x; a source's gradient is formed
   // when the pass reaches the sublayer that produced it (grad_output), from every mixer that read
-  // it, in one pass per reader over memory instead of three (read v, read and write dv). The same
-  // memory: (L+1) stored dx buffers replace the L per-source gradient buffers and the scratch.
+  // it, in one pass per reader over memory instead of three (read v, read and write dv). Full
+  // AttnRes: the same memory, (L+1) stored dx buffers replace the L per-source gradient buffers
+  // and the scratch. Block AttnRes: a block sum B_n is formed at its block's last sublayer from
+  // the later blocks' mixers, and each partial sum, read by its own mixer only, goes by that
+  // mixer at commit_grad_input; the dx buffers come on top of the block sums' gradients.
   void begin_backward(const float* dh) override {
     const int64_t nd = n_ * d_;
     if (by_source_) {
@@ -213,6 +218,12 @@ class AttnResRouter final : public DepthRouter {
   // nothing after), which therefore holds exactly that running sum.
   const float* grad_output(int64_t l) override {
     if (!by_source_) return blk(l / S_).g.data();
+    if (S_ > 1) {  // B_n's gradient from the later blocks' mixers; the partials' added below
+      const int64_t n = l / S_;
+      if (last_in_block(l))
+        source_backward(blk(n).g.data(), blk(n), std::min((n + 1) * S_, L_), L_);
+      return blk(n).g.data();
+    }
     // Sublayer l's output is source block l, read by mixers l+1..L. Sources go in groups of
     // back_group_ (from the top): the group's first, l = head, takes readers head+1..L for all
     // of them in one pass over those readers' dx; each later one, l = head - i, adds the readers
@@ -245,6 +256,12 @@ class AttnResRouter final : public DepthRouter {
   void commit_grad_input(int64_t l) override {
     if (by_source_) {
       be_.depth_dx_dot(D_[l].data(), dxs_[l].data(), xin_[l].data(), mix_, n_);
+      if (S_ > 1 && l % S_ != 0) {  // the partial sum P^(k), read by this mixer alone
+        const ops::DepthSource p{part_[l].v.data(), part_[l].r.data(), blk(l / S_).g.data(),
+                                 bf16_of(part_[l])};
+        be_.depth_mix_backward(dq_all_.data() + l * d_, dxs_[l].data(), xin_[l].data(),
+                               lse_[l].data(), &p, 1, qg_.data() + l * d_, 0, mix_, n_);
+      }
       return;
     }
     // The partial source P^(k)'s gradient lands in B_n's gradient, turning it into dL/d out_{l-1}.
@@ -305,6 +322,7 @@ class AttnResRouter final : public DepthRouter {
     const int64_t sources = 1 + NB_ + L_;  // embedding, blocks, partials (upper bound)
     const int64_t per_row = sources * (2 * d_ + H) + L_ * (d_ + H) + 4 * d_ +
                             (two_phase_ ? S_ * (d_ + H) : 0) + (group_ - 1) * (d_ + H) +
+                            (by_source_ && S_ > 1 ? (L_ + 1) * (d_ + H) : 0) +
                             (bf16_ ? sources * d_ / 2 : 0);  // (bf16 copies: half a float each)
     return static_cast<int64_t>(sizeof(float)) * n * per_row;
   }
@@ -335,7 +353,7 @@ class AttnResRouter final : public DepthRouter {
     if (!stage_) {  // the router's own sources, gradients zeroed by begin_backward
       own_.e.resize(static_cast<size_t>(NB_ + 1));
       fit(own_.e[0], true);
-      for (int64_t b = 0; b < NB_; b++) fit(blk(b), !by_source_);
+      for (int64_t b = 0; b < NB_; b++) fit(blk(b), !by_source_ || S_ > 1);
     } else {  // the stage's own blocks; the pipeline put the earlier ones in the store
       for (int64_t b = first_ / S_; b < (last_ + S_ - 1) / S_; b++) {
         st_->ensure(1 + b, n, d_, mix_.H);
@@ -355,10 +373,8 @@ class AttnResRouter final : public DepthRouter {
       grow(lse_[L_], nh);
       grow(final_, nd);
     }
-    if (!by_source_) {  // (the by-source buffers come with the backward: alloc_by_source)
-      grow(out_, nd);   // S == 1 never uses it, but block mode does
-      grow(dx_, nd);
-    }
+    if (S_ > 1) grow(out_, nd);      // (S == 1 never uses it)
+    if (!by_source_) grow(dx_, nd);  // (the by-source buffers come with the backward)
     if (dynamic_) {
       grow(qdyn_, nd);
       grow(qraw_, nd);
@@ -388,6 +404,7 @@ class AttnResRouter final : public DepthRouter {
     for (auto& x : dxs_) x.on(&be_).resize(nd);
     D_.resize(L_ + 1);
     for (auto& x : D_) x.on(&be_).resize(nh);
+    if (S_ > 1) return;  // (block sums: their gradient buffers)
     dv_cur_.on(&be_).resize(nd);
     // (grouped on the CPU, whose depth_sources_backward fuses the group's pass over dx)
     back_group_ = be_.is_cpu() ? kBackGroup : 1;
