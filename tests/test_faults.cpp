@@ -88,7 +88,9 @@ std::vector<std::string> resume_args(const fs::path& out) {
 // RLIMIT_FSIZE (a full disk without root or a mount) with SIGXFSZ at its default action, as after
 // `ulimit -f` in a shell: the CLI itself must ignore it, so writes past the limit fail with EFBIG
 // instead of the signal killing it mid-save.
-pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& log, rlim_t fsize_limit = 0) {
+// With ignore_hup, the child starts with SIGHUP ignored, as under `nohup`.
+pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& log, rlim_t fsize_limit = 0,
+                bool ignore_hup = false) {
   std::vector<std::string> all = {ATTNRES_CLI_PATH};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -101,6 +103,7 @@ pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& log, rlim_
     if (fd < 0) ::_exit(126);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
+    if (ignore_hup) ::signal(SIGHUP, SIG_IGN);
     if (fsize_limit > 0) {
       ::signal(SIGXFSZ, SIG_DFL);
       struct rlimit rl = {fsize_limit, fsize_limit};
@@ -209,6 +212,16 @@ TEST(Faults, StopSignalsSaveACheckpointAndResumeExactly) {
         << slurp(out.string() + ".resume.log");
     expect_same_weights(dir / "ref" / "model.safetensors", out / "model.safetensors");
   }
+  // Twenty-third pass: a run started under nohup (SIGHUP ignored) stopped at logout all the same.
+  const fs::path out = dir / "nohup";
+  const pid_t pid =
+      spawn_cli(train_args(dir / "c.txt", out, steps, 0), out.string() + ".log", 0, true);
+  ASSERT_TRUE(wait_until([&] { return metrics_lines(out) >= 2; }, 60))
+      << slurp(out.string() + ".log");
+  ASSERT_EQ(0, ::kill(pid, SIGHUP));
+  ASSERT_EQ(wait_for(pid), 0) << slurp(out.string() + ".log");
+  EXPECT_EQ(slurp(out.string() + ".log").find("stopped at step"), std::string::npos);
+  expect_same_weights(dir / "ref" / "model.safetensors", out / "model.safetensors");
 }
 
 // Thirteenth hostile pass: a kill (or a full disk) between a save's rename and the write of
@@ -479,6 +492,18 @@ TEST(Faults, OverwriteRefusesInodeShortageAndMountPoints) {
   log = slurp(dir / "bind.log");
   EXPECT_EQ(code, 0) << log;
   EXPECT_NE(log.find("or a mount point"), std::string::npos) << log;
+  EXPECT_NE(log.find("rc=1"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(run / "model.safetensors")) << log;
+  // tokens.bin a bind-mounted file (a shared token cache): the new run's could not replace it.
+  std::ofstream(dir / "shared.bin") << "x";
+  const std::string tokens = "mount --bind " + (dir / "shared.bin").string() + " " +
+                             (run / "tokens.bin").string() + " && " + train +
+                             " --steps 4 --overwrite --out " + run.string() + "; echo rc=$?";
+  code = run_in_mount_namespace(tokens, dir / "tokens.log");
+  log = slurp(dir / "tokens.log");
+  EXPECT_NE(log.find("'" + (run / "tokens.bin").string() + "' is not what an attnres run"),
+            std::string::npos)
+      << log;
   EXPECT_NE(log.find("rc=1"), std::string::npos) << log;
   EXPECT_TRUE(fs::exists(run / "model.safetensors")) << log;
 }

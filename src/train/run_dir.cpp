@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -106,12 +107,17 @@ void check_replaceable(const fs::path& p, int64_t step, const std::string& out_d
               shell_word(out_dir) + "`");
 }
 
+// Syncs a directory's entries. Some file systems refuse fsync on directories (EINVAL): fine;
+// an I/O error is an Error (it was ignored, and a checkpoint the disk may not hold was
+// published; twenty-third hostile pass).
 void fsync_dir(const std::string& dir) {
-  FILE* f = std::fopen(dir.c_str(), "r");
-  if (f) {
-    ::fsync(fileno(f));
-    std::fclose(f);
-  }
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  check(rc == 0 || err != EIO, "syncing the directory '" + dir + "' failed: " + errno_text(err) +
+                                   "; the disk may be failing, check it");
 }
 
 }  // namespace
@@ -652,13 +658,13 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
   // directory or a user's file then lost both runs; fourteenth hostile pass.)
   if (check_only) {
     auto regular_or_absent = [&](const char* n) {
-      return !present(n) || fs::is_regular_file(fs::symlink_status(d / n));
+      return !present(n) || (fs::is_regular_file(fs::symlink_status(d / n)) && !mounted(d / n));
     };
     for (const char* n : {"tokens.bin", "tokenizer.model", "tokenizer.model.trainkey"}) {
       check(regular_or_absent(n), "'" + (d / n).string() +
                                       "' is not what an attnres run writes there (a directory, "
-                                      "a special file or a symlink); it is left alone: move it "
-                                      "away or use another --out");
+                                      "a special file, a symlink or a mount point); it is left "
+                                      "alone: move it away or use another --out");
     }
     check(!present("tokens.bin") || is_token_cache_file((d / "tokens.bin").string()),
           "'" + (d / "tokens.bin").string() +
@@ -679,6 +685,28 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
         "'" + out_dir + "' already holds a run (" + list(kept) +
             "); continue it with --resume, start this one in another --out, or pass --overwrite "
             "to delete that run and start again");
+  // Everything is deleted or nothing: a directory the user may not change (a checkpoint made
+  // read-only) stopped the deletion half way (23rd hostile pass).
+  auto writable = [](const fs::path& dir) { return ::access(dir.c_str(), W_OK | X_OK) == 0; };
+  for (const auto& v : {kept, stale}) {
+    for (const std::string& n : v) {
+      const fs::path p = d / n;
+      std::vector<fs::path> dirs = {d};
+      std::error_code ec;
+      if (fs::is_directory(fs::symlink_status(p, ec))) {
+        dirs.push_back(p);
+        for (const auto& e : fs::directory_iterator(p, ec)) {
+          if (fs::is_directory(fs::symlink_status(e.path(), ec))) dirs.push_back(e.path());
+        }
+      }
+      for (const fs::path& dir : dirs) {
+        check(writable(dir), "'" + dir.string() +
+                                 "' cannot be changed (no write permission), so '" + p.string() +
+                                 "' cannot be deleted; nothing was deleted: give "
+                                 "write permission (chmod u+w), or use another --out");
+      }
+    }
+  }
   if (check_only) return "";
   for (const auto& v : {kept, stale}) {
     for (const std::string& n : v) fs::remove_all(d / n);
