@@ -271,6 +271,10 @@ class AttnResRouter final : public DepthRouter {
   const float* grad_embedding() override {
     if (!by_source_) return emb().g.data();
     source_backward(emb().g.data(), emb(), 0, L_);  // read by every mixer
+    // The first mixer reads the embedding alone: a softmax over one source is 1 whatever the
+    // query, so its query's gradient is zero, not the rounding noise of a . (dx . v - dx . x)
+    // (which Adam turns into steps of about lr, and which differed by backend).
+    if (mix_.softmax) be_.zero(dq_all_.data(), sizeof(float) * d_);
     // The readers' query gradients, summed over the sources by the backend.
     for (int64_t m = 0; m <= L_; m++) accumulate_query_grad(m, dq_all_.data() + m * d_);
     return emb().g.data();
