@@ -51,9 +51,11 @@ class AttnResRouter final : public DepthRouter {
     two_phase_ = c.residual.two_phase && mix_.softmax && !dynamic_ && window_ == 0 && S_ > 1;
     // Full AttnRes with static queries: backward by source (see begin_backward), and the forward
     // in groups of mixers that share one pass over the older sources (prepare_grouped).
-    // Block AttnRes with static queries and no window: the block sums backward by source too,
-    // each partial sum (read by one mixer) by that mixer.
-    by_source_ = !dynamic_ && (S_ == 1 ? window_ == 0 || window_ >= L_ : window_ == 0);
+    // Block AttnRes with static queries and no window, on the CPU: the block sums backward by
+    // source too, each partial sum (read by one mixer) by that mixer. (On an H200 that was
+    // slower than by mixer: 4.7 against 3.2 ms a step at the 124M shape; docs/BENCHMARKS.md.)
+    by_source_ =
+        !dynamic_ && (S_ == 1 ? window_ == 0 || window_ >= L_ : window_ == 0 && be_.is_cpu());
     group_ = S_ == 1 && by_source_ && c.residual.two_phase && mix_.softmax ? kFullGroup : 1;
     last_ = L_;
     own_.be = &be_;
