@@ -169,11 +169,14 @@ TEST(Cli, BenchRunsEveryModeAndWritesJson) {
       "bench --d-model 32 --n-layer 2 --n-head 2 --seq-len 32 --batch-size 2 --vocab 64 "
       "--steps 1 --warmup 0 --decode-tokens 4 --repeats 2 --json " +
       js;
-  CliRun r = run(args);
+  CliRun r = run(args + " --block-size 2 --attnres-two-phase false");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "sgemm ceiling")) << r.out;
   const auto j = nlohmann::json::parse(attnres::testing::slurp(js));
   ASSERT_EQ(j["modes"].size(), 3u);
+  // (the JSON named neither: twenty-third hostile pass)
+  EXPECT_EQ(j["block_size"], 2) << j.dump();
+  EXPECT_EQ(j["attnres_two_phase"], false) << j.dump();
   for (const auto& m : j["modes"]) {
     EXPECT_GT(m["tokens_per_s"].get<double>(), 0.0) << m["mode"];
     EXPECT_GT(m["peak_rss_mib"].get<double>(), 0.0) << m["mode"];
@@ -279,7 +282,7 @@ TEST(Cli, ConfigFileWithOverrides) {
     r = run("train --residual full" + std::string(opt) + " --data x --out " +
             (dir / "norun").string());
     EXPECT_EQ(r.code, 1) << r.out;
-    EXPECT_TRUE(contains(r.out, "this run's residual is 'full', which has no blocks")) << r.out;
+    EXPECT_TRUE(contains(r.out, "the residual is 'full', which has no blocks")) << r.out;
   }
   // So were the depth attention's options under a residual without one (21st hostile pass).
   for (const char* opt : {" --attnres-window 2", " --attnres-gate sigmoid",
@@ -1157,13 +1160,39 @@ TEST(Cli, SeventeenthHostilePassMinors) {
   }
   // Twenty-third pass: options that do nothing in the configuration given were taken silently.
   for (const auto& [o, says] : std::vector<std::pair<std::string, std::string>>{
-           {"--vocab-size 500", "but this run reads bytes"},
-           {"--decay-fraction 0.5", "but this run's schedule is 'cosine'"},
+           {"--vocab-size 500", "but the run reads bytes"},
+           {"--decay-fraction 0.5", "but the schedule is 'cosine'"},
            {"--schedule constant --min-lr-ratio 0.5", "--schedule constant keeps it at --lr"}}) {
     r = run("train --data " + data + byte + " --steps 2 " + o + " --out " + (dir / "x").string());
     EXPECT_EQ(r.code, 1) << r.out;
     EXPECT_TRUE(contains(r.out, says)) << r.out;
   }
+  // The same class in generate, bench and compare (one table with train's: inert_options).
+  for (const auto& [cmd, says] : std::vector<std::pair<std::string, std::string>>{
+           {"generate --model " + out +
+                "/model.safetensors --prompt x -n 2 --temperature 0 "
+                "--top-k 5",
+            "--top-k shapes sampling, but --temperature 0 decodes greedily"},
+           {"generate --model " + out +
+                "/model.safetensors --prompt x -n 2 --temperature 0 "
+                "--seed 3",
+            "--seed shapes sampling"},
+           {"bench --modes prenorm,full --block-size 8", "does not run it"},
+           {"bench --modes prenorm --attnres-two-phase false", "runs neither"},
+           {"compare --preset tiny --data " + data + " --modes prenorm,full --block-size 2 --out " +
+                (dir / "cmp_inert").string(),
+            "in every run of this comparison, --block-size sizes the blocks"},
+           {"compare --preset tiny --data " + data +
+                " --modes prenorm --sweep schedule=cosine,constant --decay-fraction 0.3 --out " +
+                (dir / "cmp_inert").string(),
+            "--decay-fraction sets the decay of --schedule wsd"}}) {
+    r = run(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, says)) << cmd << "\n" << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir / "cmp_inert" / "runs"));
+  r = run("generate --model " + out + "/model.safetensors --prompt x -n 2 --temperature 0");
+  EXPECT_EQ(r.code, 0) << r.out;
   fs::create_directories(dir / "texts");
   fs::copy_file(data, dir / "texts" / "a.txt");
   for (const std::string& cmd : {"compare --preset tiny --data " + (dir / "texts").string() +

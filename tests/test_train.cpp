@@ -100,6 +100,40 @@ TEST(Train, LearnsFarBelowUnigramEntropy) {
   EXPECT_TRUE(fs::exists(dir / "run" / "checkpoints" / "step_00000150" / "optimizer.safetensors"));
 }
 
+// A step the process spent stopped (Ctrl-Z, then fg: SIGCONT) is left out of tokens/s. The
+// stop is simulated inside step 5: the loss hook sleeps 1 s, once with the continue counter
+// advanced and once without; the same second would otherwise cut the rate of 20 short steps.
+TEST(Train, AStepSpentStoppedIsNotTimed) {
+  TempDir td;
+  const fs::path dir = td.path;
+  std::ofstream(dir / "corpus.txt") << make_corpus(400, 2);
+  auto rate = [&](bool continued_in_step, const std::string& out) {
+    TrainConfig c = small_config(dir, dir / "corpus.txt");
+    c.out_dir = (dir / out).string();
+    c.model.n_layer = 1;
+    c.batch_size = 2;
+    c.steps = 20;
+    c.eval_every = 0;
+    std::atomic<uint64_t> conts{0};
+    TrainEvents ev;
+    ev.continued = &conts;
+    ev.loss_hook = [&](int64_t step, double loss) {
+      if (step == 5) {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        if (continued_in_step) conts.fetch_add(1);
+      }
+      return loss;
+    };
+    const TrainResult r = train(c, ev);
+    return r.tokens_per_s.value();
+  };
+  const double stopped = rate(false, "stopped");
+  const double continued = rate(true, "continued");
+  // 19 timed steps of 64 tokens: with the second counted, at most 19 * 64 / 1 s = 1216 tokens/s.
+  EXPECT_LT(stopped, 19.0 * 64.0);
+  EXPECT_GT(continued, 3.0 * stopped) << "the stopped step was timed";
+}
+
 class TrainModes : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TrainModes, LowersValidationLoss) {
@@ -137,6 +171,7 @@ TEST(Train, ResumeReproducesTheUninterruptedRun) {
   TrainEvents ev;
   ev.stop = &stop;
   ev.on_step = [&](const StepInfo& s) {
+    if (s.step == 5) std::this_thread::sleep_for(std::chrono::milliseconds(500));
     if (s.step == 10) stop = true;
   };
   const TrainResult first = train(c, ev);
@@ -147,6 +182,8 @@ TEST(Train, ResumeReproducesTheUninterruptedRun) {
   rc.resume = true;
   const TrainResult second = train(rc, {});
   EXPECT_FALSE(second.interrupted);
+  // The run's time counts both calls (a resumed compare run reported its last call's only).
+  EXPECT_GT(second.run_seconds, second.seconds + 0.45);
   const auto split = read_losses(dir / "split" / "metrics.jsonl");
   ASSERT_EQ(split.size(), full.size());
   for (size_t i = 0; i < full.size(); i++) EXPECT_EQ(split[i], full[i]) << "step " << i + 1;

@@ -158,7 +158,9 @@ struct TrainResult {
   // record, an earlier call's lines, neither checked nor written by this call (readers of the
   // run's figures skip them: appended lines were taken as measured; 22nd hostile pass).
   int64_t log_skip_from = 0, log_skip_to = 0;
-  double seconds = 0;
+  double seconds = 0;      // wall time of this call
+  double run_seconds = 0;  // training wall time of the run: this call's and, on a resume, the
+                           // earlier calls' up to the checkpoint it continued from
   int64_t num_params = 0;
   int64_t skipped_steps = 0;
   std::string model_path;   // final model.safetensors
@@ -187,6 +189,9 @@ struct TrainEvents {
   std::function<void(const StepInfo&)> on_step;  // every step
   std::function<void(const EvalInfo&)> on_eval;
   const std::atomic<bool>* stop = nullptr;  // set (e.g. on SIGINT) to save and return early
+  // Counts the times the process was continued after a stop (SIGCONT after Ctrl-Z or SIGSTOP): a
+  // step during which it changes spent time stopped, and is left out of the tokens/s.
+  const std::atomic<uint64_t>* continued = nullptr;
   // Fault injection for tests: sees each step's mean loss (1-based step, before the non-finite
   // check) and returns the loss to use, e.g. NaN to exercise the skip counter and its limit.
   std::function<double(int64_t step, double loss)> loss_hook;

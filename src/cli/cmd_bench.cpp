@@ -591,7 +591,9 @@ void run_bench(const BenchArgs& a) {
                   {"device", to_string(a.dev.device)},
                   {"precision", to_string(a.dev.precision)},
                   {"ceiling_gflops", c.gflops},
-                  {"ceiling_of", c.of}};
+                  {"ceiling_of", c.of},
+                  {"block_size", a.block_size},
+                  {"attnres_two_phase", a.two_phase}};
   if (c.sgemm_gflops) results["sgemm_gflops"] = *c.sgemm_gflops;
   const std::string weights =
       (fs::temp_directory_path() / ("attnres_bench_" + std::to_string(::getpid()) + ".safetensors"))
@@ -675,7 +677,21 @@ void add_bench(CLI::App& app) {
       "PyTorch's CPU bf16 autocast");
   s->add_option("--child-mode", a->child_mode, "(internal)")->group("");
   s->add_option("--weights-out", a->weights_out, "(internal)")->group("");
-  s->callback([a] { run_bench(*a); });
+  s->callback([a, s] {
+    // Options that size what --modes does not run would be taken and do nothing.
+    // (a --child-mode run is given every size by its parent)
+    const std::vector<std::string> modes = split_list(a->modes);
+    auto runs = [&](const char* m) {
+      return !a->child_mode.empty() || std::find(modes.begin(), modes.end(), m) != modes.end();
+    };
+    check(s->count("--block-size") == 0 || runs("block"),
+          "--block-size sizes the blocks of mode block, but --modes '" + a->modes +
+              "' does not run it: drop it, or add block to --modes");
+    check(s->count("--attnres-two-phase") == 0 || runs("full") || runs("block"),
+          "--attnres-two-phase sets how full and block compute their depth mix, but --modes '" +
+              a->modes + "' runs neither: drop it, or add full or block to --modes");
+    run_bench(*a);
+  });
 }
 
 }  // namespace attnres::cli

@@ -28,6 +28,7 @@
 #include "backend/backend.hpp"
 #include "cli/commands.hpp"
 #include "cli/compare_job.hpp"
+#include "cli/inert_options.hpp"
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
 #include "core/json_field.hpp"
@@ -589,6 +590,22 @@ void check_own_outputs(const std::string& out, const char* json_name, const char
   }
 }
 
+// An option given that does nothing in any run of the comparison is refused, as train refuses it
+// (one that some run uses passes: --block-size with --modes prenorm,block).
+void refuse_inert_options(const CompareArgs& a, const std::vector<Group>& groups) {
+  if (a.app == nullptr || groups.empty()) return;
+  std::vector<InertOption> inert = inert_options(*a.app, groups.front().args.cfg);
+  for (size_t i = 1; i < groups.size(); i++) {
+    const std::vector<InertOption> here = inert_options(*a.app, groups[i].args.cfg);
+    std::erase_if(inert, [&](const InertOption& o) {
+      return std::none_of(here.begin(), here.end(),
+                          [&](const InertOption& h) { return h.option == o.option; });
+    });
+  }
+  check(inert.empty(),
+        inert.empty() ? std::string() : "in every run of this comparison, " + inert.front().why);
+}
+
 bool run_compare(CompareArgs& a) {
   apply_preset(a);
   a.base.finalize();
@@ -600,6 +617,7 @@ bool run_compare(CompareArgs& a) {
       "--seed " + std::to_string(a.base.cfg.seed) + " with --seeds " + std::to_string(a.seeds) +
           " runs past the largest seed (2^64 - 1); give a smaller --seed");
   std::vector<Group> groups = make_groups(a, modes, sweep_combos(a));
+  refuse_inert_options(a, groups);
   const std::vector<Task> tasks = read_tasks(a.tasks);  // (checked before anything trains)
   check_out_apart_from_data(a.out, a.base.cfg.data_path);
   // (a user's report.md or results.json in --out was replaced at the end: twelfth pass)
@@ -656,6 +674,7 @@ bool run_compare(CompareArgs& a) {
       bar.message(head);
       TrainEvents ev;
       ev.stop = stop;
+      ev.continued = continue_counter();
       ev.on_step = [&](const StepInfo& si) {
         char f[200];
         const double left = std::max(0.0, remaining - est + si.eta_s);

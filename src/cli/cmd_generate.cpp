@@ -87,7 +87,18 @@ void add_generate(CLI::App& app) {
       ->check(uint64_value())
       ->capture_default_str();
   add_device_options(s, a->dev);
-  s->callback([a] { run_generate(*a); });
+  s->callback([a, s] {
+    // Greedy decoding samples nothing: the sampling options would be taken and do nothing.
+    if (a->sc.temperature == 0) {
+      for (const char* o : {"--top-k", "--top-p", "--seed"}) {
+        check(s->count(o) == 0, std::string(o) +
+                                    " shapes sampling, but --temperature 0 decodes greedily "
+                                    "(the most likely token, no randomness): drop it, or give "
+                                    "a --temperature above 0");
+      }
+    }
+    run_generate(*a);
+  });
 }
 
 }  // namespace attnres::cli

@@ -21,6 +21,7 @@
 #include "attnres/generate.hpp"
 #include "attnres/train.hpp"
 #include "cli/commands.hpp"
+#include "cli/inert_options.hpp"
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
 #include "report/stats.hpp"
@@ -71,6 +72,7 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
     bar.message(f);
   };
   ev.stop = install_stop_handler();
+  ev.continued = continue_counter();
   if (root && comm.size() > 1) {
     bar.message("ranks: " + std::to_string(comm.size()) + " (" + comm.backend() + "), " +
                 std::to_string(omp_get_max_threads()) + " thread(s) each");
@@ -277,48 +279,10 @@ void add_train(CLI::App& app) {
       g.zero1 = s->count("--zero1") > 0;
     }
     if (!a->cfg.resume && !a->cfg.init_from.empty()) apply_init_from_defaults(*s, *a);
-    check(a->cfg.tokenizer_model.empty() || s->count("--vocab-size") == 0,
-          "--vocab-size sets the size of a BPE tokenizer trained on the corpus, but this run reads "
-          "text with an existing SentencePiece model (--tokenizer-model, or --init-from's "
-          "tokenizer), whose vocabulary is its own: drop --vocab-size");
-    check(a->cfg.resume || a->cfg.model.residual.mode == ResidualMode::block ||
-              (s->count("--block-size") == 0 && s->count("--block-layers") == 0),
-          std::string("--block-size and --block-layers size the blocks of --residual block, but "
-                      "this run's residual is '") +
-              to_string(a->cfg.model.residual.mode) +
-              "', which has no blocks: drop them, or train with --residual block");
-    // (they were ignored without a word on the other residuals; twenty-first hostile pass)
-    const ResidualMode mode = a->cfg.model.residual.mode;
-    if (!a->cfg.resume && mode != ResidualMode::full && mode != ResidualMode::block) {
-      for (const char* o : {"--attnres-gate", "--attnres-key-norm", "--attnres-heads",
-                            "--attnres-query", "--attnres-window", "--attnres-key-eps",
-                            "--attnres-temperature", "--attnres-two-phase"}) {
-        check(s->count(o) == 0, std::string(o) + " sets the depth attention of --residual full " +
-                                    "or block, but this run's residual is '" + to_string(mode) +
-                                    "', which has none: drop it, or train with --residual full " +
-                                    "or block");
-      }
-    }
-    // Options that do nothing in the configuration given were taken without a word (23rd pass).
+    // Options that do nothing in this run are refused (taken without a word, they mislead).
     if (!a->cfg.resume) {
-      check(a->cfg.tokenizer != TokenizerKind::byte || s->count("--vocab-size") == 0,
-            "--vocab-size sets the size of a BPE tokenizer, but this run reads bytes (--tokenizer "
-            "byte: 256 ids): drop it, or pass --tokenizer bpe");
-      const ScheduleKind k = a->cfg.schedule.kind;
-      check(k == ScheduleKind::wsd || s->count("--decay-fraction") == 0,
-            std::string("--decay-fraction sets the decay of --schedule wsd, but this run's ") +
-                "schedule is '" + to_string(k) + "': drop it, or pass --schedule wsd");
-      check(k != ScheduleKind::constant || s->count("--min-lr-ratio") == 0,
-            "--min-lr-ratio sets where the learning rate decays to, but --schedule constant "
-            "keeps it at --lr: drop it, or pass --schedule cosine or wsd");
-    }
-    // (prenorm has no tensors of its own: they were taken and did nothing; 23rd hostile pass)
-    if (!a->cfg.resume && mode == ResidualMode::prenorm) {
-      for (const char* o : {"--router-lr-mult", "--router-warmup"}) {
-        check(s->count(o) == 0, std::string(o) + " applies to the residual mode's own tensors, " +
-                                    "but --residual prenorm has none: drop it, or train another " +
-                                    "--residual");
-      }
+      const std::vector<InertOption> inert = inert_options(*s, a->cfg);
+      check(inert.empty(), inert.empty() ? std::string() : inert.front().why);
     }
     run_train(*a, *d);
   });

@@ -27,7 +27,8 @@ namespace attnres::cli {
 
 namespace {
 std::atomic<bool> g_stop{false};
-std::atomic<bool> g_handling{false};  // a stop handler is installed
+std::atomic<bool> g_handling{false};   // a stop handler is installed
+std::atomic<uint64_t> g_continued{0};  // SIGCONTs received (a stopped run continued)
 // (SIGUSR2 and SIGXCPU: batch schedulers' warnings before a kill, e.g. Grid Engine's qsub
 // -notify and a CPU-time limit; fourteenth hostile pass. SIGALRM, a script's alarm, and SIGPWR,
 // a UPS's power failure, seventeenth. SIGPROF and SIGVTALRM keep their meaning: profilers time
@@ -52,6 +53,9 @@ sigset_t stop_signal_set() {
       }
       sigaddset(&s, sig);
     }
+    // SIGCONT too, only to count it: a blocked SIGCONT still continues the process (POSIX), and
+    // the trainer leaves a step it was stopped in out of its tokens/s.
+    sigaddset(&s, SIGCONT);
     return s;
   }();
   return set;
@@ -64,6 +68,10 @@ void signal_thread() {
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
+    if (sig == SIGCONT) {
+      g_continued.fetch_add(1);
+      continue;
+    }
     if (g_handling.load()) {
       // A second stop signal leaves at once, unless it came within kSignalEcho of the first:
       // `timeout` signals the run and then its whole process group, and a closing terminal sends
@@ -117,6 +125,8 @@ const std::atomic<bool>* install_stop_handler() {
   g_handling.store(true);
   return &g_stop;
 }
+
+const std::atomic<uint64_t>* continue_counter() { return &g_continued; }
 
 void apply_train_args(TrainArgs& a, const std::vector<std::string>& args) {
   CLI::App tmp;

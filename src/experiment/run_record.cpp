@@ -389,8 +389,8 @@ json run_record(const std::string& group, const TrainConfig& c, int64_t vocab, c
              {"final_val_loss", ok ? opt_num(r.final_val_loss, nullptr) : json(nullptr)},
              {"final_train_loss", opt_num(r.final_train_loss, rm.last_train_loss)},
              {"tokens_per_s", opt_num(r.tokens_per_s, rm.last_tokens_per_s)},
-             {"threads", omp_get_max_threads()},  // (the speed's; its last invocation's)
-             {"seconds", ok ? r.seconds : o.seconds},
+             {"threads", omp_get_max_threads()},           // (the speed's; its last invocation's)
+             {"seconds", ok ? r.run_seconds : o.seconds},  // (every call's, on a resume)
              {"skipped_steps", ok ? json(r.skipped_steps) : json(nullptr)},
              {"params", params},
              {"flops_per_token", flops_per_token},

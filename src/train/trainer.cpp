@@ -1009,6 +1009,8 @@ class Trainer {
     }
   }
 
+  uint64_t continued_count() const { return ev_.continued ? ev_.continued->load() : 0; }
+
   // After step `step` (0-based): the progress event and the metrics line.
   void report_step(int64_t step, const StepRunner::Outcome& o, double lr, double dt, bool last) {
     StepInfo si;
@@ -1083,6 +1085,7 @@ class Trainer {
         break;
       }
       const auto ts = Clock::now();
+      const uint64_t continued = continued_count();
       const bool last = step + 1 == cfg_.steps;
       const bool eval_now = (cfg_.eval_every > 0 && (step + 1) % cfg_.eval_every == 0) || last;
       StepRunner::Rates rates;
@@ -1102,7 +1105,9 @@ class Trainer {
         continue;
       }
       const double dt = seconds_since(ts);
-      if (step > start_) {  // (the first step allocates and warms up: not timed)
+      // (the first step allocates and warms up; a step the process was stopped in, by Ctrl-Z or
+      // SIGSTOP, holds the time it stood still: neither is timed)
+      if (step > start_ && continued_count() == continued) {
         timed_s_ += dt;
         timed_steps_++;
       }
@@ -1145,6 +1150,7 @@ class Trainer {
                                             cfg_.eval_batches, comm_, piped_);
     }
     res_.seconds = seconds_since(t0_);
+    res_.run_seconds = prior_seconds_ + res_.seconds;
     if (timed_steps_ > 0) {
       res_.tokens_per_s = static_cast<double>(tokens_per_step_ * timed_steps_) / timed_s_;
       res_.model_gflops = *res_.tokens_per_s * flops_tok_ / 1e9;
