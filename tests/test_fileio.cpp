@@ -46,6 +46,25 @@ TEST(FileIO, ReadMissingFileNamesPath) {
   }
 }
 
+// A small file read under a large limit costs its own size, not the limit's: read_file_prefix
+// allocated and zero-filled the whole limit (64 MiB for `latest` or a train_config.json), which
+// raised --overwrite's reported peak memory about 3x (twenty-third hostile pass).
+TEST(FileIO, SmallFileUnderALargeLimitCostsItsOwnSize) {
+  TempDir d;
+  const std::string path = d.file("latest");
+  write_file_atomic(path, "step_00000002\n");
+  auto peak_mib = [] {
+    struct rusage ru {};
+    ::getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_maxrss) / 1024.0;
+  };
+  const double before = peak_mib();
+  EXPECT_EQ(read_small_file(path, size_t{1} << 30, "a latest file"), "step_00000002\n");
+  EXPECT_EQ(read_file_prefix(path, size_t{1} << 30), "step_00000002\n");
+  EXPECT_EQ(read_file_prefix(path, 4), "step");
+  EXPECT_LT(peak_mib() - before, 64.0) << "a 1 GiB limit's buffer was touched";
+}
+
 TEST(FileIO, AtomicWriteCreatesAndReplaces) {
   TempDir d;
   const std::string p = d.file("a.bin");

@@ -35,6 +35,10 @@ std::string read_small_file(const std::string& path, size_t max_bytes, const std
 // private copy of a hard-linked file).
 void copy_file_atomic(const std::string& from, const std::string& to);
 
+// Calls fn(data, n) on the content of `path` piece by piece, to its end: memory stays bounded
+// however large the file. Same open checks as read_file.
+void for_each_piece(const std::string& path, const std::function<void(const char*, size_t)>& fn);
+
 // Calls fn(line, number) for each line of `path` (1-based numbers; no '\n'), reading it in
 // pieces: memory stays bounded however large the file. A line longer than max_line is passed
 // as its first max_line bytes with `cut` true (its rest skipped), so no line is held whole.

@@ -14,11 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -76,29 +73,35 @@ std::string format_mib(int64_t bytes) {
   return buf;
 }
 
+// FNV-1a 64 of the whole file at `path` and of its first `mark` bytes (when it holds that many),
+// in one pass.
+struct FileHashes {
+  uint64_t whole = kFnv1a64Offset;
+  int64_t bytes = 0;
+  std::optional<uint64_t> at_mark;
+};
+FileHashes hash_file(const std::string& path, int64_t mark) {
+  FileHashes h;
+  if (mark == 0) h.at_mark = h.whole;
+  for_each_piece(path, [&](const char* p, size_t n) {
+    if (!h.at_mark && mark > 0 && h.bytes + static_cast<int64_t>(n) >= mark) {
+      const auto first = static_cast<size_t>(mark - h.bytes);
+      h.whole = fnv1a64(std::string_view(p, first), h.whole);
+      h.bytes = mark;
+      h.at_mark = h.whole;
+      p += first;
+      n -= first;
+    }
+    h.whole = fnv1a64(std::string_view(p, n), h.whole);
+    h.bytes += static_cast<int64_t>(n);
+  });
+  return h;
+}
+
 // The training wall time the run had logged by `step` (metrics.jsonl's elapsed_s on the last
 // line of the latest step <= step; 0 if none): where a resumed run's clock continues, so its
 // loss-vs-time curve carries on. (Checkpoints do not hold it: their bytes do not depend on
 // timing or on the rank count.) Unreadable lines are skipped.
-// FNV-1a 64 of the first `limit` bytes of `path` (all of it with limit < 0), and how many bytes
-// that was (fewer when the file is shorter).
-std::pair<uint64_t, int64_t> hash_of_prefix(const std::string& path, int64_t limit) {
-  std::ifstream f(path, std::ios::binary);
-  uint64_t h = kFnv1a64Offset;
-  int64_t n = 0;
-  std::vector<char> buf(1 << 20);
-  while (f && (limit < 0 || n < limit)) {
-    const int64_t want = limit < 0 ? static_cast<int64_t>(buf.size())
-                                   : std::min<int64_t>(static_cast<int64_t>(buf.size()), limit - n);
-    f.read(buf.data(), want);
-    const auto got = static_cast<int64_t>(f.gcount());
-    if (got <= 0) break;
-    h = fnv1a64(std::string_view(buf.data(), static_cast<size_t>(got)), h);
-    n += got;
-  }
-  return {h, n};
-}
-
 double logged_seconds_at(const fs::path& metrics, int64_t step) {
   if (!fs::exists(metrics)) return 0.0;
   int64_t best_step = -1;
@@ -854,8 +857,12 @@ class Trainer {
         msg("metrics.jsonl: dropped a torn last line (" + std::to_string(torn) +
             " bytes, cut by a kill or a full disk)");
       }
-      std::tie(log_hash_, log_bytes_) = hash_of_prefix(path, -1);
-      if (cfg_.resume) check_log_intact(path);
+      // (what the resumed checkpoint recorded of the log, and the log now, in one read)
+      const LogRecord rec = cfg_.resume ? read_log_record() : LogRecord{};
+      const FileHashes h = hash_file(path, rec.bytes);
+      log_hash_ = h.whole;
+      log_bytes_ = h.bytes;
+      if (cfg_.resume) check_log_intact(path, rec, h);
     }
     res_.num_params = model_->num_params();
     res_.flops_per_token = flops_tok_;
@@ -928,39 +935,36 @@ class Trainer {
   // A resumed run's metrics.jsonl must begin with what the run had logged at its checkpoint;
   // otherwise its earlier lines are not the run's measurements (compare took an edited log's
   // speed, curve and diagnostics for a kept run's; 21st hostile pass).
-  void check_log_intact(const std::string& path) {
-    const fs::path record = fs::path(resume_dir_) / kLogRecordFile;
+  // What the checkpoint being resumed recorded of the log (kLogRecordFile); bytes -1: nothing.
+  struct LogRecord {
     int64_t bytes = -1;
-    std::string hash;
+    std::string fnv1a64;
+  };
+  LogRecord read_log_record() const {
+    const fs::path record = fs::path(resume_dir_) / kLogRecordFile;
+    LogRecord r;
     std::error_code ec;
     if (fs::is_regular_file(record, ec)) {
       const auto j = nlohmann::json::parse(read_small_file(record.string(), 4096, "a log record"),
                                            nullptr, /*allow_exceptions=*/false);
       if (j.is_object() && j.contains("bytes") && j["bytes"].is_number_integer() &&
           j.contains("fnv1a64") && j["fnv1a64"].is_string()) {
-        bytes = j["bytes"].get<int64_t>();
-        hash = j["fnv1a64"].get<std::string>();
+        r.bytes = j["bytes"].get<int64_t>();
+        r.fnv1a64 = j["fnv1a64"].get<std::string>();
       }
     }
-    res_.log_intact =
-        bytes >= 0 && hash_of_prefix(path, bytes) == std::make_pair(from_hex(hash), bytes);
+    return r;
+  }
+  void check_log_intact(const std::string& path, const LogRecord& rec, const FileHashes& h) {
+    res_.log_intact = rec.bytes >= 0 && h.at_mark && hex64(*h.at_mark) == rec.fnv1a64;
     if (res_.log_intact) {
-      res_.log_skip_from = bytes;
+      res_.log_skip_from = rec.bytes;
       res_.log_skip_to = log_bytes_;  // (the file's size when this call opened it)
     }
-    if (!res_.log_intact && bytes >= 0) {
+    if (!res_.log_intact && rec.bytes >= 0) {
       msg("note: " + path + " does not begin with what the run had logged when its checkpoint " +
           "was saved (edited or replaced since): its earlier lines are kept as they are, but " +
           "are not this run's measurements");
-    }
-  }
-  static uint64_t from_hex(const std::string& s) {
-    try {
-      size_t used = 0;
-      const uint64_t v = std::stoull(s, &used, 16);
-      return used == s.size() ? v : 0;
-    } catch (const std::exception&) {
-      return 0;
     }
   }
   // What a saved model says of its data: which corpus, and the share held out (kCorpusHashKey).
