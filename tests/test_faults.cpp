@@ -12,12 +12,15 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "attnres/backend.hpp"
 #include "attnres/checkpoint.hpp"
@@ -513,6 +516,55 @@ TEST(Faults, OverwriteRefusesInodeShortageAndMountPoints) {
       << log;
   EXPECT_NE(log.find("rc=1"), std::string::npos) << log;
   EXPECT_TRUE(fs::exists(run / "model.safetensors")) << log;
+  // A file inside a checkpoint bind-mounted (a copy of its own model): met after `latest` and
+  // the final model were deleted, and both runs were lost (twenty-fourth hostile pass).
+  const fs::path inner = run / "checkpoints" / "step_00000004" / "model.safetensors";
+  fs::copy_file(inner, dir / "copy.safetensors");
+  const std::string nested = "mount --bind " + (dir / "copy.safetensors").string() + " " +
+                             inner.string() + " && " + train + " --steps 4 --overwrite --out " +
+                             run.string() + "; echo rc=$?";
+  code = run_in_mount_namespace(nested, dir / "nested.log");
+  log = slurp(dir / "nested.log");
+  EXPECT_NE(log.find("'" + inner.string() + "' is a mount point, so"), std::string::npos) << log;
+  EXPECT_NE(log.find("nothing was deleted"), std::string::npos) << log;
+  EXPECT_NE(log.find("rc=1"), std::string::npos) << log;
+  EXPECT_TRUE(fs::exists(run / "model.safetensors")) << log;
+  EXPECT_TRUE(fs::exists(run / "latest")) << log;
+}
+
+// Files made immutable or append-only (chattr +i / +a) cannot be deleted, even by root: an
+// --overwrite met them half way and lost the old run; now it refuses before deleting anything.
+TEST(Faults, OverwriteRefusesImmutableFiles) {
+  TempDir td;
+  const fs::path dir = td.path, run = dir / "run";
+  write_corpus(dir / "c.txt");
+  const std::string train = std::string(ATTNRES_CLI_PATH) + " --threads 1 train --data " +
+                            (dir / "c.txt").string() +
+                            " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 "
+                            "--eval-every 0 --sample-tokens 0 --steps 4 --save-every 2 --out " +
+                            run.string();
+  ASSERT_EQ(std::system((train + " > /dev/null 2>&1").c_str()), 0);
+  const fs::path opt = run / "checkpoints" / "step_00000002" / "optimizer.safetensors";
+  if (std::system(("chattr +i " + opt.string() + " 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << "chattr is not supported here (needs root and a file system with flags)";
+  }
+  for (const auto& [flag, file, says] : std::vector<std::tuple<std::string, fs::path, std::string>>{
+           {"+i", opt, "' is immutable (chattr +i), so '" + (run / "checkpoints").string()},
+           {"+a", run / "metrics.jsonl", "' is append-only (chattr +a), so"},
+           {"+i", run / "tokens.bin", "' is immutable (chattr +i), so"}}) {
+    const std::string log = (dir / "log").string();
+    const std::string cmd = "chattr " + flag + " " + file.string() + "; " + train +
+                            " --overwrite > " + log + " 2>&1; echo rc=$? >> " + log +
+                            "; chattr -i -a " + file.string();
+    std::system(cmd.c_str());
+    const std::string out = slurp(log);
+    EXPECT_NE(out.find("'" + file.string() + says), std::string::npos) << out;
+    EXPECT_NE(out.find("nothing was deleted"), std::string::npos) << out;
+    EXPECT_NE(out.find("rc=1"), std::string::npos) << out;
+    EXPECT_TRUE(fs::exists(run / "latest")) << out;
+    EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000004")) << out;
+    EXPECT_TRUE(fs::exists(run / "model.safetensors")) << out;
+  }
 }
 
 TrainConfig tiny_config(const fs::path& dir) {

@@ -1,7 +1,9 @@
 #include "train/run_dir.hpp"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -583,6 +585,64 @@ void check_out_not_in_checkpoints(const std::string& out_dir) {
   }
 }
 
+namespace {
+
+// Whether p is a mount point: another device than its directory's, or (a bind mount from the same
+// file system) the root of a mount.
+bool mount_point(const fs::path& p) {
+  struct stat st {
+  }, up{};
+  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  if (::lstat(p.c_str(), &st) == 0 && ::lstat(parent.c_str(), &up) == 0 && st.st_dev != up.st_dev) {
+    return true;
+  }
+  struct statx sx {};
+  return ::statx(AT_FDCWD, p.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &sx) == 0 &&
+         (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 &&
+         (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+}
+
+// Whether p, a regular file or a directory, is immutable or append-only (chattr +i / +a): then it
+// cannot be deleted or renamed over, nor (a directory) lose entries. "" when neither, or when its
+// flags cannot be read.
+std::string flag_pin(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "";
+  int flags = 0;
+  const bool got = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+  ::close(fd);
+  if (got && (flags & FS_IMMUTABLE_FL) != 0) return "immutable (chattr +i)";
+  if (got && (flags & FS_APPEND_FL) != 0) return "append-only (chattr +a)";
+  return "";
+}
+
+// Why p cannot be deleted: a mount point, or flag_pin's reasons; "" when it can.
+std::string pinned(const fs::path& p) { return mount_point(p) ? "a mount point" : flag_pin(p); }
+
+// Everything a deletion of p removes or changes may be removed (nothing already deleted when a
+// later entry then failed: a file under checkpoints/ bind-mounted or made immutable was met after
+// `latest` and the final model were gone, and both runs were lost; twenty-fourth hostile pass).
+// Error naming the first entry that may not, and the fix.
+void check_deletable(const fs::path& p, const fs::path& what) {
+  auto refuse = [&](const fs::path& e, const std::string& why) {
+    throw Error("'" + e.string() + "' is " + why + ", so '" + what.string() +
+                "' cannot be deleted; nothing was deleted: " +
+                (why == "a mount point" ? "unmount it" : "clear the flag (chattr -i -a)") +
+                ", or use another --out");
+  };
+  const std::string why = pinned(p);
+  if (!why.empty()) refuse(p, why);
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(p, ec))) return;
+  for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    const std::string w = pinned(it->path());
+    if (!w.empty()) refuse(it->path(), w);
+  }
+}
+
+}  // namespace
+
 std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check_only) {
   const fs::path d = out_dir;
   check_out_not_in_checkpoints(out_dir);
@@ -591,16 +651,7 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
   // step_* directories. Anything else under those names is the user's: refused, never removed.
   // (a mount point there, e.g. checkpoints/ bind-mounted elsewhere, had its files deleted and
   // then failed with EBUSY: both runs lost; twenty-third hostile pass)
-  struct stat dst {};
-  const bool known_dev = ::lstat(d.c_str(), &dst) == 0;
-  auto mounted = [&](const fs::path& p) {
-    struct stat st {};
-    if (known_dev && ::lstat(p.c_str(), &st) == 0 && st.st_dev != dst.st_dev) return true;
-    struct statx sx {};  // (a bind mount of a directory of the same file system: same st_dev)
-    return ::statx(AT_FDCWD, p.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &sx) == 0 &&
-           (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 &&
-           (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
-  };
+  auto mounted = [](const fs::path& p) { return mount_point(p); };
   auto ours = [&](const char* n) {
     const fs::path p = d / n;
     if (mounted(p)) return false;
@@ -665,6 +716,9 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
                                       "' is not what an attnres run writes there (a directory, "
                                       "a special file, a symlink or a mount point); it is left "
                                       "alone: move it away or use another --out");
+      // (the new run's data replaces them after the old run is deleted: an immutable one
+      // failed then, with the old run gone; twenty-fourth hostile pass)
+      if (overwrite && present(n)) check_deletable(d / n, d / n);
     }
     check(!present("tokens.bin") || is_token_cache_file((d / "tokens.bin").string()),
           "'" + (d / "tokens.bin").string() +
@@ -691,6 +745,7 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
   for (const auto& v : {kept, stale}) {
     for (const std::string& n : v) {
       const fs::path p = d / n;
+      check_deletable(p, p);
       std::vector<fs::path> dirs = {d};
       std::error_code ec;
       if (fs::is_directory(fs::symlink_status(p, ec))) {
@@ -707,9 +762,22 @@ std::string claim_out_dir(const std::string& out_dir, bool overwrite, bool check
       }
     }
   }
+  const std::string dir_pin = flag_pin(d);
+  check(dir_pin.empty() || (kept.empty() && stale.empty()),
+        "'" + out_dir + "' is " + dir_pin +
+            ", so the previous run's files in it cannot be deleted; nothing was deleted: clear "
+            "the flag (chattr -i -a), or use another --out");
   if (check_only) return "";
+  std::vector<std::string> gone;
   for (const auto& v : {kept, stale}) {
-    for (const std::string& n : v) fs::remove_all(d / n);
+    for (const std::string& n : v) {
+      std::error_code ec;
+      fs::remove_all(d / n, ec);
+      check(!ec, "--overwrite: deleting '" + (d / n).string() + "' failed (" + ec.message() + ")" +
+                     (gone.empty() ? std::string() : " after deleting " + list(gone)) +
+                     "; the rest of the previous run is as it was");
+      gone.push_back(n);
+    }
   }
   std::vector<std::string> all = kept;
   all.insert(all.end(), stale.begin(), stale.end());
