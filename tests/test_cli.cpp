@@ -956,10 +956,30 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
   EXPECT_EQ(r.code, 0) << r.out;
   const auto tokens = [](const std::string& out) { return out.substr(out.find(": ") + 2, 20); };
   EXPECT_EQ(tokens(r.out), tokens(in_run)) << r.out << "\n" << in_run;
+  // Twenty-fourth: the same weights after export-hf + import-hf, and a run started from them
+  // (--init-from) on other text, forgot that corpus: its training text was scored as held out.
+  const fs::path qtext = dir / "qtext.txt";
+  std::ofstream(qtext) << std::string(20000, 'q') << "\n";
+  ASSERT_EQ(run("export-hf " + kept.string() + " --out " + (dir / "hf").string()).code, 0);
+  const fs::path back = dir / "back" / "model.safetensors";
+  ASSERT_EQ(run("import-hf " + (dir / "hf").string() + " --out " + back.string()).code, 0);
+  const fs::path tuned = dir / "tuned";
+  ASSERT_EQ(run("train --data " + qtext.string() + kTinyModel + " --steps 2 --init-from " +
+                back.string() + " --out " + tuned.string())
+                .code,
+            0);
+  for (const fs::path& m : {back, tuned / "model.safetensors"}) {
+    r = run("eval " + m.string() + " --data " + data + " --val-fraction 0.5");
+    EXPECT_EQ(r.code, 1) << m << "\n" << r.out;
+    EXPECT_TRUE(contains(r.out, "--val-fraction 0.5 is larger than the run's (0.05)")) << r.out;
+    r = run("eval " + m.string() + " --data " + data);  // (0.05 by default)
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(tokens(r.out), tokens(in_run)) << r.out << "\n" << in_run;
+  }
 }
 
 // Nineteenth pass: a run trained on one thread, stopped and continued with the command it
-// printed (then on all cores) ended with other weights, without a word. The thread count is
+// printed (then on all cores) ended with qtext weights, without a word. The thread count is
 // part of the recorded layout: the command names it, and a resume on another count says so.
 TEST(Cli, AResumeOnAnotherThreadCountIsNotedAndSamplesAsTheRunStarted) {
   TempDir td;

@@ -72,6 +72,26 @@ inline constexpr const char* kTokenizerHashKey = "tokenizer_fnv1a64";
 // into the training text, also for a model copied out of its run (21st hostile pass).
 inline constexpr const char* kCorpusHashKey = "corpus_fnv1a64";
 inline constexpr const char* kValFractionKey = "val_fraction";
+// Metadata key of the corpora the model's initial weights had trained on: its --init-from model's
+// corpus and that model's own ancestors (a fine-tune of a model trained on X holds what X's
+// model learned; it recorded only its own corpus: 24th hostile pass). A JSON array of
+// {"corpus_fnv1a64": hex, "val_fraction": x}; export-hf and import-hf carry it, and the keys above.
+inline constexpr const char* kAncestryKey = "trained_before";
+
+// A corpus a model's weights trained on (hex FNV-1a 64 of its text) and the share of it held out.
+struct TrainedOn {
+  std::string fingerprint;
+  double val_fraction = 0;
+};
+// Every corpus a model's metadata records: its own (kCorpusHashKey, kValFractionKey) and its
+// ancestors' (kAncestryKey). Entries that do not parse (or a share outside (0, 1)) are skipped.
+std::vector<TrainedOn> trained_on(const Metadata& meta);
+// The kAncestryKey value for a model whose weights start from a model with metadata `from`: every
+// corpus `from` records; "" when it records none.
+std::string ancestry_from(const Metadata& from);
+// The metadata of `meta` that says what its weights trained on (the keys above), to carry along
+// with the weights (export-hf, import-hf).
+Metadata training_record(const Metadata& meta);
 
 // The file of the tokenizer a checkpoint at `path` records ("sentencepiece:<file>", resolved
 // beside the checkpoint); "" for the byte tokenizer (no "tokenizer" key, or "byte").

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,9 @@ struct HfSource {
   int64_t tokenizer_pieces = 0;     // the tokenizer's vocabulary (0 = none)
   bool unread_tied_head = false;    // tie_word_embeddings, yet the files hold an lm_head.weight,
                                     // which is not read (the embedding is the head)
+  // The metadata of the weight files (every shard's, the first shard's winning), e.g. what an
+  // attnres export recorded of the corpora its weights trained on.
+  std::map<std::string, std::string> weights_metadata;
 };
 
 // Reads and checks config.json, the index and every shard's header, and the tokenizer. Error
@@ -68,9 +72,10 @@ HfImport import_hf(const std::string& dir, const HfImportOptions& opt);
 // names), and, when `tokenizer_model` (a SentencePiece file) is given, tokenizer.model and a
 // tokenizer_config.json; without one, config.json records "attnres_tokenizer": "byte". The
 // directory is built under a temporary name and renamed into place; an existing `out_dir` is an
-// Error unless `overwrite` (and it holds an earlier export only).
+// Error unless `overwrite` (and it holds an earlier export only). `weights_metadata` goes into
+// model.safetensors' metadata (e.g. what the weights trained on, for import_hf to carry back).
 void export_hf(const Model& model, const std::string& tokenizer_model, const std::string& out_dir,
-               bool overwrite);
+               bool overwrite, const std::map<std::string, std::string>& weights_metadata = {});
 
 // The Hugging Face name of an attnres tensor ("layers.0.attention.wq.weight" ->
 // "model.layers.0.self_attn.q_proj.weight"; an AttnRes mixer's query and key-norm gain ->

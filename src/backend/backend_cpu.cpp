@@ -237,12 +237,17 @@ class CpuBackend final : public Backend {
                               const ops::DepthMix& m, int64_t N) override {
     const int nthr = omp_get_max_threads();
     const int64_t d = m.d;
-    readers_.assign(rd, rd + K);
-    for (int64_t k = 0; k < K; k++) readers_[k].dq_offset = k * d;
-    dq_part_.assign(static_cast<size_t>(nthr * K * d), 0.0f);
-    ops::depth_sources_backward(dv, src, G, readers_.data(), K, dq_part_.data(), K * d, nthr, m, N);
+    // Scratch of the calling thread: the fp32 CPU backend is one object shared by every model in
+    // the process, and models trained on several threads at once (ranks as threads) raced on
+    // members here: corrupted readers, a crash or "double free or corruption" now and then.
+    thread_local std::vector<ops::DepthReader> readers;
+    thread_local std::vector<float> dq_part;
+    readers.assign(rd, rd + K);
+    for (int64_t k = 0; k < K; k++) readers[k].dq_offset = k * d;
+    dq_part.assign(static_cast<size_t>(nthr * K * d), 0.0f);
+    ops::depth_sources_backward(dv, src, G, readers.data(), K, dq_part.data(), K * d, nthr, m, N);
     for (int t = 0; t < nthr; t++) {
-      const float* p = dq_part_.data() + static_cast<int64_t>(t) * K * d;
+      const float* p = dq_part.data() + static_cast<int64_t>(t) * K * d;
       for (int64_t j = 0; j < K * d; j++) dq[j] += p[j];
     }
   }
@@ -269,9 +274,8 @@ class CpuBackend final : public Backend {
     return s.data();
   }
 
-  std::vector<uint16_t> bf_a_, bf_b_, bf_c_;  // bf16 operands without a memo
-  std::vector<ops::DepthReader> readers_;     // depth_source_backward's scratch
-  std::vector<float> dq_part_;
+  // bf16 operands without a memo (a bf16 backend is its model's own: make_backend)
+  std::vector<uint16_t> bf_a_, bf_b_, bf_c_;
 };
 
 }  // namespace

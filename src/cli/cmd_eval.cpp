@@ -86,21 +86,16 @@ std::string fraction_text(double f) {
   return b;
 }
 
-// The corpus a model trained on (its fingerprint) and the share of it held out: from its run's
-// train_config.json when that is beside it, else from its own metadata (a model copied out of
-// its run); a val_fraction of -1 when neither says.
-struct TrainedOn {
-  std::string fingerprint;
-  double val_fraction = -1;
-};
-TrainedOn trained_on(const std::optional<TrainConfig>& run, const Metadata& meta) {
-  if (run) return {run->corpus_fingerprint, run->val_fraction};
-  const auto f = meta.find(kCorpusHashKey), v = meta.find(kValFractionKey);
-  if (f == meta.end() || v == meta.end()) return {};  // (an older build's model)
-  char* end = nullptr;
-  const double x = std::strtod(v->second.c_str(), &end);
-  if (end == v->second.c_str() || *end != '\0' || !(x > 0 && x < 1)) return {};
-  return {f->second, x};
+// The corpora a model's weights trained on, each with the share of it held out: its run's (from
+// the train_config.json beside it, when there is one), its own metadata's (a model copied out of
+// its run), and those of the models its weights started from (--init-from, kept through
+// export-hf and import-hf; 24th hostile pass).
+std::vector<TrainedOn> corpora_of(const std::optional<TrainConfig>& run, const Metadata& meta) {
+  std::vector<TrainedOn> all = trained_on(meta);
+  if (run && !run->corpus_fingerprint.empty() && run->val_fraction > 0) {
+    all.insert(all.begin(), {run->corpus_fingerprint, run->val_fraction});
+  }
+  return all;
 }
 
 void run_eval(const EvalArgs& a) {
@@ -139,14 +134,19 @@ void run_eval(const EvalArgs& a) {
   // text at any path, or the run's corpus path even edited since) reaches into the text it
   // trained on, and was reported as a val loss (18th, 19th and 20th hostile passes; a model
   // copied out of its run, by the corpus and share its metadata records: 21st).
-  const TrainedOn trained = trained_on(run, meta);
   std::error_code ec;
   const bool by_path = run && (a.data.empty() || absolute_path(a.data) == run->data_path ||
                                std::filesystem::equivalent(a.data, run->data_path, ec));
   const std::string fingerprint = hex64(fnv1a64(corpus->text));
-  const bool own_corpus =
-      trained.val_fraction > 0 &&
-      (by_path || (!trained.fingerprint.empty() && fingerprint == trained.fingerprint));
+  // The smallest share held out of this text where the weights trained on it (by path: the run's
+  // corpus; by text: any corpus they trained on); -1 when they never did.
+  double held_out = by_path && run->val_fraction > 0 ? run->val_fraction : -1;
+  for (const TrainedOn& t : corpora_of(run, meta)) {
+    if (t.fingerprint == fingerprint && (held_out < 0 || t.val_fraction < held_out)) {
+      held_out = t.val_fraction;
+    }
+  }
+  const bool own_corpus = held_out > 0;
   // The run's corpus changed since (cut, extended, a file of its directory removed): the val
   // split of the text as it is now need not be the run's held-out text, and was training text
   // reported as held out (twenty-third hostile pass).
@@ -159,13 +159,14 @@ void run_eval(const EvalArgs& a) {
             "trained on. Restore the corpus, evaluate on other text, or pass --split all to "
             "measure the whole text as it is now (not held out)");
   if (val_fraction < 0) {
-    val_fraction = own_corpus ? trained.val_fraction : run ? run->val_fraction : 0.1;
+    val_fraction = own_corpus ? held_out : run ? run->val_fraction : 0.1;
   }
-  check(!own_corpus || a.split != "val" || val_fraction <= trained.val_fraction,
+  check(!own_corpus || a.split != "val" || val_fraction <= held_out,
         "--val-fraction " + fraction_text(val_fraction) + " is larger than the run's (" +
-            fraction_text(trained.val_fraction) + ") on the corpus it trained on: that " +
-            "val split would include text the model trained on; give at most " +
-            fraction_text(trained.val_fraction) + ", or --data with other text");
+            fraction_text(held_out) + ") on the corpus it trained on (its own run's, or that " +
+            "of a model its weights started from): that val split would include text the " +
+            "model trained on; give at most " + fraction_text(held_out) +
+            ", or --data with other text");
   const std::vector<int32_t> ids = tok->encode(corpus->text);
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t n_train = static_cast<int64_t>(static_cast<double>(n) * (1.0 - val_fraction));

@@ -35,7 +35,8 @@ void run_export(const ExportArgs& a) {
           "--out '" + a.out + "' holds the checkpoint being exported ('" + a.model +
               "'); write the export elsewhere");
   }
-  export_hf(*model, tok_file, a.out, a.overwrite);
+  // (what the weights trained on, so that eval of the re-imported model still knows; 24th pass)
+  export_hf(*model, tok_file, a.out, a.overwrite, training_record(meta));
   const bool attnres = model->config().residual.is_attnres();
   std::printf("wrote %s: %s, %lld parameters (float32), %s\n", a.out.c_str(),
               attnres ? "AttnResForCausalLM (Kimi K3 tensor names, modeling_attnres.py)"

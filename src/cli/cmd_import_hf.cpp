@@ -133,6 +133,9 @@ void run_import(ImportArgs& a) {
   Metadata meta{{"tokenizer", tok.empty() ? "byte" : "sentencepiece:tokenizer.model"},
                 {"source", "huggingface:" + absolute_path(a.dir)},
                 {kTokenizerHashKey, hex64(fnv1a64(tok.empty() ? "" : read_file(tok)))}};
+  // (an attnres export's record of the corpora its weights trained on: eval refuses a val split
+  // of them that reaches into training text; the round trip lost it, 24th hostile pass)
+  meta.merge(training_record(im.source.weights_metadata));
   try {
     save_model(a.out, *im.model, meta);
   } catch (...) {

@@ -96,10 +96,12 @@ void check_exportable(const ModelConfig& c) {
   if (r.temperature != 1) refuse("temperature " + std::to_string(r.temperature));
 }
 
-void write_weights(const Model& model, const std::string& path) {
+void write_weights(const Model& model, const std::string& path,
+                   const std::map<std::string, std::string>& metadata) {
   std::vector<float> host;
   const float* p = model.params_on_host(host);
   SafetensorsWriter w;
+  for (const auto& [k, v] : metadata) w.set_metadata(k, v);
   w.set_metadata("format", "pt");            // (transformers refuses a file without it)
   w.set_metadata(kExportMark, "export-hf");  // (what --overwrite may replace)
   for (const ParamEntry& e : model.layout().entries()) {
@@ -113,7 +115,7 @@ void write_weights(const Model& model, const std::string& path) {
 }  // namespace
 
 void export_hf(const Model& model, const std::string& tokenizer_model, const std::string& out_dir,
-               bool overwrite) {
+               bool overwrite, const std::map<std::string, std::string>& weights_metadata) {
   const ModelConfig& c = model.config();
   check_exportable(c);
   std::error_code ec;
@@ -154,7 +156,7 @@ void export_hf(const Model& model, const std::string& tokenizer_model, const std
   (void)::chmod(tmp.c_str(), 0777 & ~mask);
   try {
     write_file_atomic((tmp / "config.json").string(), hf_config(c, tokenizer_model.empty()));
-    write_weights(model, (tmp / "model.safetensors").string());
+    write_weights(model, (tmp / "model.safetensors").string(), weights_metadata);
     if (c.residual.is_attnres()) {
       write_file_atomic((tmp / "modeling_attnres.py").string(), kModelingAttnRes);
     }

@@ -119,6 +119,8 @@ Opened open_source(const std::string& dir, int64_t max_seq_len) {
   std::map<std::string, std::string> listed;
   s.shards = weight_files(dir, &listed);
   for (const std::string& p : s.shards) o.readers.push_back(SafetensorsReader::open(p));
+  for (const SafetensorsReader& r : o.readers)
+    s.weights_metadata.insert(r.metadata().begin(), r.metadata().end());
   o.where = tensor_index(o.readers);
   for (const auto& [tensor, shard] : listed) {  // the index must tell the truth
     auto it = o.where.find(tensor);

@@ -4,11 +4,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "attnres/data.hpp"
@@ -351,6 +354,56 @@ Metadata load_optimizer(const std::string& path, const Model& model, AdamW& opt)
   opt.set_steps_taken(metadata_count(steps->second, int64_t{1} << 40,
                                      "optimizer state '" + path + "': its adam_steps"));
   return r.metadata();
+}
+
+namespace {
+
+std::optional<double> held_out_share(const std::string& s) {
+  char* end = nullptr;
+  const double x = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || *end != '\0' || !(x > 0 && x < 1)) return std::nullopt;
+  return x;
+}
+
+}  // namespace
+
+std::vector<TrainedOn> trained_on(const Metadata& meta) {
+  std::vector<TrainedOn> out;
+  const auto f = meta.find(kCorpusHashKey), v = meta.find(kValFractionKey);
+  if (f != meta.end() && v != meta.end() && !f->second.empty()) {
+    if (const auto x = held_out_share(v->second)) out.push_back({f->second, *x});
+  }
+  const auto a = meta.find(kAncestryKey);
+  if (a == meta.end()) return out;
+  const auto j = nlohmann::json::parse(a->second, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array()) return out;
+  for (const auto& e : j) {
+    if (!e.is_object() || !e.contains("corpus_fnv1a64") || !e.contains("val_fraction") ||
+        !e["corpus_fnv1a64"].is_string() || !e["val_fraction"].is_number()) {
+      continue;
+    }
+    const double x = e["val_fraction"].get<double>();
+    const std::string fp = e["corpus_fnv1a64"].get<std::string>();
+    if (x > 0 && x < 1 && !fp.empty()) out.push_back({fp, x});
+  }
+  return out;
+}
+
+std::string ancestry_from(const Metadata& from) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const TrainedOn& t : trained_on(from)) {
+    const nlohmann::json e = {{"corpus_fnv1a64", t.fingerprint}, {"val_fraction", t.val_fraction}};
+    if (std::find(j.begin(), j.end(), e) == j.end()) j.push_back(e);  // (once each)
+  }
+  return j.empty() ? std::string() : j.dump();
+}
+
+Metadata training_record(const Metadata& meta) {
+  Metadata out;
+  for (const char* k : {kCorpusHashKey, kValFractionKey, kAncestryKey}) {
+    if (const auto it = meta.find(k); it != meta.end()) out[k] = it->second;
+  }
+  return out;
 }
 
 }  // namespace attnres

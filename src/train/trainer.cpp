@@ -520,6 +520,7 @@ class Trainer {
     if (!cfg_.resume && !cfg_.init_from.empty()) {
       std::vector<std::string> changed;
       const int64_t kept = load_initial_weights(*model_, cfg_.init_from, &changed);
+      ancestry_ = ancestry_from(SafetensorsReader::open(cfg_.init_from).metadata());
       msg("initial weights from " + cfg_.init_from +
           (kept > 0 ? " (" + std::to_string(kept) +
                           " tensors of the residual mode not in it: initialised as for a new run)"
@@ -587,6 +588,9 @@ class Trainer {
       auto r = SafetensorsReader::open(dir + "/model.safetensors");
       resume_dir_ = dir;
       load_weights(*model_, r);
+      if (const auto it = r.metadata().find(kAncestryKey); it != r.metadata().end()) {
+        ancestry_ = it->second;
+      }
       Metadata om;
       if (!opt_->sharded()) {
         om = load_optimizer(dir + "/optimizer.safetensors", *model_, *opt_);
@@ -971,7 +975,9 @@ class Trainer {
   Metadata data_record() const {
     char vf[64];
     std::snprintf(vf, sizeof vf, "%.17g", cfg_.val_fraction);
-    return {{kCorpusHashKey, data_.fingerprint}, {kValFractionKey, vf}};
+    Metadata m{{kCorpusHashKey, data_.fingerprint}, {kValFractionKey, vf}};
+    if (!ancestry_.empty()) m[kAncestryKey] = ancestry_;  // (what its initial weights trained on)
+    return m;
   }
   void restore_recent_loss(const Metadata& meta) {
     const auto s = meta.find(kRecentLossKey), n = meta.find(kRecentStepsKey);
@@ -1225,7 +1231,8 @@ class Trainer {
   AppendFile metrics_;
   uint64_t log_hash_ = kFnv1a64Offset;  // metrics.jsonl's fingerprint and size so far (rank 0)
   int64_t log_bytes_ = 0;
-  std::string resume_dir_;         // the checkpoint a resume continues from
+  std::string resume_dir_;  // the checkpoint a resume continues from
+  std::string ancestry_;    // kAncestryKey: the corpora of the --init-from model and its ancestors
   std::unique_ptr<RunLock> lock_;  // (rank 0) held while this run trains
   std::string staged_in_;     // --overwrite: where every rank's data was prepared (until stage 5)
   RestoreOnFailure restore_;  // (destroyed before lock_ is released)
