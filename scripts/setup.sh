@@ -12,6 +12,7 @@ PACKAGES=(
   libsentencepiece-dev   # BPE tokenizer training and encoding
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev  # data-parallel training: mpirun -np N attnres train ...
+  iproute2               # ip and tc: simulated hosts for multi-host runs (tools/netns_hosts.sh)
   fortunes               # the default demo corpus (/usr/share/games/fortunes)
   python3 python3-matplotlib  # plots of `attnres compare` reports
 )

@@ -961,6 +961,10 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
   const fs::path qtext = dir / "qtext.txt";
   std::ofstream(qtext) << std::string(20000, 'q') << "\n";
   ASSERT_EQ(run("export-hf " + kept.string() + " --out " + (dir / "hf").string()).code, 0);
+  r = run("train --data " + data + " --steps 2 --init-from " +
+          (dir / "hf" / "model.safetensors").string() + " --out " + (dir / "from_hf").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "holds a Hugging Face model's weights")) << r.out;
   const fs::path back = dir / "back" / "model.safetensors";
   ASSERT_EQ(run("import-hf " + (dir / "hf").string() + " --out " + back.string()).code, 0);
   const fs::path tuned = dir / "tuned";
@@ -976,6 +980,18 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(tokens(r.out), tokens(in_run)) << r.out << "\n" << in_run;
   }
+  // (and a Full checkpoint's block size, 1, made `--init-from it --residual block` a Full run)
+  const fs::path full = dir / "full", blocks = dir / "blocks";
+  ASSERT_EQ(
+      run("train --data " + data + kTinyModel + " --steps 2 --residual full --out " + full.string())
+          .code,
+      0);
+  r = run("train --data " + data + " --steps 2 --residual block --init-from " +
+          (full / "model.safetensors").string() + " --out " + blocks.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto started = attnres::load_model((blocks / "model.safetensors").string());
+  EXPECT_EQ(started->config().residual.mode, attnres::ResidualMode::block);
+  EXPECT_EQ(started->config().residual.block_size, 4) << "a new run's block size";
 }
 
 // Nineteenth pass: a run trained on one thread, stopped and continued with the command it
@@ -1121,6 +1137,11 @@ TEST(Cli, SixteenthHostilePassMinors) {
   EXPECT_EQ(g.code, 1) << g.out;
   EXPECT_TRUE(contains(g.out, "shorten it")) << g.out;
   EXPECT_FALSE(contains(g.out, "qqqq")) << g.out;
+  // A prompt that fills the context (16 byte tokens) still predicts one token.
+  const CliRun full =
+      run("generate --model " + model + " --prompt " + std::string(16, 'q') + " -n 3");
+  EXPECT_EQ(full.code, 0) << full.out;
+  EXPECT_TRUE(contains(full.out, "generated 1 of the 3 tokens")) << full.out;
   const CliRun ok = run("generate --model " + model + " --prompt qqqq -n 0");
   EXPECT_EQ(ok.code, 0) << ok.out;
   EXPECT_TRUE(contains(ok.out, "qqqq")) << ok.out;  // (an accepted prompt is echoed)
@@ -1197,6 +1218,15 @@ TEST(Cli, SeventeenthHostilePassMinors) {
                 "/model.safetensors --prompt x -n 2 --temperature 0 "
                 "--seed 3",
             "--seed shapes sampling"},
+           {"train --data " + data +
+                " --residual full --attnres-key-norm none "
+                "--attnres-key-eps 1e-5 --out " +
+                (dir / "x").string(),
+            "but --attnres-key-norm none normalises no key"},
+           {"train --data " + data + " --prompt Hi --sample-tokens 0 --out " + (dir / "x").string(),
+            "but --sample-tokens 0 draws none"},
+           {"eval --model " + out + "/model.safetensors --split all --val-fraction 0.2",
+            "but --split all measures the whole text"},
            {"bench --modes prenorm,full --block-size 8", "does not run it"},
            {"bench --modes prenorm --attnres-two-phase false", "runs neither"},
            {"compare --preset tiny --data " + data + " --modes prenorm,full --block-size 2 --out " +

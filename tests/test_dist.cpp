@@ -257,6 +257,38 @@ TEST(Dist, TwoRanksMatchOneRank) {
             1e-5);
 }
 
+// Issue 21's test bed: two simulated hosts (network namespaces joined by veth links, shaped to
+// 10 Gbit/s), one rank each, TCP only. The same global batch as one process: the same losses and
+// weights (to summation order).
+TEST(Dist, TwoSimulatedHostsOverTcpMatchOneRank) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string bed =
+      (fs::path(ATTNRES_FIXTURE_DIR).parent_path().parent_path() / "tools" / "netns_hosts.sh")
+          .string();
+  const CliRun can = shell("bash " + bed + " check");
+  if (can.code != 0) GTEST_SKIP() << can.out;
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const CliRun one = shell("exec " + cli() + train_args(data, dir / "one", 10) + " --log-every 1");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const CliRun two = shell("bash " + bed + " run --hosts 2 --rate 10gbit -- sh -c '" + mpirun(2) +
+                           "$ATTNRES_MPI_NET --host $ATTNRES_HOSTS " + cli() +
+                           train_args(data, dir / "two", 10) + " --log-every 1'");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_TRUE(contains(two.out, "2 ranks (mpi), 4 sequences per rank")) << two.out;
+  const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
+  const Metrics b = read_metrics(dir / "two" / "metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 10u);
+  expect_close(b.loss, a.loss, 1e-5, "training loss at step");
+  expect_close(b.val_loss, a.val_loss, 1e-5, "validation loss at evaluation");
+  EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / "two" / "model.safetensors"),
+            1e-5);
+  // Every namespace and link the test bed made is gone.
+  const CliRun left = shell("(ip netns list; ip -brief link) | grep -cE '^ar[0-9]+(h|v|br)'");
+  EXPECT_EQ(left.out, "0\n") << shell("ip netns list; ip -brief link").out;
+}
+
 // Data parallel on a device backend (cuda-host: the CUDA backend's code on host memory): the
 // gradients go through the device reducer, directly or staged through host buffers as on GPUs
 // without NCCL, and the run matches one rank on that device.

@@ -250,6 +250,9 @@ void add_eval(CLI::App& app) {
                 " does not apply to --task (the task file is the text scored); "
                 "leave it out, or evaluate the loss and the tasks in two commands");
     }
+    check(a->split != "all" || s->count("--val-fraction") == 0,
+          "--val-fraction sets where the val split starts, but --split all measures the whole "
+          "text: drop it, or pass --split val or train");
     run_eval(*a);
   });
 }

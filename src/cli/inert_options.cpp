@@ -8,7 +8,8 @@ namespace {
 
 void add_if_given(std::vector<InertOption>& out, const CLI::App& s, const char* option,
                   const std::string& why) {
-  if (s.count(option) > 0) out.push_back({option, std::string(option) + " " + why});
+  const CLI::Option* o = s.get_option_no_throw(option);  // (compare has no --prompt)
+  if (o != nullptr && o->count() > 0) out.push_back({option, std::string(option) + " " + why});
 }
 
 // The residual's options: blocks, depth attention, and the router's own learning rate.
@@ -31,6 +32,12 @@ void residual_options(std::vector<InertOption>& out, const CLI::App& s, const Tr
                        ", which has none: drop it, or train with --residual full or block");
     }
   }
+  if ((mode == ResidualMode::full || mode == ResidualMode::block) &&
+      c.model.residual.key_norm == KeyNorm::none) {
+    add_if_given(out, s, "--attnres-key-eps",
+                 "sets the epsilon of the depth keys' RMS norm, but --attnres-key-norm none "
+                 "normalises no key: drop it, or pass --attnres-key-norm rms");
+  }
   if (mode == ResidualMode::prenorm) {
     for (const char* o : {"--router-lr-mult", "--router-warmup"}) {
       add_if_given(out, s, o,
@@ -52,6 +59,11 @@ void data_and_schedule_options(std::vector<InertOption>& out, const CLI::App& s,
                  "sets the size of a BPE tokenizer trained on the corpus, but the run reads text "
                  "with an existing SentencePiece model (--tokenizer-model, or --init-from's "
                  "tokenizer), whose vocabulary is its own: drop --vocab-size");
+  }
+  if (c.sample_tokens == 0) {
+    add_if_given(out, s, "--prompt",
+                 "starts the closing sample, but --sample-tokens 0 draws none: drop it, or give "
+                 "--sample-tokens above 0");
   }
   const ScheduleKind k = c.schedule.kind;
   if (k != ScheduleKind::wsd) {

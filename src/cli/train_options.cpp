@@ -176,14 +176,14 @@ std::vector<std::string> given_train_options(const CLI::App& s) {
 
 // The configuration of the run in out_dir, as its train_config.json records it; none when the file
 // is missing or damaged (the resume itself then says so, naming the file).
+// The run's recorded settings; nothing when it has no train_config.json. One that cannot be read
+// is an Error: an I/O error here made a bf16 run resume in fp32 as if asked (25th hostile pass).
 std::optional<TrainConfig> saved_run_config(const std::string& out_dir) {
-  try {
-    return TrainConfig::from_json(
-        read_small_file((std::filesystem::path(out_dir) / "train_config.json").string(),
-                        kMaxTrainConfigBytes, "a run's train_config.json"));
-  } catch (const Error&) {
-    return std::nullopt;
-  }
+  const std::filesystem::path p = std::filesystem::path(out_dir) / "train_config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(p, ec))) return std::nullopt;
+  return TrainConfig::from_json(
+      read_small_file(p.string(), kMaxTrainConfigBytes, "a run's train_config.json"));
 }
 
 // Whether the option `name` was given (on the command line or in --config).
@@ -219,7 +219,14 @@ void apply_init_from_defaults(const CLI::App& s, TrainArgs& a) {
       probe.cfg.tokenizer_model = checkpoint_tokenizer_file(meta, path);
     }
   }
+  const ResidualMode from_mode = probe.cfg.model.residual.mode;
   apply_train_args(probe, given_train_options(s));
+  // Another residual mode than the checkpoint's starts with a new run's block size: a Full
+  // checkpoint's (1) made `--residual block` a Full run without a word (24th hostile pass).
+  if (probe.cfg.model.residual.mode != from_mode && !given_on(s, "--block-size") &&
+      !given_on(s, "--block-layers")) {
+    probe.cfg.model.residual.block_size = TrainArgs().cfg.model.residual.block_size;
+  }
   probe.finalize();
   a.cfg.model = probe.cfg.model;
   a.untied = probe.untied;

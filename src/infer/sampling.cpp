@@ -67,9 +67,12 @@ std::vector<int32_t> generate(const Model& model, const std::vector<int32_t>& pr
   cfg.validate();
   check(!prompt.empty(), "the prompt encodes to no tokens; give a non-empty --prompt");
   const int64_t ctx = model.config().max_seq_len;
-  check(static_cast<int64_t>(prompt.size()) < ctx,
-        "the prompt has " + std::to_string(prompt.size()) + " tokens but the model's context is " +
-            std::to_string(ctx) + "; shorten it");
+  // (a prompt that fills the context still predicts one token; it was refused with a message
+  // that contradicted itself, "32 tokens but the context is 32": 24th hostile pass)
+  check(static_cast<int64_t>(prompt.size()) <= ctx,
+        "the prompt has " + std::to_string(prompt.size()) +
+            " tokens, more than the model's context of " + std::to_string(ctx) +
+            "; shorten it to at most " + std::to_string(ctx) + " tokens");
   Decoder dec(model, ctx);
   const int64_t V = model.config().vocab_size;
   const float* logits = dec.feed(prompt.data(), static_cast<int64_t>(prompt.size()));

@@ -231,6 +231,12 @@ int64_t load_initial_weights(Model& model, const std::string& path,
         kept++;
         continue;
       }
+      // (a Hugging Face export's weights named only the missing tensor; 24th hostile pass)
+      check(!r.has("model.embed_tokens.weight"),
+            "--init-from '" + path +
+                "' holds a Hugging Face model's weights (its tensor names), not an attnres "
+                "checkpoint: convert its directory with `attnres import-hf DIR --out "
+                "model.safetensors` and start from that");
       throw Error("--init-from '" + path + "' has no tensor '" + e.name +
                   "' that this model "
                   "needs; give a checkpoint of the same size (layers, width, heads, vocabulary, "

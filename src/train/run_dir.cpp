@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -233,6 +234,8 @@ void RunDir::save(const Model& model, AdamW& opt, int64_t step, const Metadata& 
 
 namespace {
 
+constexpr decltype(statfs::f_type) kOverlayFsMagic = 0x794c7630;  // OVERLAYFS_SUPER_MAGIC
+
 std::string mib_text(double bytes) { return std::to_string(std::llround(bytes / (1 << 20))); }
 
 // The bytes and inodes that removing `p` (a file, or a directory and its files) would free:
@@ -292,14 +295,22 @@ void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_ste
   struct statvfs fsst {};
   if (::statvfs(out_dir_.c_str(), &fsst) != 0) return;  // (unknown: the save says what fails)
   const double free_now = static_cast<double>(fsst.f_bavail) * static_cast<double>(fsst.f_frsize);
+  // On an overlay file system (a container's), the old run's files may be in a lower layer:
+  // deleting them frees nothing there and leaves a whiteout file for each. They were counted as
+  // freed: the old run was deleted, then a save found the disk full (25th hostile pass).
+  struct statfs sf {};
+  const bool overlay = ::statfs(out_dir_.c_str(), &sf) == 0 && sf.f_type == kOverlayFsMagic;
   double freed = 0, freed_inodes = 0;
   if (reclaimed) {
     for (const char* n : {"model.safetensors", "checkpoints"}) {
       const Freed f = freed_by_removing(fs::path(out_dir_) / n);
-      freed += f.bytes;
-      freed_inodes += f.inodes;
+      freed += overlay ? 0 : f.bytes;
+      freed_inodes += overlay ? -f.inodes : f.inodes;
     }
   }
+  const std::string overlay_note =
+      overlay && reclaimed ? " (an overlay file system: deleting the old run may free nothing)"
+                           : "";
   // Before an --overwrite, every checkpoint the run holds at once: --keep-checkpoints of them,
   // and one more while a save writes before pruning (one checkpoint counted only that the first
   // save would fit; 22nd hostile pass). Elsewhere the first save and the final model: a later
@@ -313,7 +324,7 @@ void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_ste
       "the file system of --out '" + out_dir_ + "' has " + mib_text(free_now) + " MiB free" +
           (reclaimed ? " (" + mib_text(free_now + freed) + " once --overwrite deletes the old run)"
                      : std::string()) +
-          ", but " +
+          overlay_note + ", but " +
           (held > 1 ? "the " + std::to_string(held) +
                           " checkpoints this run holds at once (it keeps --keep-checkpoints " +
                           std::to_string(keep_) + " and writes one more before pruning)"
@@ -333,7 +344,7 @@ void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_ste
             (reclaimed ? " (" + std::to_string(static_cast<int64_t>(free_inodes + freed_inodes)) +
                              " once --overwrite deletes the old run)"
                        : std::string()) +
-            ", but this run's checkpoints and final model need about " +
+            overlay_note + ", but this run's checkpoints and final model need about " +
             std::to_string(static_cast<int64_t>(inodes)) +
             " (it is out of inodes); nothing was deleted or trained: delete files there, " +
             (held > 1 ? "lower --keep-checkpoints, " : "") + "or use another --out");
@@ -587,19 +598,21 @@ void check_out_not_in_checkpoints(const std::string& out_dir) {
 
 namespace {
 
-// Whether p is a mount point: another device than its directory's, or (a bind mount from the same
-// file system) the root of a mount.
+// Whether p is a mount point: the root of a mount (a bind mount from the same file system too),
+// as the kernel says (Linux 5.8+); before that, another device than its directory's. (Not the
+// device alone where the kernel knows: on an overlay file system a file's st_dev can be its
+// layer's, and every file would look mounted.)
 bool mount_point(const fs::path& p) {
-  struct stat st {
-  }, up{};
-  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-  if (::lstat(p.c_str(), &st) == 0 && ::lstat(parent.c_str(), &up) == 0 && st.st_dev != up.st_dev) {
-    return true;
-  }
   struct statx sx {};
-  return ::statx(AT_FDCWD, p.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &sx) == 0 &&
-         (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 &&
-         (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+  if (::statx(AT_FDCWD, p.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &sx) == 0 &&
+      (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0) {
+    return (sx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+  }
+  struct stat st {};
+  struct stat up {};
+  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  return ::lstat(p.c_str(), &st) == 0 && ::lstat(parent.c_str(), &up) == 0 &&
+         st.st_dev != up.st_dev;
 }
 
 // Whether p, a regular file or a directory, is immutable or append-only (chattr +i / +a): then it
