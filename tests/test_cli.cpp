@@ -980,6 +980,12 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(tokens(r.out), tokens(in_run)) << r.out << "\n" << in_run;
   }
+  // Twenty-fifth: a run from those weights on that corpus, with a larger val split than they held
+  // out, reported their training text as its val loss.
+  r = run("train --data " + data + " --steps 2 --val-fraction 0.3 --init-from " +
+          (tuned / "model.safetensors").string() + " --out " + (dir / "wider").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "--val-fraction 0.3 is larger than the share (0.05)")) << r.out;
   // (and a Full checkpoint's block size, 1, made `--init-from it --residual block` a Full run)
   const fs::path full = dir / "full", blocks = dir / "blocks";
   ASSERT_EQ(

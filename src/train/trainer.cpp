@@ -520,7 +520,10 @@ class Trainer {
     if (!cfg_.resume && !cfg_.init_from.empty()) {
       std::vector<std::string> changed;
       const int64_t kept = load_initial_weights(*model_, cfg_.init_from, &changed);
-      ancestry_ = ancestry_from(SafetensorsReader::open(cfg_.init_from).metadata());
+      const SafetensorsReader from = SafetensorsReader::open(cfg_.init_from);
+      const Metadata from_meta(from.metadata().begin(), from.metadata().end());
+      ancestry_ = ancestry_from(from_meta);
+      check_val_split_held_out(from_meta);
       msg("initial weights from " + cfg_.init_from +
           (kept > 0 ? " (" + std::to_string(kept) +
                           " tensors of the residual mode not in it: initialised as for a new run)"
@@ -969,6 +972,22 @@ class Trainer {
       msg("note: " + path + " does not begin with what the run had logged when its checkpoint " +
           "was saved (edited or replaced since): its earlier lines are kept as they are, but " +
           "are not this run's measurements");
+    }
+  }
+  // A run from --init-from weights that trained on this very corpus (the model's, or one of its
+  // ancestors') validates on held-out text only if its val split is within the share those
+  // held out: a larger one reported their training text as a val loss (25th hostile pass).
+  void check_val_split_held_out(const Metadata& from) const {
+    for (const TrainedOn& t : trained_on(from)) {
+      char vf[32], held[32];
+      std::snprintf(vf, sizeof vf, "%g", cfg_.val_fraction);
+      std::snprintf(held, sizeof held, "%g", t.val_fraction);
+      check(t.fingerprint != data_.fingerprint || cfg_.val_fraction <= t.val_fraction,
+            "--val-fraction " + std::string(vf) + " is larger than the share (" + held +
+                ") of this corpus held out when --init-from's weights (or those they started "
+                "from) trained on it: this run's val split would include text its initial "
+                "weights trained on; give --val-fraction " +
+                held + " or less, or train on other text");
     }
   }
   // What a saved model says of its data: which corpus, and the share held out (kCorpusHashKey).
