@@ -441,6 +441,19 @@ TEST(Faults, SavesThatCouldNotBeWrittenAreRefusedBeforeTheOldRunIsDeleted) {
   ASSERT_EQ(0, run_cli_to_end(args, dir / "new2.log")) << slurp(dir / "new2.log");
   EXPECT_NE(slurp(dir / "new2.log").find("step 4/4"), std::string::npos);
   EXPECT_NE(slurp(out / "model.safetensors"), old_model);
+  // The log counts too (25th hostile pass: it outgrew the limit before the first save): the small
+  // model's files fit in 512 KiB, 40000 logged steps do not.
+  const std::string replaced = slurp(out / "model.safetensors");
+  std::vector<std::string> chatty = train_args(dir / "c.txt", out, 40000, 2);
+  for (size_t i = 0; i < chatty.size(); i++) {
+    if (chatty[i] == "--log-every") chatty[i + 1] = "1";
+  }
+  chatty.push_back("--overwrite");
+  const int code_log = run_cli_to_end(chatty, dir / "chatty.log", limit);
+  const std::string log_log = slurp(dir / "chatty.log");
+  EXPECT_EQ(code_log, 1) << log_log;
+  EXPECT_NE(log_log.find("this run's metrics.jsonl grows to about"), std::string::npos) << log_log;
+  EXPECT_EQ(slurp(out / "model.safetensors"), replaced);
 
   // A --out whose checkpoint paths would pass PATH_MAX: refused before a step is trained.
   fs::path deep = dir;

@@ -116,7 +116,7 @@ TEST(Train, AStepSpentStoppedIsNotTimed) {
     c.eval_every = 0;
     std::atomic<uint64_t> conts{0};
     TrainEvents ev;
-    ev.continued = &conts;
+    ev.continued = [&conts] { return conts.load(); };
     ev.loss_hook = [&](int64_t step, double loss) {
       if (step == 5) {
         std::this_thread::sleep_for(std::chrono::seconds(1));

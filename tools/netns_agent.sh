@@ -7,4 +7,7 @@ host=$1
 shift
 [[ -n "${ATTNRES_NETNS_PREFIX:-}" ]] || { echo "netns_agent: run under tools/netns_hosts.sh" >&2; exit 2; }
 [[ "$host" =~ ^10\.77\.[0-9]+\.([0-9]+)$ ]] || { echo "netns_agent: '$host' is not a test-bed host" >&2; exit 2; }
-exec ip netns exec "${ATTNRES_NETNS_PREFIX}h$((BASH_REMATCH[1] - 1))" /bin/sh -c "$*"
+h=$((BASH_REMATCH[1] - 1))
+# (TMPDIR: the host's own, see netns_hosts.sh)
+exec ip netns exec "${ATTNRES_NETNS_PREFIX}h$h" env TMPDIR="${ATTNRES_NETNS_TMP:-/tmp}/h$h" \
+  /bin/sh -c "$*"

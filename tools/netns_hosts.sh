@@ -25,12 +25,17 @@ die() { echo "netns_hosts: $*" >&2; exit 2; }
 can_run() {
   [[ $(id -u) -eq 0 ]] || { echo "netns_hosts: needs root (network namespaces)" >&2; return 77; }
   command -v ip >/dev/null || { echo "netns_hosts: needs ip (iproute2)" >&2; return 77; }
+  command -v unshare >/dev/null || { echo "netns_hosts: needs unshare (util-linux)" >&2; return 77; }
+  # In a private mount namespace (ip netns mounts /run/netns; nothing may outlive the check), and
+  # with `ip netns exec`, which needs / to be a mount point: a chroot has namespaces but cannot
+  # enter them.
   local probe="arprobe$$"
-  if ! ip netns add "$probe" 2>/dev/null; then
-    echo "netns_hosts: this kernel or container does not allow network namespaces" >&2
+  if ! unshare -m --propagation private sh -c \
+    "ip netns add $probe && ip netns exec $probe true; r=\$?; ip netns del $probe; exit \$r" \
+    >/dev/null 2>&1; then
+    echo "netns_hosts: this kernel, container or chroot cannot make and enter network namespaces" >&2
     return 77
   fi
-  ip netns del "$probe"
 }
 
 # A /24 of 10.77.0.0/16 that no interface here uses (concurrent test beds take different ones).
@@ -47,7 +52,14 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   check) can_run; exit $? ;;
-  run) ;;
+  run)
+    # Everything below runs in a private mount namespace: the /run/netns mounts that `ip netns`
+    # makes go with it, whatever way this script ends.
+    if [[ -z "${ATTNRES_NETNS_PRIVATE:-}" ]]; then
+      can_run || exit $?
+      ATTNRES_NETNS_PRIVATE=1 exec unshare -m --propagation private bash "$0" run "$@"
+    fi
+    ;;
   *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 
@@ -67,6 +79,9 @@ can_run || exit $?
 
 P="ar$$"  # prefix of every name made here (interface names are at most 15 characters)
 NET=$(free_subnet)
+# Each host's own temporary directory (TMPDIR): the hosts share this machine's files and its
+# hostname, and OpenMPI's daemons raced to make the same session directory in /tmp.
+HOST_TMP=$(mktemp -d "${TMPDIR:-/tmp}/attnres-netns.XXXXXX")
 teardown() {
   set +e
   for ((h = 0; h < HOSTS; h++)); do
@@ -80,6 +95,7 @@ teardown() {
     ip link del "${P}v$h" 2>/dev/null
   done
   ip link del "${P}br" 2>/dev/null
+  rm -rf "$HOST_TMP"
 }
 trap teardown EXIT
 trap 'exit 130' INT TERM HUP
@@ -106,9 +122,10 @@ for ((h = 0; h < HOSTS; h++)); do
   shape "${P}v$h"        # into the host
   shape eth0 "$ns"       # out of it
   addrs+=("10.77.$NET.$((h + 1))")
+  mkdir -p "$HOST_TMP/h$h"
 done
 
-export ATTNRES_NETNS_PREFIX="$P"
+export ATTNRES_NETNS_PREFIX="$P" ATTNRES_NETNS_TMP="$HOST_TMP"
 export ATTNRES_HOSTS
 ATTNRES_HOSTS=$(IFS=,; echo "${addrs[*]}")
 export ATTNRES_MPI_NET="--mca plm_rsh_agent $ROOT/tools/netns_agent.sh --mca btl tcp,self \

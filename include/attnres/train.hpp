@@ -189,9 +189,10 @@ struct TrainEvents {
   std::function<void(const StepInfo&)> on_step;  // every step
   std::function<void(const EvalInfo&)> on_eval;
   const std::atomic<bool>* stop = nullptr;  // set (e.g. on SIGINT) to save and return early
-  // Counts the times the process was continued after a stop (SIGCONT after Ctrl-Z or SIGSTOP): a
-  // step during which it changes spent time stopped, and is left out of the tokens/s.
-  const std::atomic<uint64_t>* continued = nullptr;
+  // Counts the times the process was continued after a stop (SIGCONT after Ctrl-Z or SIGSTOP),
+  // called by the training thread after each step: a step during which it changes spent time
+  // stopped, and is left out of the tokens/s.
+  std::function<uint64_t()> continued;
   // Fault injection for tests: sees each step's mean loss (1-based step, before the non-finite
   // check) and returns the loss to use, e.g. NaN to exercise the skip counter and its limit.
   std::function<double(int64_t step, double loss)> loss_hook;

@@ -674,7 +674,7 @@ bool run_compare(CompareArgs& a) {
       bar.message(head);
       TrainEvents ev;
       ev.stop = stop;
-      ev.continued = continue_counter();
+      ev.continued = continue_counter;
       ev.on_step = [&](const StepInfo& si) {
         char f[200];
         const double left = std::max(0.0, remaining - est + si.eta_s);

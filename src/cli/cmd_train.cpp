@@ -72,7 +72,7 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
     bar.message(f);
   };
   ev.stop = install_stop_handler();
-  ev.continued = continue_counter();
+  ev.continued = continue_counter;
   if (root && comm.size() > 1) {
     bar.message("ranks: " + std::to_string(comm.size()) + " (" + comm.backend() + "), " +
                 std::to_string(omp_get_max_threads()) + " thread(s) each");

@@ -27,8 +27,7 @@ namespace attnres::cli {
 
 namespace {
 std::atomic<bool> g_stop{false};
-std::atomic<bool> g_handling{false};   // a stop handler is installed
-std::atomic<uint64_t> g_continued{0};  // SIGCONTs received (a stopped run continued)
+std::atomic<bool> g_handling{false};  // a stop handler is installed
 // (SIGUSR2 and SIGXCPU: batch schedulers' warnings before a kill, e.g. Grid Engine's qsub
 // -notify and a CPU-time limit; fourteenth hostile pass. SIGALRM, a script's alarm, and SIGPWR,
 // a UPS's power failure, seventeenth. SIGPROF and SIGVTALRM keep their meaning: profilers time
@@ -53,9 +52,6 @@ sigset_t stop_signal_set() {
       }
       sigaddset(&s, sig);
     }
-    // SIGCONT too, only to count it: a blocked SIGCONT still continues the process (POSIX), and
-    // the trainer leaves a step it was stopped in out of its tokens/s.
-    sigaddset(&s, SIGCONT);
     return s;
   }();
   return set;
@@ -68,10 +64,6 @@ void signal_thread() {
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
-    if (sig == SIGCONT) {
-      g_continued.fetch_add(1);
-      continue;
-    }
     if (g_handling.load()) {
       // A second stop signal leaves at once, unless it came within kSignalEcho of the first:
       // `timeout` signals the run and then its whole process group, and a closing terminal sends
@@ -100,7 +92,10 @@ void start_signal_thread() {
   // prev_size", abort; it turned Ctrl-C during training into a crash). So the stop signals are
   // blocked in every thread -- the mask is set here, before any other thread exists, and
   // inherited by OpenMP's, oneDNN's and MPI's threads -- and one thread takes them with sigwait.
-  const sigset_t set = stop_signal_set();
+  sigset_t set = stop_signal_set();
+  // SIGCONT is blocked too, and taken by no thread but the training one (continue_counter): a
+  // blocked SIGCONT still continues the process (POSIX) and stays pending until then.
+  sigaddset(&set, SIGCONT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread(signal_thread).detach();
 }
@@ -126,7 +121,18 @@ const std::atomic<bool>* install_stop_handler() {
   return &g_stop;
 }
 
-const std::atomic<uint64_t>* continue_counter() { return &g_continued; }
+uint64_t continue_counter() {
+  // The SIGCONTs pending since the last call, taken here: the training thread sees a stop in the
+  // very step it happened in (a signal thread counting them ran too late when the process had
+  // one CPU, and the stopped seconds were timed; 25th hostile pass).
+  static uint64_t count = 0;
+  sigset_t cont;
+  sigemptyset(&cont);
+  sigaddset(&cont, SIGCONT);
+  const timespec now{0, 0};
+  while (sigtimedwait(&cont, nullptr, &now) == SIGCONT) count++;
+  return count;
+}
 
 void apply_train_args(TrainArgs& a, const std::vector<std::string>& args) {
   CLI::App tmp;

@@ -66,7 +66,8 @@ void apply_init_from_defaults(const CLI::App& s, TrainArgs& a);
 void start_signal_thread();
 const std::atomic<bool>* install_stop_handler();
 // How often the process was continued after a stop (Ctrl-Z, SIGSTOP): TrainEvents::continued.
-const std::atomic<uint64_t>* continue_counter();
+// Call it from the training thread only (it takes the pending SIGCONTs).
+uint64_t continue_counter();
 void remove_stop_handler();
 
 // The corpus of the run in `run_dir` (its train_config.json `t`), read as training read it, for

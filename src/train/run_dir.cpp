@@ -267,7 +267,7 @@ Freed freed_by_removing(const fs::path& p) {
 }  // namespace
 
 void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_step,
-                                int64_t save_every, bool reclaimed) const {
+                                int64_t save_every, double log_bytes, bool reclaimed) const {
   // The longest path a save writes: checkpoints/step_N.tmp/optimizer.safetensors.tmp.<pid>.<n>.
   std::error_code ec;
   const fs::path abs = fs::absolute(out_dir_, ec);
@@ -286,6 +286,11 @@ void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_ste
   // says so, and a limit lowered while a run trains is met only there.)
   struct rlimit rl {};
   if (reclaimed && ::getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    check(static_cast<double>(rl.rlim_cur) >= log_bytes,
+          "the file-size limit (ulimit -f) is " + mib_text(static_cast<double>(rl.rlim_cur)) +
+              " MiB, but this run's metrics.jsonl grows to about " + mib_text(log_bytes) +
+              " MiB; nothing was deleted or trained: raise the limit (ulimit -f unlimited), or "
+              "log less often (--log-every, --eval-every) or train fewer --steps");
     check(static_cast<double>(rl.rlim_cur) >= optimizer,
           "the file-size limit (ulimit -f) is " + mib_text(static_cast<double>(rl.rlim_cur)) +
               " MiB, but this run's optimizer.safetensors takes about " + mib_text(optimizer) +
@@ -318,7 +323,7 @@ void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_ste
   const int64_t saves = (save_every > 0 ? (last_step - 1) / save_every : 0) + 1;
   const int64_t held = reclaimed ? std::min(saves, keep_ + 1) : 1;
   const double checkpoint = model + optimizer + static_cast<double>(tokenizer_data_.size());
-  const double need = static_cast<double>(held) * checkpoint + model + (1 << 20);
+  const double need = static_cast<double>(held) * checkpoint + model + log_bytes + (1 << 20);
   check(
       free_now + freed >= need,
       "the file system of --out '" + out_dir_ + "' has " + mib_text(free_now) + " MiB free" +
@@ -329,7 +334,7 @@ void RunDir::check_room_to_save(int64_t params, size_t tensors, int64_t last_ste
                           " checkpoints this run holds at once (it keeps --keep-checkpoints " +
                           std::to_string(keep_) + " and writes one more before pruning)"
                     : std::string("a checkpoint of this run")) +
-          " and its final model take about " + mib_text(need) +
+          " and its final model (and its log) take about " + mib_text(need) +
           " MiB; nothing was deleted or trained: free some space, " +
           (held > 1 ? "lower --keep-checkpoints, " : "") + "or use another --out");
   // And the files: a checkpoint is a directory of three or four files (each written under a

@@ -50,9 +50,11 @@ class RunDir {
   // the bytes it frees: every checkpoint the run holds at once), and with reclaimed a file-size
   // limit (ulimit -f) below the optimizer file. (An
   // --overwrite deleted the old run, and then its first save failed: both runs lost; 21st hostile
-  // pass.) params: the model's floats, tensors: its tensor count, last_step: the run's last step.
+  // pass.) params: the model's floats, tensors: its tensor count, last_step: the run's last step,
+  // log_bytes: how large its metrics.jsonl grows (counted too, and against the file-size limit:
+  // the log filled the disk before the first save; 25th hostile pass).
   void check_room_to_save(int64_t params, size_t tensors, int64_t last_step, int64_t save_every,
-                          bool reclaimed) const;
+                          double log_bytes, bool reclaimed) const;
 
   // Path of the newest complete checkpoint directory; Error if there is none.
   std::string latest() const;

@@ -242,7 +242,8 @@ class Trainer {
     rehearse();        //  must not cost an --overwrite's old run; sixteenth hostile pass)
     if (root_) {
       run_dir_->check_room_to_save(model_->layout().total(), model_->layout().entries().size(),
-                                   cfg_.steps, cfg_.save_every, cfg_.overwrite && !cfg_.resume);
+                                   cfg_.steps, cfg_.save_every, log_bytes_estimate(),
+                                   cfg_.overwrite && !cfg_.resume);
     }
     stop_before_claim();
     restore_or_start();
@@ -974,6 +975,17 @@ class Trainer {
           "are not this run's measurements");
     }
   }
+  // How large metrics.jsonl grows, generously: a step line (about 170 bytes) every --log-every
+  // steps, and at each evaluation its line and the diagnostics (per sublayer, and the depth
+  // weights: about 20 bytes a pair of sublayers).
+  double log_bytes_estimate() const {
+    const double steps = static_cast<double>(cfg_.steps - start_);
+    const double lines = steps / static_cast<double>(std::max<int64_t>(cfg_.log_every, 1)) + 1;
+    const double evals =
+        (cfg_.eval_every > 0 ? steps / static_cast<double>(cfg_.eval_every) : 0) + 1;
+    const auto S = static_cast<double>(cfg_.model.n_sublayers() + 1);
+    return lines * 256 + evals * (512 + 128 * S + 24 * S * S);
+  }
   // A run from --init-from weights that trained on this very corpus (the model's, or one of its
   // ancestors') validates on held-out text only if its val split is within the share those
   // held out: a larger one reported their training text as a val loss (25th hostile pass).
@@ -1038,7 +1050,7 @@ class Trainer {
     }
   }
 
-  uint64_t continued_count() const { return ev_.continued ? ev_.continued->load() : 0; }
+  uint64_t continued_count() const { return ev_.continued ? ev_.continued() : 0; }
 
   // After step `step` (0-based): the progress event and the metrics line.
   void report_step(int64_t step, const StepRunner::Outcome& o, double lr, double dt, bool last) {
