@@ -19,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+SELF="$ROOT/tools/netns_hosts.sh"
 
 die() { echo "netns_hosts: $*" >&2; exit 2; }
 
@@ -57,10 +58,10 @@ case "$cmd" in
     # makes go with it, whatever way this script ends.
     if [[ -z "${ATTNRES_NETNS_PRIVATE:-}" ]]; then
       can_run || exit $?
-      ATTNRES_NETNS_PRIVATE=1 exec unshare -m --propagation private bash "$0" run "$@"
+      ATTNRES_NETNS_PRIVATE=1 exec unshare -m --propagation private bash "$SELF" run "$@"
     fi
     ;;
-  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,19p' "$SELF" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 
 HOSTS=2 RATE=""
