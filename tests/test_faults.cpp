@@ -468,6 +468,14 @@ TEST(Faults, SavesThatCouldNotBeWrittenAreRefusedBeforeTheOldRunIsDeleted) {
 // Runs `script` (sh) in a mount namespace of its own, so that the mounts it makes vanish with
 // it; its output goes to `log`. Returns its exit status, or -1 when this machine cannot (not
 // root, or no namespaces).
+// The shell command of a tiny training run (one layer, d 16) on dir/c.txt, on one thread; more
+// options go after it.
+std::string tiny_train_command(const fs::path& dir) {
+  return std::string(ATTNRES_CLI_PATH) + " --threads 1 train --data " + (dir / "c.txt").string() +
+         " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 --eval-every 0"
+         " --sample-tokens 0";
+}
+
 int run_in_mount_namespace(const std::string& script, const fs::path& log) {
   if (::geteuid() != 0) return -1;
   const std::string cmd =
@@ -485,10 +493,7 @@ TEST(Faults, OverwriteRefusesInodeShortageAndMountPoints) {
   TempDir td;
   const fs::path dir = td.path;
   write_corpus(dir / "c.txt");
-  std::string train = std::string(ATTNRES_CLI_PATH) + " --threads 1 train --data " +
-                      (dir / "c.txt").string() +
-                      " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 "
-                      "--eval-every 0 --sample-tokens 0";
+  const std::string train = tiny_train_command(dir);
   const fs::path fs_dir = dir / "fs", run = fs_dir / "run", elsewhere = dir / "elsewhere";
   fs::create_directories(fs_dir);
   fs::create_directories(elsewhere);
@@ -552,10 +557,7 @@ TEST(Faults, OverwriteOnAnOverlayCountsNothingFreed) {
   TempDir td;
   const fs::path dir = td.path;
   write_corpus(dir / "c.txt");
-  const std::string train = std::string(ATTNRES_CLI_PATH) + " --threads 1 train --data " +
-                            (dir / "c.txt").string() +
-                            " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 "
-                            "--eval-every 0 --sample-tokens 0 --steps 40";
+  const std::string train = tiny_train_command(dir) + " --steps 40";
   const fs::path lower = dir / "lower", upper = dir / "upper", merged = dir / "merged";
   fs::create_directories(lower);
   fs::create_directories(upper);
@@ -592,11 +594,8 @@ TEST(Faults, OverwriteRefusesImmutableFiles) {
   TempDir td;
   const fs::path dir = td.path, run = dir / "run";
   write_corpus(dir / "c.txt");
-  const std::string train = std::string(ATTNRES_CLI_PATH) + " --threads 1 train --data " +
-                            (dir / "c.txt").string() +
-                            " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 "
-                            "--eval-every 0 --sample-tokens 0 --steps 4 --save-every 2 --out " +
-                            run.string();
+  const std::string train =
+      tiny_train_command(dir) + " --steps 4 --save-every 2 --out " + run.string();
   ASSERT_EQ(std::system((train + " > /dev/null 2>&1").c_str()), 0);
   const fs::path opt = run / "checkpoints" / "step_00000002" / "optimizer.safetensors";
   if (std::system(("chattr +i " + opt.string() + " 2>/dev/null").c_str()) != 0) {
@@ -631,9 +630,7 @@ TEST(Faults, AReadErrorOfTheRunsSettingsStopsTheResume) {
   const fs::path dir = td.path, run = dir / "run";
   write_corpus(dir / "c.txt");
   const std::string cli = std::string(ATTNRES_CLI_PATH) + " --threads 1 train ";
-  ASSERT_EQ(std::system((cli + "--data " + (dir / "c.txt").string() +
-                         " --n-layer 1 --d-model 16 --n-head 2 --seq-len 16 --batch-size 2 "
-                         "--eval-every 0 --sample-tokens 0 --steps 4 --save-every 2 --out " +
+  ASSERT_EQ(std::system((tiny_train_command(dir) + " --steps 4 --save-every 2 --out " +
                          run.string() + " > /dev/null 2>&1")
                             .c_str()),
             0);
