@@ -21,8 +21,10 @@
 #include "attnres/checkpoint.hpp"
 #include "attnres/dist.hpp"
 #include "attnres/error.hpp"
+#include "attnres/params.hpp"
 #include "attnres/safetensors.hpp"
 #include "test_util.hpp"
+#include "train/grad_buckets.hpp"
 
 namespace fs = std::filesystem;
 using namespace attnres;
@@ -254,6 +256,79 @@ TEST(Dist, TwoRanksMatchOneRank) {
   expect_close(b.val_loss, a.val_loss, 1e-5, "validation loss at evaluation");
   EXPECT_NE(a.loss.front(), a.loss.back());  // it trained
   EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / "two" / "model.safetensors"),
+            1e-5);
+}
+
+// The overlapped gradient sum, ranks as threads: tensors reported final in any order (padding
+// between them never reported) give the sum of the whole buffer, in buckets of any size.
+TEST(Dist, GradBucketsSumTheWholeBufferWhateverTheOrder) {
+  ParamLayout layout;
+  for (int k = 0; k < 9; k++) layout.add("t" + std::to_string(k), {3 + 7 * k}, false);
+  const int64_t n = layout.total();
+  for (const int64_t bucket : {int64_t{5}, int64_t{16}, int64_t{40}, int64_t{1000}}) {
+    auto group = dist::make_local_group(3);
+    std::vector<std::vector<float>> got(3), want(3);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 3; r++) {
+      ranks.emplace_back([&, r] {
+        dist::Communicator& comm = *group[static_cast<size_t>(r)];
+        comm.set_timeout(60);
+        comm.set_bucket_elems(bucket);
+        std::vector<float>& g = got[static_cast<size_t>(r)];
+        g = attnres::testing::randn(n, 100 + r, 1.0);
+        want[static_cast<size_t>(r)] = g;
+        comm.allreduce_sum(want[static_cast<size_t>(r)].data(), n);
+        GradBuckets buckets(comm, layout, g.data());
+        for (int pass = 0; pass < 2; pass++) {  // a second backward reuses the buckets
+          if (pass == 1) {                      // (in place: the buckets hold g's address)
+            const std::vector<float> again = attnres::testing::randn(n, 100 + r, 1.0);
+            std::copy(again.begin(), again.end(), g.begin());
+          }
+          buckets.begin();
+          for (int k : {8, 2, 5, 7, 0, 1, 6, 4, 3}) {
+            const ParamEntry& e = layout.entries()[static_cast<size_t>(k)];
+            buckets.ready(e.offset, e.numel);
+          }
+          buckets.finish();
+        }
+      });
+    }
+    for (auto& th : ranks) th.join();
+    for (int r = 0; r < 3; r++) {
+      EXPECT_TRUE(got[static_cast<size_t>(r)] == want[0]) << "bucket " << bucket << " rank " << r;
+    }
+  }
+}
+
+// Data parallel with the gradient sum overlapping the backward pass (small buckets, so there are
+// many): bit-identical to summing after the backward, on 3 ranks (where the order of the sums
+// matters), and to one process up to summation order.
+TEST(Dist, OverlappedGradientSumIsBitIdenticalToSummingAfterTheBackward) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const std::string args = " --log-every 1 --grad-bucket-mib 0.01";
+  const CliRun one = shell("exec " + cli() + train_args(data, dir / "one", 6, 12) + args);
+  ASSERT_EQ(one.code, 0) << one.out;
+  for (const char* overlap : {"true", "false"}) {
+    const CliRun r = shell(mpirun(3) + cli() + train_args(data, dir / overlap, 6, 12) + args +
+                           " --grad-overlap " + overlap);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string when = std::string(overlap) == "true" ? "during" : "after";
+    EXPECT_TRUE(contains(r.out, "in 13 bucket(s) of 0.01 MiB " + when + " the backward pass"))
+        << r.out;
+  }
+  using attnres::testing::slurp;
+  EXPECT_EQ(read_metrics(dir / "true" / "metrics.jsonl").loss,
+            read_metrics(dir / "false" / "metrics.jsonl").loss);
+  EXPECT_EQ(read_metrics(dir / "true" / "metrics.jsonl").grad_norm,
+            read_metrics(dir / "false" / "metrics.jsonl").grad_norm);
+  EXPECT_TRUE(slurp(dir / "true" / "model.safetensors") ==
+              slurp(dir / "false" / "model.safetensors"));
+  expect_close(read_metrics(dir / "true" / "metrics.jsonl").loss,
+               read_metrics(dir / "one" / "metrics.jsonl").loss, 1e-5, "training loss at step");
+  EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / "true" / "model.safetensors"),
             1e-5);
 }
 

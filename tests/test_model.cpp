@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "attnres/checkpoint.hpp"
 #include "attnres/error.hpp"
@@ -80,6 +82,50 @@ TEST_P(ModelGrad, MatchesFiniteDifferencesForEveryTensor) {
 INSTANTIATE_TEST_SUITE_P(Configs, ModelGrad,
                          ::testing::Values(std::make_pair(true, int64_t{4}),
                                            std::make_pair(false, int64_t{2})));
+
+// Data-parallel overlap (train/grad_buckets.hpp) sums a tensor's gradient as soon as backward()
+// reports it: every tensor is reported once, its gradient then is its final one, and the layers'
+// come before the embedding's (else nothing could overlap).
+TEST(Model, BackwardReportsEachTensorOnceWhenItsGradientIsFinal) {
+  for (const ResidualMode mode : {ResidualMode::prenorm, ResidualMode::full, ResidualMode::block,
+                                  ResidualMode::denseformer}) {
+    for (const bool tied : {true, false}) {
+      ModelConfig c = tiny(tied, 2);
+      c.n_layer = 3;
+      c.residual.mode = mode;
+      c.residual.block_size = 2;
+      Model m(c);
+      randomize(m, 5);
+      auto tok = ids(2 * 6, 13, 1), tgt = ids(2 * 6, 13, 2);
+      m.forward(tok.data(), tgt.data(), 2, 6);
+      m.zero_grad();
+      m.backward();  // a first backward, so the checked one accumulates onto non-zero gradients
+      m.forward(tok.data(), tgt.data(), 2, 6);
+      std::map<int64_t, std::vector<float>> at_report;  // offset -> gradient when reported
+      std::vector<int64_t> order;
+      m.backward([&](int64_t offset, int64_t count) {
+        EXPECT_EQ(at_report.count(offset), 0u) << "reported twice: offset " << offset;
+        at_report[offset].assign(m.grads() + offset, m.grads() + offset + count);
+        order.push_back(offset);
+      });
+      const std::string what = std::string(to_string(mode)) + (tied ? " tied" : " untied");
+      ASSERT_EQ(at_report.size(), m.layout().entries().size()) << what;
+      for (const ParamEntry& e : m.layout().entries()) {
+        ASSERT_EQ(at_report.count(e.offset), 1u) << what << ": " << e.name;
+        const std::vector<float>& g = at_report[e.offset];
+        ASSERT_EQ(static_cast<int64_t>(g.size()), e.numel) << what << ": " << e.name;
+        EXPECT_EQ(std::memcmp(g.data(), m.grads() + e.offset, sizeof(float) * e.numel), 0)
+            << what << ": " << e.name << " changed after it was reported final";
+      }
+      const int64_t emb = m.layout().find("tok_embeddings.weight")->offset;
+      const int64_t last_layer = m.layout().find("layers.2.feed_forward.w2.weight")->offset;
+      const int64_t first_layer = m.layout().find("layers.0.attention_norm.weight")->offset;
+      auto pos = [&](int64_t off) { return std::find(order.begin(), order.end(), off); };
+      EXPECT_LT(pos(last_layer), pos(first_layer)) << what;
+      EXPECT_LT(pos(first_layer), pos(emb)) << what;
+    }
+  }
+}
 
 TEST(Model, KvCacheDecodingMatchesFullForward) {
   for (bool tied : {true, false}) {

@@ -113,6 +113,25 @@ class SingleCommunicator final : public Communicator {
 // sender reusing a buffer too early), as MPI's large-message protocol would expose.
 std::vector<std::unique_ptr<Communicator>> make_local_group(int size, bool rendezvous = false);
 
+// Sum-all-reduces run on a thread of their own, in the order they were handed over, so that the
+// caller computes meanwhile (gradient buckets during the backward pass, as PyTorch DDP does).
+// Every rank must submit the same sequence of (n) in the same order; the results are those of
+// comm.allreduce_sum on each buffer. While any is pending the caller must not use `comm`, nor
+// touch a submitted buffer; wait() returns when all are done and rethrows the first error.
+class BackgroundReducer {
+ public:
+  explicit BackgroundReducer(Communicator& comm);
+  ~BackgroundReducer();  // waits for the pending ones
+  BackgroundReducer(const BackgroundReducer&) = delete;
+  BackgroundReducer& operator=(const BackgroundReducer&) = delete;
+  void submit(float* data, int64_t n);
+  void wait();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
 // Sums buffers that live in a backend's memory (a model's gradients) over the ranks of `comm`,
 // in place. Three methods:
 //   direct  host memory (cpu, cuda-host): comm's own all-reduce;

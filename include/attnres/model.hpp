@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,8 +90,14 @@ class Model {
   const float* logits() const;
   // Sets all gradients to zero.
   void zero_grad();
-  // Accumulates d(mean loss)/d(params) of the last forward (which must have had targets).
-  void backward();
+  // Called during backward() as tensors' gradients become final for it: (offset, count) of one
+  // layout entry in grads(). Each entry is reported exactly once per backward(), in an order that
+  // depends only on the configuration (the head, then each layer from the last, then the rest),
+  // so ranks may start summing a tensor while the backward goes on (data parallel overlap).
+  using GradReady = std::function<void(int64_t offset, int64_t count)>;
+  // Accumulates d(mean loss)/d(params) of the last forward (which must have had targets); reports
+  // finished tensors to `ready` when given.
+  void backward(const GradReady& ready = nullptr);
 
   // Frees the activations forward() keeps (allocated again by the next forward), e.g. after an
   // evaluation in a pipeline run, whose training uses stage passes instead.
@@ -154,11 +161,12 @@ class Model {
   // The forward of the staged inputs; with targets the mean loss: returned, or added into
   // step_scalars[step::kLoss] when that is given (then 0 is returned).
   double run_staged(StagePass& p, float* step_scalars);
-  void run_backward(StagePass& p);
+  void run_backward(StagePass& p, const GradReady& ready = nullptr);
 
   ModelConfig cfg_;
   ParamLayout layout_;
-  size_t n_core_entries_ = 0;  // layout entries before the router's own
+  size_t n_core_entries_ = 0;                       // layout entries before the router's own
+  std::vector<std::vector<size_t>> layer_entries_;  // per layer: its core entries (GradReady)
   bool record_stats_ = false;
   SublayerStats stats_;
   std::shared_ptr<Backend> be_;

@@ -83,6 +83,10 @@ struct TrainConfig {
   // a full copy on each. A runtime choice like the rank count: not saved, and checkpoints are the
   // same either way.
   bool zero1 = false;
+  // Data parallel on the CPU: each bucket of gradients is summed over the ranks as soon as the
+  // backward pass has finished it, while the pass goes on (false: after it). Bit-identical either
+  // way; a runtime choice, not saved.
+  bool grad_overlap = true;
   // Pipeline parallelism (SPEC 5; attnres/pipeline.hpp), also runtime choices: the `pipeline`
   // ranks (all of them) each run `virtual_stages` stages of the model; each step's grad_accum
   // micro-batches of batch_size sequences flow through them in a 1F1B order, the block

@@ -32,6 +32,7 @@ namespace {
 
 struct DistArgs {
   double timeout_s = 300;
+  double bucket_mib = 16;
 };
 
 // Ranks sharing a host split its cores: mpirun may bind each rank to its own cores (then OpenMP
@@ -166,6 +167,7 @@ void run_train(TrainArgs& a, const DistArgs& d) {
   a.finalize();
   std::unique_ptr<dist::Communicator> comm = dist::init_world();
   comm->set_timeout(d.timeout_s);
+  comm->set_bucket_elems(std::max<int64_t>(16, std::llround(d.bucket_mib * (1 << 20) / 4)));
   set_rank_threads(*comm);
   if (comm->size() == 1) {
     train_ranks(a, *comm);
@@ -246,6 +248,24 @@ void add_train(CLI::App& app) {
                              "wait forever)";
           },
           "SECONDS"))
+      ->capture_default_str();
+  s->add_option("--grad-overlap", a->cfg.grad_overlap,
+                "Data parallel on the CPU: sum each gradient bucket over the ranks while the "
+                "backward pass goes on (true) or after it (false); bit-identical results")
+      ->capture_default_str();
+  s->add_option(
+       "--grad-bucket-mib", d->bucket_mib,
+       "Multi-process runs: MiB of gradients per all-reduce bucket, the unit "
+       "--grad-overlap sends (on 3+ ranks the sums' order, so the last bits, depend on it)")
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            char* end = nullptr;
+            const double m = std::strtod(v.c_str(), &end);
+            return end != v.c_str() && *end == '\0' && std::isfinite(m) && m > 0 && m <= 8192
+                       ? std::string()
+                       : "'" + v + "': --grad-bucket-mib must be a number of MiB in (0, 8192]";
+          },
+          "MIB"))
       ->capture_default_str();
   s->footer(
       "Data-parallel training on N processes (OpenMPI):\n"

@@ -201,6 +201,11 @@ void Model::build_layout() {
   add_core_params(cfg_, layout_);
   n_core_entries_ = layout_.entries().size();
   main_->router->add_params(layout_);  // the residual mode's own parameters come last
+  layer_entries_.assign(static_cast<size_t>(cfg_.n_layer), {});
+  for (size_t k = 0; k < n_core_entries_; k++) {
+    const int64_t l = layout_.entries()[k].tag.sublayer;
+    if (l >= 0) layer_entries_[static_cast<size_t>(l / 2)].push_back(k);
+  }
 }
 
 float* Model::param(const std::string& name) {
@@ -427,11 +432,21 @@ const float* Model::logits() const { return main_->acts->logits.data(); }
 
 void Model::zero_grad() { be_->zero(grads_.data(), sizeof(float) * grads_.size()); }
 
-void Model::backward() { run_backward(*main_); }
+void Model::backward(const GradReady& ready) { run_backward(*main_, ready); }
 
 // The stage's part of the backward, in reverse: head (last stage), layers, embedding (first).
-void Model::run_backward(StagePass& p) {
+void Model::run_backward(StagePass& p, const GradReady& ready) {
   Acts& a = *p.acts;
+  // Reports a tensor's gradient as final, once.
+  std::vector<char> told(ready ? layout_.entries().size() : 0, 0);
+  auto tell = [&](size_t k) {
+    if (!ready || told[k]) return;
+    told[k] = 1;
+    ready(layout_.entries()[k].offset, layout_.entries()[k].numel);
+  };
+  auto tell_name = [&](const char* name) {
+    tell(static_cast<size_t>(layout_.find(name) - layout_.entries().data()));
+  };
   DepthRouter& router = *p.router;
   if (a.head && !a.have_targets) {
     throw std::logic_error("Model::backward needs a forward with targets");
@@ -463,6 +478,10 @@ void Model::run_backward(StagePass& p) {
     const float* gnorm = param("norm.weight");
     be.rmsnorm_backward(dh, grad_of(gnorm), dxf, router.final_hidden(), gnorm, a.rstd_f.data(), N,
                         d);
+    if (ready) {
+      tell_name("norm.weight");
+      if (!cfg_.tied) tell_name("output.weight");
+    }
     {
       const prof::Region pr(prof::kResidual);
       router.begin_backward(dh);
@@ -527,6 +546,9 @@ void Model::run_backward(StagePass& p) {
         router.commit_grad_input(l);
       }
     }
+    if (ready) {
+      for (size_t k : layer_entries_[static_cast<size_t>(i)]) tell(k);
+    }
   }
   if (a.first) {
     const float* demb;
@@ -536,6 +558,7 @@ void Model::run_backward(StagePass& p) {
     }
     be.embedding_backward(grad_of(wte), demb, a.tokens.data(), N, d, a.host_tokens.data());
   }
+  for (size_t k = 0; k < told.size(); k++) tell(k);  // the embedding and the router's own
 }
 
 uint64_t Model::shared_weights_hash() const {

@@ -12,6 +12,7 @@
 #include "attnres/train.hpp"
 #include "backend/backend.hpp"
 #include "train/device_step.hpp"
+#include "train/grad_buckets.hpp"
 
 namespace attnres {
 
@@ -34,11 +35,22 @@ int64_t parts_of(const StepContext& c) {
   return c.cfg.grad_accum * (c.pipeline ? 1 : c.comm.size());
 }
 
+// Data parallel on the host: the gradient sum may overlap the backward (train/grad_buckets.hpp).
+bool overlaps(const StepContext& c) {
+  return c.cfg.grad_overlap && c.comm.size() > 1 && !c.pipeline && c.model.on_cpu();
+}
+
 // Forward and backward on the host's schedule; the gradients summed over the ranks, scaled to
 // the mean, measured, and the update applied unless they are not finite.
 class HostStep : public StepRunner {
  public:
-  explicit HostStep(const StepContext& c) : c_(c), rows_(rows_of(c)), parts_(parts_of(c)) {}
+  explicit HostStep(const StepContext& c)
+      : c_(c),
+        rows_(rows_of(c)),
+        parts_(parts_of(c)),
+        buckets_(overlaps(c)
+                     ? std::make_unique<GradBuckets>(c.comm, c.model.layout(), c.model.grads())
+                     : nullptr) {}
 
   Outcome run(int64_t step, Rates rates, bool sublayer_norms) override {
     Model& model = c_.model;
@@ -55,7 +67,11 @@ class HostStep : public StepRunner {
       // Sum of every rank's (sum over micro-batches of) mean-loss gradients, in buckets. A
       // non-finite value on any rank makes the sum non-finite on all, so all skip together.
       // Pipeline: each rank's gradients are those of its stages' parameters (zero elsewhere).
-      c_.reducer->allreduce_sum(model.grads(), n);
+      if (buckets_) {
+        buckets_->finish();  // (sent during the last micro-batch's backward)
+      } else {
+        c_.reducer->allreduce_sum(model.grads(), n);
+      }
       c_.comm.allreduce_sum(&loss, 1);
     }
     o.loss = loss / static_cast<double>(parts_);
@@ -85,7 +101,13 @@ class HostStep : public StepRunner {
                            batch_);
       loss += c_.model.forward(batch_.inputs.data(), batch_.targets.data(), rows_.count,
                                c_.cfg.seq_len);
-      c_.model.backward();
+      if (buckets_ && micro + 1 == c_.cfg.grad_accum) {
+        buckets_->begin();
+        c_.model.backward(
+            [this](int64_t offset, int64_t count) { buckets_->ready(offset, count); });
+      } else {
+        c_.model.backward();
+      }
     }
     return loss;
   }
@@ -93,6 +115,7 @@ class HostStep : public StepRunner {
   const StepContext c_;
   const Rows rows_;
   const int64_t parts_;
+  const std::unique_ptr<GradBuckets> buckets_;  // overlapped gradient sum, or null
   Batch batch_;
 };
 

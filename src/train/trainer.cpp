@@ -837,6 +837,17 @@ class Trainer {
                      cfg_.out_dir + "' is as it was");
   }
 
+  // ", gradients summed in 3 buckets of 16 MiB during the backward pass" (data parallel).
+  std::string buckets_text() const {
+    if (ranks_ == 1 || piped_) return "";
+    const int64_t elems = comm_.bucket_elems(), n = model_->layout().total();
+    char mib[32];
+    std::snprintf(mib, sizeof mib, "%.3g", static_cast<double>(elems) * 4.0 / (1 << 20));
+    const bool overlap = cfg_.grad_overlap && model_->on_cpu();
+    return ", gradients summed in " + std::to_string((n + elems - 1) / elems) + " bucket(s) of " +
+           mib + " MiB " + (overlap ? "during" : "after") + " the backward pass";
+  }
+
   // Stage 7: what is about to run, the metrics file, the first batch's fingerprint, the runner.
   void describe_run() {
     if (cfg_.schedule.warmup_steps >= cfg_.steps && start_ == 0) {  // (17th pass: no word)
@@ -852,7 +863,7 @@ class Trainer {
                           (piped_ ? std::string("pipeline parallel")
                                   : std::to_string(cfg_.batch_size / ranks_) +
                                         " sequences per rank per micro-batch") +
-                          (zero1_ ? ", AdamW state sharded (ZeRO-1)" : "");
+                          (zero1_ ? ", AdamW state sharded (ZeRO-1)" : "") + buckets_text();
     msg("model: " + std::to_string(model_->num_params()) + " parameters, residual " +
         to_string(cfg_.model.residual.mode) + ", " + std::to_string(cfg_.model.n_layer) +
         " layers, d " + std::to_string(cfg_.model.d_model) + "; " +
