@@ -1,5 +1,6 @@
 // A helper for tests/test_dist.cpp, run under mpirun: exercises the process's communicator.
-//   dist_check collectives   allreduce, broadcast, any, require_same, send/recv on known data;
+//   dist_check collectives   allreduce, reduce-scatter, broadcast, any, require_same, send/recv on
+//   known data;
 //                            prints "rank R of N: ok" and exits 0, or names the mismatch, exit 1
 //   dist_check hang SECONDS  rank 0 enters a barrier with a SECONDS watchdog timeout while the
 //                            other ranks sleep: the watchdog must abort the job
@@ -58,6 +59,26 @@ void collectives(Communicator& c) {
                  " (want " + std::to_string(want_f) + "), double " + std::to_string(d[i]) +
                  " (want " + std::to_string(want_d) + ")");
       break;
+    }
+  }
+  // Reduce-scatter with uneven blocks, one of them empty: each rank's own block summed.
+  {
+    std::vector<int64_t> counts(static_cast<size_t>(R));
+    for (int r = 0; r < R; r++) counts[static_cast<size_t>(r)] = r == 1 ? 0 : 5 + 3 * r;
+    int64_t total = 0, off = 0;
+    for (int r = 0; r < R; r++) {
+      if (r < me) off += counts[static_cast<size_t>(r)];
+      total += counts[static_cast<size_t>(r)];
+    }
+    std::vector<float> g(static_cast<size_t>(total));
+    for (int64_t i = 0; i < total; i++) g[i] = static_cast<float>((me + 1) * (i + 1));
+    c.reduce_scatter_sum(g.data(), counts);
+    for (int64_t i = off; i < off + counts[static_cast<size_t>(me)]; i++) {
+      if (g[i] != static_cast<float>(ranks_sum * static_cast<double>(i + 1))) {
+        expect(false, c,
+               "reduce_scatter element " + std::to_string(i) + ": " + std::to_string(g[i]));
+        break;
+      }
     }
   }
   // Broadcast from the last rank, including a payload larger than one bucket.

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,11 @@ class Communicator {
   // In place: data holds size() consecutive blocks of counts[r] floats; rank r's own block is
   // copied into every other rank's buffer (ZeRO-1: each rank's updated parameter shard).
   virtual void allgather(float* data, const std::vector<int64_t>& counts) = 0;
+  // In place: data holds size() consecutive blocks of counts[r] floats; on return this rank's
+  // own block holds the element-wise sum over the ranks of that block (the other blocks are left
+  // as they were or overwritten). ZeRO-1: each rank receives only its shard of the gradient
+  // sum, half an all-reduce's traffic. At most 2^31 - 1 floats in all.
+  virtual void reduce_scatter_sum(float* data, const std::vector<int64_t>& counts) = 0;
   // Copies `bytes` bytes at `data` from rank `root` to every other rank.
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
@@ -91,6 +97,7 @@ class SingleCommunicator final : public Communicator {
   void allreduce_sum(float*, int64_t) override {}
   void allreduce_sum(double*, int64_t) override {}
   void allgather(float*, const std::vector<int64_t>&) override {}
+  void reduce_scatter_sum(float*, const std::vector<int64_t>&) override {}
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   // Throw Error: a single process has no peer.
@@ -113,18 +120,18 @@ class SingleCommunicator final : public Communicator {
 // sender reusing a buffer too early), as MPI's large-message protocol would expose.
 std::vector<std::unique_ptr<Communicator>> make_local_group(int size, bool rendezvous = false);
 
-// Sum-all-reduces run on a thread of their own, in the order they were handed over, so that the
+// Collectives run on a thread of their own, in the order they were handed over, so that the
 // caller computes meanwhile (gradient buckets during the backward pass, as PyTorch DDP does).
-// Every rank must submit the same sequence of (n) in the same order; the results are those of
-// comm.allreduce_sum on each buffer. While any is pending the caller must not use `comm`, nor
-// touch a submitted buffer; wait() returns when all are done and rethrows the first error.
+// Every rank must submit the same sequence of collectives; while any is pending the caller must
+// not use the communicator they use, nor touch their buffers. wait() returns when all are done
+// and rethrows the first error (the collectives after it are dropped).
 class BackgroundReducer {
  public:
-  explicit BackgroundReducer(Communicator& comm);
+  BackgroundReducer();
   ~BackgroundReducer();  // waits for the pending ones
   BackgroundReducer(const BackgroundReducer&) = delete;
   BackgroundReducer& operator=(const BackgroundReducer&) = delete;
-  void submit(float* data, int64_t n);
+  void submit(std::function<void()> collective);
   void wait();
 
  private:

@@ -1,7 +1,8 @@
-// BackgroundReducer (attnres/dist.hpp): all-reduces on a worker thread, in submission order.
+// BackgroundReducer (attnres/dist.hpp): collectives on a worker thread, in submission order.
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -10,11 +11,9 @@
 namespace attnres::dist {
 
 struct BackgroundReducer::State {
-  explicit State(Communicator& c) : comm(c) {}
-  Communicator& comm;
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::pair<float*, int64_t>> queue;
+  std::deque<std::function<void()>> queue;
   int64_t busy = 0;  // submitted and not finished
   bool quit = false;
   std::exception_ptr error;
@@ -25,14 +24,14 @@ struct BackgroundReducer::State {
     for (;;) {
       cv.wait(lk, [&] { return quit || !queue.empty(); });
       if (queue.empty()) return;
-      const auto [data, n] = queue.front();
+      const std::function<void()> collective = std::move(queue.front());
       queue.pop_front();
       const bool skip = error != nullptr;  // after an error, drain without communicating
       lk.unlock();
       std::exception_ptr e;
       if (!skip) {
         try {
-          comm.allreduce_sum(data, n);
+          collective();
         } catch (...) {
           e = std::current_exception();
         }
@@ -45,7 +44,7 @@ struct BackgroundReducer::State {
   }
 };
 
-BackgroundReducer::BackgroundReducer(Communicator& comm) : s_(std::make_unique<State>(comm)) {
+BackgroundReducer::BackgroundReducer() : s_(std::make_unique<State>()) {
   s_->worker = std::thread([st = s_.get()] { st->run(); });
 }
 
@@ -59,10 +58,10 @@ BackgroundReducer::~BackgroundReducer() {
   s_->worker.join();
 }
 
-void BackgroundReducer::submit(float* data, int64_t n) {
+void BackgroundReducer::submit(std::function<void()> collective) {
   {
     std::lock_guard<std::mutex> lk(s_->mu);
-    s_->queue.emplace_back(data, n);
+    s_->queue.push_back(std::move(collective));
     s_->busy++;
   }
   s_->cv.notify_all();

@@ -67,6 +67,21 @@ class LocalCommunicator final : public Communicator {
     sync("allgather");
   }
 
+  void reduce_scatter_sum(float* data, const std::vector<int64_t>& counts) override {
+    check(static_cast<int>(counts.size()) == size(), "internal: reduce_scatter counts != ranks");
+    int64_t off = 0;
+    for (int r = 0; r < rank_; r++) off += counts[static_cast<size_t>(r)];
+    const int64_t n = counts[static_cast<size_t>(rank_)];
+    post(data);
+    std::vector<float> sum(static_cast<size_t>(n), 0.0f);
+    for (int r = 0; r < size(); r++) {
+      const float* p = static_cast<const float*>(slot(r)) + off;
+      for (int64_t i = 0; i < n; i++) sum[static_cast<size_t>(i)] += p[i];
+    }
+    sync("reduce_scatter");  // every rank has read every buffer
+    std::memcpy(data + off, sum.data(), sizeof(float) * static_cast<size_t>(n));
+  }
+
   void broadcast(void* data, int64_t bytes, int root) override {
     post(data);
     if (rank_ != root) std::memcpy(data, slot(root), static_cast<size_t>(bytes));

@@ -80,6 +80,27 @@ class MpiCommunicator final : public Communicator {
                    MPI_COMM_WORLD);
   }
 
+  void reduce_scatter_sum(float* data, const std::vector<int64_t>& counts) override {
+    check(static_cast<int>(counts.size()) == size_,
+          "internal: reduce_scatter with " + std::to_string(counts.size()) + " counts for " +
+              std::to_string(size_) + " ranks");
+    std::vector<int> n(counts.size());
+    int64_t total = 0, off = 0;
+    for (size_t r = 0; r < counts.size(); r++) {
+      if (static_cast<int>(r) < rank_) off += counts[r];
+      total += counts[r];
+      n[r] = static_cast<int>(counts[r]);
+    }
+    check(total <= INT_MAX,
+          "reduce-scatter of more than 2^31 floats is not supported (the MPI counts are int)");
+    scatter_.resize(static_cast<size_t>(std::max(1, n[static_cast<size_t>(rank_)])));
+    {
+      Op op(*this, "reduce_scatter");
+      MPI_Reduce_scatter(data, scatter_.data(), n.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    }
+    std::copy(scatter_.begin(), scatter_.begin() + n[static_cast<size_t>(rank_)], data + off);
+  }
+
   void broadcast(void* data, int64_t bytes, int root) override {
     Op op(*this, "broadcast");
     char* p = static_cast<char*>(data);
@@ -212,6 +233,7 @@ class MpiCommunicator final : public Communicator {
 
   int rank_ = 0, size_ = 1, thread_level_ = MPI_THREAD_SINGLE;
   std::map<int64_t, std::vector<MPI_Request>> pending_;  // isend() tickets not yet completed
+  std::vector<float> scatter_;                           // reduce_scatter_sum's received block
   int64_t next_ticket_ = 1;
   std::atomic<int64_t> op_start_ns_{0};
   std::atomic<double> op_timeout_{0.0};

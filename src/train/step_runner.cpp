@@ -8,6 +8,7 @@
 #include "attnres/error.hpp"
 #include "attnres/model.hpp"
 #include "attnres/optim.hpp"
+#include "attnres/params.hpp"
 #include "attnres/pipeline.hpp"
 #include "attnres/train.hpp"
 #include "backend/backend.hpp"
@@ -40,6 +41,15 @@ bool overlaps(const StepContext& c) {
   return c.cfg.grad_overlap && c.comm.size() > 1 && !c.pipeline && c.model.on_cpu();
 }
 
+// ZeRO-1: rank r's shard is [bounds[r], bounds[r + 1]) of the flat parameters; else empty.
+std::vector<int64_t> shard_bounds_of(const StepContext& c) {
+  std::vector<int64_t> b;
+  if (!c.shard_counts || c.comm.size() == 1) return b;
+  b.push_back(0);
+  for (int64_t n : *c.shard_counts) b.push_back(b.back() + n);
+  return b;
+}
+
 // Forward and backward on the host's schedule; the gradients summed over the ranks, scaled to
 // the mean, measured, and the update applied unless they are not finite.
 class HostStep : public StepRunner {
@@ -48,13 +58,19 @@ class HostStep : public StepRunner {
       : c_(c),
         rows_(rows_of(c)),
         parts_(parts_of(c)),
-        buckets_(overlaps(c)
-                     ? std::make_unique<GradBuckets>(c.comm, c.model.layout(), c.model.grads())
+        shards_(shard_bounds_of(c)),
+        buckets_(overlaps(c) || !shards_.empty()
+                     ? std::make_unique<GradBuckets>(c.comm, c.model.layout(), c.model.grads(),
+                                                     shards_.empty() ? nullptr : &shards_)
                      : nullptr) {}
 
   Outcome run(int64_t step, Rates rates, bool sublayer_norms) override {
     Model& model = c_.model;
     const int64_t n = model.layout().total();
+    // ZeRO-1 reduce-scatters, so a rank's gradients outside its shard stay unsummed: a step
+    // that measures every sublayer's gradient all-reduces them instead.
+    const bool whole = sublayer_norms && !shards_.empty();
+    in_backward_ = buckets_ && !whole && overlaps(c_);
     Outcome o;
     const std::optional<double> summed = forward_backward(step);
     if (!summed) {
@@ -67,8 +83,12 @@ class HostStep : public StepRunner {
       // Sum of every rank's (sum over micro-batches of) mean-loss gradients, in buckets. A
       // non-finite value on any rank makes the sum non-finite on all, so all skip together.
       // Pipeline: each rank's gradients are those of its stages' parameters (zero elsewhere).
-      if (buckets_) {
+      if (in_backward_) {
         buckets_->finish();  // (sent during the last micro-batch's backward)
+      } else if (buckets_ && !whole) {
+        buckets_->begin();
+        for (const ParamEntry& e : model.layout().entries()) buckets_->ready(e.offset, e.numel);
+        buckets_->finish();
       } else {
         c_.reducer->allreduce_sum(model.grads(), n);
       }
@@ -77,8 +97,10 @@ class HostStep : public StepRunner {
     o.loss = loss / static_cast<double>(parts_);
     if (c_.loss_hook) o.loss = c_.loss_hook(step + 1, o.loss);
     if (parts_ > 1) model.backend().scale(model.grads(), 1.0f / static_cast<float>(parts_), n);
-    if (sublayer_norms) o.sublayer_grad_norms = model.sublayer_grad_norms();  // before clipping
-    o.grad_norm = std::sqrt(model.backend().sum_squares(model.grads(), n));
+    if (sublayer_norms && c_.comm.is_root()) {
+      o.sublayer_grad_norms = model.sublayer_grad_norms();  // before clipping
+    }
+    o.grad_norm = std::sqrt(sum_squares(whole));
     o.ok = std::isfinite(o.loss) && std::isfinite(o.grad_norm);
     if (!o.ok) return o;
     c_.opt.step(model.params(), model.grads(), rates.lr, clip_scale(o.grad_norm, c_.cfg.grad_clip),
@@ -101,7 +123,7 @@ class HostStep : public StepRunner {
                            batch_);
       loss += c_.model.forward(batch_.inputs.data(), batch_.targets.data(), rows_.count,
                                c_.cfg.seq_len);
-      if (buckets_ && micro + 1 == c_.cfg.grad_accum) {
+      if (in_backward_ && micro + 1 == c_.cfg.grad_accum) {
         buckets_->begin();
         c_.model.backward(
             [this](int64_t offset, int64_t count) { buckets_->ready(offset, count); });
@@ -112,10 +134,33 @@ class HostStep : public StepRunner {
     return loss;
   }
 
+  // The squared norm of the summed gradients. Several ranks: the sum of the shards' sums of
+  // squares in rank order (ZeRO-1's shards, also when not sharded), so that a ZeRO-1 rank, which
+  // holds only its shard summed, finds the replicated run's value bit for bit.
+  double sum_squares(bool whole) {
+    Backend& be = c_.model.backend();
+    const float* g = c_.model.grads();
+    const int64_t ranks = c_.comm.size(), n = c_.model.layout().total();
+    if (ranks == 1) return be.sum_squares(g, n);
+    std::vector<double> part(static_cast<size_t>(ranks), 0.0);
+    auto bound = [&](int64_t r) { return shards_.empty() ? n * r / ranks : shards_[size_t(r)]; };
+    const bool mine_only = !shards_.empty() && !whole;
+    for (int64_t r = 0; r < ranks; r++) {
+      if (mine_only && r != c_.comm.rank()) continue;
+      part[static_cast<size_t>(r)] = be.sum_squares(g + bound(r), bound(r + 1) - bound(r));
+    }
+    if (mine_only) c_.comm.allreduce_sum(part.data(), ranks);  // (x + 0 + ... + 0 is exact)
+    double s = 0.0;
+    for (double p : part) s += p;
+    return s;
+  }
+
   const StepContext c_;
   const Rows rows_;
   const int64_t parts_;
-  const std::unique_ptr<GradBuckets> buckets_;  // overlapped gradient sum, or null
+  const std::vector<int64_t> shards_;           // ZeRO-1: the ranks' shard bounds; else empty
+  const std::unique_ptr<GradBuckets> buckets_;  // bucketed gradient sum (overlap, ZeRO-1) or null
+  bool in_backward_ = false;                    // this step's sum runs during the backward
   Batch batch_;
 };
 
@@ -167,7 +212,7 @@ class DeviceStepRunner : public StepRunner {
     }
     if (ranks > 1) c_.reducer->allreduce_sum(c_.model.grads(), c_.model.layout().total());
     Outcome o;
-    if (sublayer_norms) {  // (before the scale by 1 / parts, so scaled here)
+    if (sublayer_norms && c_.comm.is_root()) {  // (before the scale by 1 / parts, so scaled here)
       o.sublayer_grad_norms = c_.model.sublayer_grad_norms();
       for (double& g : o.sublayer_grad_norms) g /= static_cast<double>(parts_);
     }

@@ -63,7 +63,8 @@ class StepRunner {
   };
 
   virtual ~StepRunner() = default;
-  // Optimizer step `step` (0-based); sublayer_norms: also measure the per-sublayer gradient norms.
+  // Optimizer step `step` (0-based); sublayer_norms (the same on every rank): rank 0 also
+  // measures the per-sublayer gradient norms.
   virtual Outcome run(int64_t step, Rates rates, bool sublayer_norms) = 0;
   virtual Graphs graphs() const { return {}; }
 };

@@ -1145,7 +1145,7 @@ class Trainer {
       if (router_schedule_) {
         rates.router_lr = cfg_.router_lr_mult * lr_at(*router_schedule_, cfg_.adamw.lr, step);
       }
-      const StepRunner::Outcome o = runner_->run(step, rates, eval_now && root_);
+      const StepRunner::Outcome o = runner_->run(step, rates, eval_now);
       if (o.abandoned) {  // (the weights are those after step `step`: the update never ran)
         res_.interrupted = true;
         msg("interrupted inside step " + std::to_string(step + 1) +
