@@ -300,6 +300,29 @@ TEST(Dist, GradBucketsSumTheWholeBufferWhateverTheOrder) {
   }
 }
 
+// split(): groups by color, ranked by key; collectives within a group see only its ranks.
+TEST(Dist, SplitFormsGroupsByColorRankedByKey) {
+  auto world = dist::make_local_group(4);
+  std::vector<std::string> seen(4);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; r++) {
+    ranks.emplace_back([&, r] {
+      dist::Communicator& w = *world[static_cast<size_t>(r)];
+      w.set_timeout(60);
+      auto sub = w.split(r % 2, -r);  // colors 0: {0, 2}, 1: {1, 3}; key -r: reversed order
+      double v = r;
+      sub->allreduce_sum(&v, 1);
+      seen[static_cast<size_t>(r)] = std::to_string(sub->rank()) + "/" +
+                                     std::to_string(sub->size()) + " sum " + std::to_string(v);
+    });
+  }
+  for (auto& th : ranks) th.join();
+  EXPECT_EQ(seen[0], "1/2 sum 2.000000");
+  EXPECT_EQ(seen[2], "0/2 sum 2.000000");
+  EXPECT_EQ(seen[1], "1/2 sum 4.000000");
+  EXPECT_EQ(seen[3], "0/2 sum 4.000000");
+}
+
 // Data parallel with the gradient sum overlapping the backward pass (small buckets, so there are
 // many): bit-identical to summing after the backward, on 3 ranks (where the order of the sums
 // matters), and to one process up to summation order.
@@ -803,6 +826,35 @@ TEST(Dist, PipelineMatchesOneRankAndCachedSendsLess) {
   EXPECT_NEAR(bytes["v2naive"].first / bytes["v2"].first, 9.0 / 4.0, 0.01);
   EXPECT_EQ(bytes["v2"].second, bytes["v2naive"].first);  // the prediction printed beside it
   EXPECT_EQ(bytes["v1"].first, bytes["v1"].second);
+}
+
+// Pipeline x data parallel: 4 ranks as 2 pipelines of 2 stages, each pipeline on half of every
+// micro-batch, the gradients summed over all 4: the one-process run's losses and weights; its
+// checkpoint resumes on one process.
+TEST(Dist, PipelineTimesDataParallelMatchesOneProcess) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  const CliRun one = shell("exec " + cli() + pipe_args(data, dir / "one", 8));
+  ASSERT_EQ(one.code, 0) << one.out;
+  const CliRun r =
+      shell(mpirun(4) + cli() + pipe_args(data, dir / "pp", 8) + " --pipeline 2 --save-every 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "4 ranks (mpi), 2 data-parallel pipelines")) << r.out;
+  EXPECT_TRUE(contains(r.out, "2 data-parallel pipelines of 2 sequences each")) << r.out;
+  const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
+  const Metrics b = read_metrics(dir / "pp" / "metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 8u);
+  expect_close(b.loss, a.loss, 1e-5, "training loss at step");
+  expect_close(b.val_loss, a.val_loss, 1e-5, "validation loss");
+  EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / "pp" / "model.safetensors"),
+            1e-5);
+  resume_on_one_rank(dir, "pp", 4, 8);
+  // 3 ranks do not form pipelines of 2; the error says what would.
+  const CliRun odd = shell(mpirun(3) + cli() + pipe_args(data, dir / "odd", 2) + " --pipeline 2");
+  EXPECT_NE(odd.code, 0);
+  EXPECT_TRUE(contains(odd.out, "not a multiple of it")) << odd.out;
 }
 
 TEST(Dist, PipelineCheckpointResumesOnOneRank) {

@@ -63,6 +63,9 @@ class Communicator {
   virtual void wait_send(int64_t ticket) = 0;
   // Waits until every isend() of this rank has completed.
   virtual void wait_sends() = 0;
+  // Collective: the ranks that pass the same `color` form a new communicator, ranked by `key`
+  // (then by rank here). It keeps this one's timeout and bucket size; destroy it before this one.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // Ends every rank of the job with exit status `code` (never returns).
   [[noreturn]] virtual void abort(int code) = 0;
 
@@ -110,6 +113,12 @@ class SingleCommunicator final : public Communicator {
   bool test_send(int64_t) override { return true; }
   void wait_send(int64_t) override {}
   void wait_sends() override {}
+  std::unique_ptr<Communicator> split(int, int) override {
+    auto c = std::make_unique<SingleCommunicator>();
+    c->set_timeout(timeout());
+    c->set_bucket_elems(bucket_elems());
+    return c;
+  }
   [[noreturn]] void abort(int code) override;
 };
 

@@ -218,8 +218,9 @@ void add_train(CLI::App& app) {
               "Multi-process runs: shard the AdamW moments over the ranks (ZeRO-1): each of N "
               "ranks keeps 1/N of them; results are bit-identical");
   s->add_option("--pipeline", a->cfg.pipeline,
-                "Multi-process runs: the N ranks form one pipeline (pass N = the rank count): each "
-                "runs consecutive sublayers; block or full AttnRes only")
+                "Multi-process runs: pipelines of N ranks, each running consecutive sublayers "
+                "(N = the rank count: one pipeline; a divisor of it: data-parallel pipelines); "
+                "block or full AttnRes only")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16))
       ->capture_default_str();
   s->add_option("--virtual-stages", a->cfg.virtual_stages,
@@ -282,7 +283,8 @@ void add_train(CLI::App& app) {
       "      --grad-accum M [--pipeline-comm cached|naive]\n"
       "The sublayers are cut into N*V stages; each step pushes M micro-batches of --batch-size\n"
       "sequences through them (1F1B); losses and weights match a 1-process run with the same\n"
-      "--batch-size and --grad-accum. See README, \"Multi-process training (MPI)\".");
+      "--batch-size and --grad-accum. With N x D ranks, --pipeline N makes D data-parallel\n"
+      "pipelines, each on batch-size/D sequences. See docs/DISTRIBUTED.md.");
   s->callback([a, d, s] {
     // The closing sample: a new run records it; a resume takes the run's unless given.
     if (!a->cfg.resume || s->count("--sample-tokens") > 0 || s->count("--prompt") > 0) {

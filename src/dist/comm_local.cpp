@@ -4,6 +4,7 @@
 // run multi-rank code (the pipeline schedule, data-parallel steps) on it without mpirun, under the
 // sanitizers too. Collectives are rendezvous on a generation barrier: every rank posts its buffer,
 // then each reads the others' in rank order (deterministic sums).
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -40,6 +41,7 @@ struct Shared {
     std::shared_ptr<bool> done;  // rendezvous: set when received
   };
   std::map<std::tuple<int, int, int>, std::deque<Msg>> box;  // (from, to, tag)
+  std::map<int, std::shared_ptr<Shared>> made;               // split(): the new groups by color
 };
 
 class LocalCommunicator final : public Communicator {
@@ -168,6 +170,37 @@ class LocalCommunicator final : public Communicator {
       return;
     }
     std::memcpy(data, m.data.data(), sizeof(float) * n);
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    const int mine[2] = {color, key};
+    post(mine);
+    std::vector<std::pair<int, int>> members;  // (key, rank) of my color
+    std::map<int, int> sizes;                  // color -> ranks
+    for (int r = 0; r < size(); r++) {
+      const int* p = static_cast<const int*>(slot(r));
+      sizes[p[0]]++;
+      if (p[0] == color) members.emplace_back(p[1], r);
+    }
+    std::sort(members.begin(), members.end());
+    const int new_rank = static_cast<int>(
+        std::find(members.begin(), members.end(), std::make_pair(key, rank_)) - members.begin());
+    if (rank_ == 0) {
+      std::lock_guard<std::mutex> lk(sh_->mu);
+      sh_->made.clear();
+      for (const auto& [c, n] : sizes) sh_->made[c] = std::make_shared<Shared>(n, sh_->rendezvous);
+    }
+    sync("split");  // the groups exist; every rank has read the colors
+    std::shared_ptr<Shared> group;
+    {
+      std::lock_guard<std::mutex> lk(sh_->mu);
+      group = sh_->made.at(color);
+    }
+    sync("split");  // every rank has its group (rank 0 may clear them at the next split)
+    auto c = std::make_unique<LocalCommunicator>(group, new_rank);
+    c->set_timeout(timeout());
+    c->set_bucket_elems(bucket_elems());
+    return c;
   }
 
   [[noreturn]] void abort(int code) override {

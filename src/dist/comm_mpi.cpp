@@ -1,8 +1,9 @@
 // The MPI communicator (attnres/dist.hpp), compiled when CMake finds MPI (ATTNRES_MPI=ON).
 //
-// MPI_COMM_WORLD with the C API. Each collective registers itself with a watchdog thread; when one
-// waits longer than timeout() the watchdog prints which collective hung and aborts the whole job
-// (MPI_Abort with MPI_THREAD_MULTIPLE, else _exit, which mpirun also turns into a job abort).
+// MPI_COMM_WORLD (or a split of it) with the C API. Each collective registers itself with a
+// watchdog thread; when one waits longer than timeout() the watchdog prints which collective hung
+// and aborts the whole job (MPI_Abort with MPI_THREAD_MULTIPLE, else _exit, which mpirun also turns
+// into a job abort).
 #include <mpi.h>
 
 #include <algorithm>
@@ -38,9 +39,13 @@ class MpiCommunicator final : public Communicator {
     check(!inited, "internal: MPI initialised twice (create one communicator per process)");
     // MULTIPLE so the watchdog thread may call MPI_Abort while the main thread is blocked.
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &thread_level_);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    watchdog_ = std::thread([this] { watch(); });
+    comm_ = MPI_COMM_WORLD;
+    start();
+  }
+
+  // A sub-communicator (split()): owns `comm`, which it frees.
+  MpiCommunicator(MPI_Comm comm, int thread_level) : comm_(comm), thread_level_(thread_level) {
+    start();
   }
 
   ~MpiCommunicator() override {
@@ -52,6 +57,10 @@ class MpiCommunicator final : public Communicator {
     watchdog_.join();
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_WORLD) {
+      if (!finalized) MPI_Comm_free(&comm_);
+      return;
+    }
     if (!finalized) MPI_Finalize();
   }
 
@@ -77,7 +86,7 @@ class MpiCommunicator final : public Communicator {
     }
     Op op(*this, "allgather");
     MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, n.data(), displ.data(), MPI_FLOAT,
-                   MPI_COMM_WORLD);
+                   comm_);
   }
 
   void reduce_scatter_sum(float* data, const std::vector<int64_t>& counts) override {
@@ -96,7 +105,7 @@ class MpiCommunicator final : public Communicator {
     scatter_.resize(static_cast<size_t>(std::max(1, n[static_cast<size_t>(rank_)])));
     {
       Op op(*this, "reduce_scatter");
-      MPI_Reduce_scatter(data, scatter_.data(), n.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      MPI_Reduce_scatter(data, scatter_.data(), n.data(), MPI_FLOAT, MPI_SUM, comm_);
     }
     std::copy(scatter_.begin(), scatter_.begin() + n[static_cast<size_t>(rank_)], data + off);
   }
@@ -106,13 +115,13 @@ class MpiCommunicator final : public Communicator {
     char* p = static_cast<char*>(data);
     for (int64_t off = 0; off < bytes; off += INT_MAX) {
       MPI_Bcast(p + off, static_cast<int>(std::min<int64_t>(INT_MAX, bytes - off)), MPI_BYTE, root,
-                MPI_COMM_WORLD);
+                comm_);
     }
   }
 
   void barrier() override {
     Op op(*this, "barrier");
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Barrier(comm_);
   }
 
   void send(const float* data, int64_t n, int peer, int tag) override {
@@ -120,7 +129,7 @@ class MpiCommunicator final : public Communicator {
     Op op(*this, "send");
     for (int64_t off = 0; off < n; off += chunk()) {
       MPI_Send(data + off, static_cast<int>(std::min(chunk(), n - off)), MPI_FLOAT, peer, tag,
-               MPI_COMM_WORLD);
+               comm_);
     }
   }
 
@@ -129,7 +138,7 @@ class MpiCommunicator final : public Communicator {
     Op op(*this, "recv");
     for (int64_t off = 0; off < n; off += chunk()) {
       MPI_Recv(data + off, static_cast<int>(std::min(chunk(), n - off)), MPI_FLOAT, peer, tag,
-               MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+               comm_, MPI_STATUS_IGNORE);
     }
   }
 
@@ -140,7 +149,7 @@ class MpiCommunicator final : public Communicator {
     for (int64_t off = 0; off < n; off += chunk()) {
       reqs.emplace_back();
       MPI_Isend(data + off, static_cast<int>(std::min(chunk(), n - off)), MPI_FLOAT, peer, tag,
-                MPI_COMM_WORLD, &reqs.back());
+                comm_, &reqs.back());
     }
     return ticket;
   }
@@ -171,6 +180,18 @@ class MpiCommunicator final : public Communicator {
     pending_.clear();
   }
 
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    {
+      Op op(*this, "split");
+      MPI_Comm_split(comm_, color, key, &sub);
+    }
+    auto c = std::make_unique<MpiCommunicator>(sub, thread_level_);
+    c->set_timeout(timeout());
+    c->set_bucket_elems(bucket_elems());
+    return c;
+  }
+
   [[noreturn]] void abort(int code) override {
     std::fflush(stdout);
     std::fflush(stderr);
@@ -179,6 +200,12 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  void start() {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
   // Marks one blocking MPI call for the watchdog.
   struct Op {
     Op(MpiCommunicator& c, const char* name) : c_(c) {
@@ -206,7 +233,7 @@ class MpiCommunicator final : public Communicator {
     char* p = static_cast<char*>(data);
     for (int64_t off = 0; off < n; off += chunk()) {
       MPI_Allreduce(MPI_IN_PLACE, p + off * elem, static_cast<int>(std::min(chunk(), n - off)),
-                    type, MPI_SUM, MPI_COMM_WORLD);
+                    type, MPI_SUM, comm_);
     }
   }
 
@@ -231,6 +258,7 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, thread_level_ = MPI_THREAD_SINGLE;
   std::map<int64_t, std::vector<MPI_Request>> pending_;  // isend() tickets not yet completed
   std::vector<float> scatter_;                           // reduce_scatter_sum's received block

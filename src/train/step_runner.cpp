@@ -19,22 +19,24 @@ namespace attnres {
 
 namespace {
 
-// This rank's rows of each micro-batch: data parallel, a slice; a pipeline, whole ones.
+// Data-parallel copies of the model: the ranks, or the pipelines of pipeline x data parallel.
+int64_t replicas_of(const StepContext& c) {
+  return c.pipeline ? c.comm.size() / c.pipeline->plan().P : c.comm.size();
+}
+
+// This rank's rows of each micro-batch: its replica's slice (pipeline k: ranks [k P, (k+1) P)).
 struct Rows {
   int64_t count, first;
 };
 Rows rows_of(const StepContext& c) {
-  const int64_t ranks = c.comm.size();
-  if (c.pipeline) return {c.cfg.batch_size, 0};
-  const int64_t n = c.cfg.batch_size / ranks;
-  return {n, c.comm.rank() * n};
+  const int64_t n = c.cfg.batch_size / replicas_of(c);
+  const int64_t replica = c.pipeline ? c.comm.rank() / c.pipeline->plan().P : c.comm.rank();
+  return {n, replica * n};
 }
 
 // Micro-batches averaged into the step's mean: equal slices and micro-batches, so the global mean
-// is the mean of the ranks' micro means (a pipeline's loss comes from its last stage alone).
-int64_t parts_of(const StepContext& c) {
-  return c.cfg.grad_accum * (c.pipeline ? 1 : c.comm.size());
-}
+// is the mean of the replicas' micro means (a pipeline's loss comes from its last stage alone).
+int64_t parts_of(const StepContext& c) { return c.cfg.grad_accum * replicas_of(c); }
 
 // Data parallel on the host: the gradient sum may overlap the backward (train/grad_buckets.hpp).
 bool overlaps(const StepContext& c) {

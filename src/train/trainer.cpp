@@ -335,16 +335,21 @@ class Trainer {
     cfg_.validate();
     piped_ = cfg_.pipeline > 1;
     const std::string r = std::to_string(ranks_), b = std::to_string(cfg_.batch_size);
-    check(!piped_ || cfg_.pipeline == ranks_,
-          "--pipeline " + std::to_string(cfg_.pipeline) +
-              " makes one pipeline of all the ranks, but " + r +
-              " rank(s) were launched: use mpirun -np " + std::to_string(cfg_.pipeline) +
-              " (pipeline and data parallelism together are not supported yet)");
-    check(piped_ || cfg_.batch_size % ranks_ == 0,
-          "--batch-size " + b + " is not divisible by the " + r +
-              " ranks: every rank takes batch-size / ranks sequences of each micro-batch; use a "
-              "multiple of " +
-              r + " (e.g. " + std::to_string((cfg_.batch_size / ranks_ + 1) * ranks_) +
+    check(!piped_ || ranks_ % cfg_.pipeline == 0,
+          "--pipeline " + std::to_string(cfg_.pipeline) + " makes pipelines of " +
+              std::to_string(cfg_.pipeline) + " ranks, but " + r +
+              " rank(s) were launched, not a multiple of it: use mpirun -np " +
+              std::to_string(cfg_.pipeline) +
+              " (one pipeline) or a multiple (data-parallel "
+              "pipelines)");
+    replicas_ = piped_ ? ranks_ / cfg_.pipeline : ranks_;
+    const std::string d = std::to_string(replicas_);
+    check(cfg_.batch_size % replicas_ == 0,
+          "--batch-size " + b + " is not divisible by the " + d +
+              (piped_ ? " data-parallel pipelines: each takes batch-size / " + d
+                      : " ranks: every rank takes batch-size / ranks") +
+              " sequences of each micro-batch; use a multiple of " + d + " (e.g. " +
+              std::to_string((cfg_.batch_size / replicas_ + 1) * replicas_) +
               ") or another rank count");
     comm_.require_same(
         fnv1a64(cfg_.to_json() + (zero1_ ? "+zero1" : "") + "+pipeline" +
@@ -689,7 +694,11 @@ class Trainer {
   static std::string layout_words(const Layout& l) {
     const std::string r = std::to_string(l.ranks);
     if (l.pipeline > 1) {
-      return "a pipeline of " + r + " ranks" +
+      const std::string what = l.ranks > l.pipeline
+                                   ? std::to_string(l.ranks / l.pipeline) + " pipelines of " +
+                                         std::to_string(l.pipeline) + " ranks"
+                                   : "a pipeline of " + r + " ranks";
+      return what +
              (l.virtual_stages > 1 ? " x " + std::to_string(l.virtual_stages) + " virtual stages"
                                    : "") +
              (l.comm != "cached" ? " (" + l.comm + " communication)" : "");
@@ -758,12 +767,17 @@ class Trainer {
   // Stage 6: the pipeline of all the ranks (--pipeline N).
   void setup_pipeline() {
     if (!piped_) return;
+    // Pipeline x data parallel: ranks [k P, (k + 1) P) form pipeline k, stage s on rank k P + s.
+    if (replicas_ > 1) {
+      pipe_comm_ = comm_.split(static_cast<int>(comm_.rank() / cfg_.pipeline),
+                               static_cast<int>(comm_.rank() % cfg_.pipeline));
+    }
     pipeline_ = std::make_unique<pipe::Pipeline>(
-        *model_, comm_,
+        *model_, pipe_comm_ ? *pipe_comm_ : comm_,
         pipe::make_plan(*model_, cfg_.pipeline, cfg_.virtual_stages, cfg_.grad_accum),
         pipe::parse_scheme(cfg_.pipeline_comm));
     const pipe::Plan& pl = pipeline_->plan();
-    const int64_t rows = cfg_.batch_size * cfg_.seq_len;
+    const int64_t rows = cfg_.batch_size / replicas_ * cfg_.seq_len;
     char bub[32];
     std::snprintf(bub, sizeof bub, "%.0f%%", 100.0 * pipeline_->schedule().bubble);
     msg("pipeline: " + std::to_string(pl.P) + " ranks x " + std::to_string(pl.V) +
@@ -772,7 +786,11 @@ class Trainer {
         cfg_.pipeline_comm + " block communication: " +
         format_mib(
             pipe::planned_bytes_per_step(pl, pipeline_->scheme(), rows, cfg_.model.d_model)) +
-        " per step");
+        " per step" +
+        (replicas_ > 1
+             ? " per pipeline; " + std::to_string(replicas_) + " data-parallel pipelines of " +
+                   std::to_string(cfg_.batch_size / replicas_) + " sequences each"
+             : std::string()));
   }
 
   // Stage 4b: a rehearsal of what the run allocates, on zero tokens, before stage 5 writes or
@@ -783,7 +801,7 @@ class Trainer {
   // or after steps that no checkpoint held; sixteenth and seventeenth hostile passes). It
   // changes nothing the run computes: the gradients are zeroed, the weights are not touched.
   void rehearse() {
-    const int64_t B = cfg_.batch_size, T = cfg_.seq_len, slice = piped_ ? B : B / ranks_;
+    const int64_t B = cfg_.batch_size, T = cfg_.seq_len, slice = B / replicas_;
     const std::vector<int32_t> zeros(static_cast<size_t>(B * T), 0);
     if (pipeline_) pipeline_->release_memory();
     // (evaluations run the whole model: a pipeline's on whole batches, data parallel on a
@@ -794,7 +812,7 @@ class Trainer {
     if (pipeline_) {
       model_->release_activations();
       const std::vector<const int32_t*> micro(static_cast<size_t>(cfg_.grad_accum), zeros.data());
-      pipeline_->step(micro, micro, B, T);
+      pipeline_->step(micro, micro, slice, T);
       pipeline_->reset_traffic();
     } else {
       model_->forward(zeros.data(), zeros.data(), slice, T);
@@ -858,12 +876,14 @@ class Trainer {
     flops_tok_ = train_flops_per_token(cfg_.model, cfg_.seq_len);
     tokens_per_step_ = cfg_.batch_size * cfg_.seq_len * cfg_.grad_accum;
     const std::string ranks_text =
-        ranks_ == 1 ? std::string("1 rank")
-                    : std::to_string(ranks_) + " ranks (" + comm_.backend() + "), " +
-                          (piped_ ? std::string("pipeline parallel")
-                                  : std::to_string(cfg_.batch_size / ranks_) +
-                                        " sequences per rank per micro-batch") +
-                          (zero1_ ? ", AdamW state sharded (ZeRO-1)" : "") + buckets_text();
+        ranks_ == 1
+            ? std::string("1 rank")
+            : std::to_string(ranks_) + " ranks (" + comm_.backend() + "), " +
+                  (piped_ ? (replicas_ > 1 ? std::to_string(replicas_) + " data-parallel pipelines"
+                                           : std::string("pipeline parallel"))
+                          : std::to_string(cfg_.batch_size / ranks_) +
+                                " sequences per rank per micro-batch") +
+                  (zero1_ ? ", AdamW state sharded (ZeRO-1)" : "") + buckets_text();
     msg("model: " + std::to_string(model_->num_params()) + " parameters, residual " +
         to_string(cfg_.model.residual.mode) + ", " + std::to_string(cfg_.model.n_layer) +
         " layers, d " + std::to_string(cfg_.model.d_model) + "; " +
@@ -1257,6 +1277,8 @@ class Trainer {
   // Device, precision or layout changed at --resume: recorded with the first checkpoint.
   bool record_pending_ = false;  // --resume with another --device / --precision / --cuda-graphs
   bool piped_ = false;
+  int64_t replicas_ = 1;  // data-parallel copies of the model: ranks / pipeline
+  std::unique_ptr<dist::Communicator> pipe_comm_;  // pipeline x data parallel: this pipeline's
   PreparedData data_;
   std::unique_ptr<Model> model_;
   std::vector<int64_t> bounds_, shard_counts_;
