@@ -323,6 +323,34 @@ TEST(Compare, ARunResumedAfterItsEndReportsItsMeasuredLoss) {
   EXPECT_GT(at4[1], at3[0]);
 }
 
+// 26th hostile pass: a run whose call timed no step (one step: the first holds the warm-up; or
+// a step the process was stopped in) has no measured speed. Its metrics line said one all the
+// same (the step's wall time), and compare reported it as the configuration's tokens/s.
+TEST(Compare, ARunWithNoTimedStepReportsNoSpeed) {
+  TempDir td;
+  const std::string data = corpus(fs::path(td.path));
+  const fs::path out = fs::path(td.path) / "cmp";
+  std::string log;
+  ASSERT_EQ(run("compare --preset tiny --modes prenorm --seeds 1 --steps 1 --no-plots --data " +
+                    data + " --out " + out.string(),
+                &log),
+            0)
+      << log;
+  const json r = json::parse(slurp(out / "results.json"))["runs"][0];
+  EXPECT_TRUE(r["tokens_per_s"].is_null()) << r.dump();
+  EXPECT_NE(slurp(out / "report.md").find("| n/a |"), std::string::npos)
+      << slurp(out / "report.md");
+  std::ifstream metrics(out / r["dir"].get<std::string>() / "metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const json j = json::parse(line);
+    if (!j.contains("step") || !j.contains("loss") || j.contains("val_loss")) continue;
+    steps++;
+    EXPECT_TRUE(j["tokens_per_s"].is_null()) << line;
+  }
+  EXPECT_EQ(steps, 1);
+}
+
 TEST(Compare, KeptRunsMustHaveTheCommandsSettings) {
   TempDir td;
   const std::string data = corpus(fs::path(td.path));

@@ -355,6 +355,17 @@ TEST(Dist, OverlappedGradientSumIsBitIdenticalToSummingAfterTheBackward) {
             1e-5);
 }
 
+// Every namespace and link the test bed whose command printed "bed <prefix>" made is gone
+// (other tests' beds may run meanwhile).
+void expect_bed_gone(const std::string& out) {
+  const size_t at = out.rfind("bed ar");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string prefix = out.substr(at + 4, out.find_first_of(" \n", at + 4) - (at + 4));
+  const CliRun left =
+      shell("(ip netns list 2>/dev/null; ip -brief link) | grep -c '^" + prefix + "'");
+  EXPECT_EQ(left.out, "0\n") << prefix << "\n" << shell("ip netns list; ip -brief link").out;
+}
+
 // Issue 21's test bed: two simulated hosts (network namespaces joined by veth links, shaped to
 // 10 Gbit/s), one rank each, TCP only. The same global batch as one process: the same losses and
 // weights (to summation order).
@@ -370,9 +381,10 @@ TEST(Dist, TwoSimulatedHostsOverTcpMatchOneRank) {
   const std::string data = write_corpus(dir);
   const CliRun one = shell("exec " + cli() + train_args(data, dir / "one", 10) + " --log-every 1");
   ASSERT_EQ(one.code, 0) << one.out;
-  const CliRun two = shell("bash " + bed + " run --hosts 2 --rate 10gbit -- sh -c '" + mpirun(2) +
-                           "$ATTNRES_MPI_NET --host $ATTNRES_HOSTS " + cli() +
-                           train_args(data, dir / "two", 10) + " --log-every 1'");
+  const CliRun two = shell(
+      "bash " + bed + " run --hosts 2 --rate 10gbit -- sh -c 'echo bed $ATTNRES_NETNS_PREFIX; " +
+      mpirun(2) + "$ATTNRES_MPI_NET --host $ATTNRES_HOSTS " + cli() +
+      train_args(data, dir / "two", 10) + " --log-every 1'");
   ASSERT_EQ(two.code, 0) << two.out;
   EXPECT_TRUE(contains(two.out, "2 ranks (mpi), 4 sequences per rank")) << two.out;
   const Metrics a = read_metrics(dir / "one" / "metrics.jsonl");
@@ -382,10 +394,66 @@ TEST(Dist, TwoSimulatedHostsOverTcpMatchOneRank) {
   expect_close(b.val_loss, a.val_loss, 1e-5, "validation loss at evaluation");
   EXPECT_LT(weights_rel_diff(dir / "one" / "model.safetensors", dir / "two" / "model.safetensors"),
             1e-5);
-  // Every namespace and link the test bed made is gone.
-  const CliRun left = shell("(ip netns list; ip -brief link) | grep -cE '^ar[0-9]+(h|v|br)'");
-  EXPECT_EQ(left.out, "0\n") << shell("ip netns list; ip -brief link").out;
+  expect_bed_gone(two.out);
 }
+
+// Issue 21: a simulated host that dies (every process on it killed) or is cut off the network
+// (its link down: a partition) during a 2-host run. The job ends within 30 s, the watchdog names
+// the wait for a cut-off host, and the last checkpoint loads.
+class DistHostLoss : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DistHostLoss, EndsTheJobWithinThirtySecondsAndKeepsTheCheckpoint) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string bed =
+      (fs::path(ATTNRES_FIXTURE_DIR).parent_path().parent_path() / "tools" / "netns_hosts.sh")
+          .string();
+  const CliRun can = shell("bash " + bed + " check");
+  if (can.code != 0) GTEST_SKIP() << can.out;
+  const std::string how = GetParam();
+  TempDir td;
+  const fs::path dir = td.path, out = dir / "run", log = dir / "log";
+  const std::string data = write_corpus(dir);
+  // Inside the bed: the job in the background; at its first checkpoint, host 1 is lost; then
+  // the seconds until the job ended (or "hung").
+  std::ofstream(dir / "lose.sh")
+      << mpirun(2) << "$ATTNRES_MPI_NET --host $ATTNRES_HOSTS " << cli()
+      << train_args(data, out, 1000000, 8, 20) << " --save-every 20 --dist-timeout 5 > "
+      << log.string() << " 2>&1 &\n"
+      << "job=$!\n"
+      << "for i in $(seq 300); do [ -e " << (out / "latest").string()
+      << " ] && break; sleep 0.1; done\n"
+      << "sleep 0.5; t0=$(date +%s%N)\n"
+      << "bash " << bed << " " << how << " 1\n"
+      << "for i in $(seq 450); do kill -0 $job 2>/dev/null || break; sleep 0.1; done\n"
+      << "if kill -0 $job 2>/dev/null; then echo hung; kill -9 $job; fi\n"
+      << "echo ended after $(( ($(date +%s%N) - t0) / 1000000 )) ms\n"
+      << "echo bed $ATTNRES_NETNS_PREFIX\n";
+  const CliRun r = shell("bash " + bed + " run --hosts 2 -- bash " + (dir / "lose.sh").string());
+  const std::string job_log = attnres::testing::slurp(log);
+  ASSERT_FALSE(contains(r.out, "hung")) << r.out << job_log;
+  const size_t at = r.out.find("ended after ");
+  ASSERT_NE(at, std::string::npos) << r.out << job_log;
+  const double ms = std::atof(r.out.c_str() + at + 12);
+  std::printf("host %s: the job ended %.1f s after\n", how == "cut" ? "cut off" : "killed",
+              ms / 1000);
+  EXPECT_LT(ms, 30000) << job_log;
+  if (how == "cut") {
+    EXPECT_TRUE(contains(job_log,
+                         "for the other ranks: one of them died, hangs or cannot be "
+                         "reached"))
+        << job_log;
+  }
+  std::string latest;
+  std::ifstream(out / "latest") >> latest;
+  ASSERT_FALSE(latest.empty());
+  Metadata meta;
+  auto m = load_model((out / "checkpoints" / latest / "model.safetensors").string(), &meta);
+  EXPECT_GT(m->num_params(), 0);
+  expect_bed_gone(r.out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ways, DistHostLoss, ::testing::Values("kill", "cut"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // Data parallel on a device backend (cuda-host: the CUDA backend's code on host memory): the
 // gradients go through the device reducer, directly or staged through host buffers as on GPUs

@@ -4,10 +4,21 @@
 # with cores/N threads each. Each run's figure is tokens per step / its median step time; rounds
 # are interleaved and the table shows each layout's median round.
 # Usage: tools/dist_scaling.sh [ROUNDS] [OUT_DIR]
+#        tools/dist_scaling.sh net [ROUNDS] [OUT_DIR]    (root: simulated hosts, see below)
 # env: RANKS (default 2); EXTRA (more train options); QUIET=L waits before each round until the
 # 1-minute load average is below L (on a shared machine).
+#
+# `net`: the same kind of runs on simulated hosts (tools/netns_hosts.sh: one rank per network
+# namespace, TCP over veth links shaped to each of RATES), against the same ranks on one host
+# (shared memory), so that the difference is the network's: data parallel with the gradient sum
+# overlapped with the backward pass and after it, a pipeline with cached and naive block
+# communication, and pipeline x data parallel. env: RATES (default "10gbit 1gbit"), DATA (corpus).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ "${1:-}" == net ]]; then
+  shift
+  exec bash tools/dist_net_scaling.sh "$@"
+fi
 ROUNDS="${1:-3}"
 OUT="${2:-runs/dist_scaling}"
 RANKS="${RANKS:-2}"

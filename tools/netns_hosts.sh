@@ -15,6 +15,12 @@
 #       and removes every namespace, link and process it made on every exit path (also Ctrl-C).
 #   e.g. tools/netns_hosts.sh run --hosts 2 --rate 10gbit -- sh -c \
 #          'mpirun $ATTNRES_MPI_NET --host $ATTNRES_HOSTS -np 2 build/attnres train ...'
+#   COMMAND runs on host h0, the head node (mpirun starts its ranks there directly). Inside it:
+#   tools/netns_hosts.sh cut K    cuts host K off the network (its link down: a partition)
+#   tools/netns_hosts.sh kill K   kills every process on host K (a host that dies)
+# Every host's TCP gives up on an unanswered peer after about 13 s (net.ipv4.tcp_retries2 = 5,
+# Linux's default 15 waits about 15 minutes), and mpirun's daemons probe idle links every few
+# seconds (ATTNRES_MPI_NET's oob_tcp_keepalive settings): a cluster set up to notice a lost host.
 # No delay is added: this kernel has no netem (tc's delay); the links' own latency is a few us.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,8 +57,19 @@ free_subnet() {
 
 cmd=${1:-}
 shift || true
+host_arg() {
+  [[ -n "${ATTNRES_NETNS_PREFIX:-}" ]] || die "$cmd works inside a test bed's COMMAND only"
+  [[ "${1:-}" =~ ^[0-9]+$ ]] || die "$cmd needs a host number (0 = h0)"
+}
 case "$cmd" in
   check) can_run; exit $? ;;
+  cut)
+    host_arg "${1:-}"
+    exec ip -n "${ATTNRES_NETNS_PREFIX}root" link set "${ATTNRES_NETNS_PREFIX}v$1" down ;;
+  kill)
+    host_arg "${1:-}"
+    ip netns pids "${ATTNRES_NETNS_PREFIX}h$1" | xargs -r kill -9
+    exit 0 ;;
   run)
     # Everything below runs in a private mount namespace: the /run/netns mounts that `ip netns`
     # makes go with it, whatever way this script ends.
@@ -61,7 +78,7 @@ case "$cmd" in
       ATTNRES_NETNS_PRIVATE=1 exec unshare -m --propagation private bash "$SELF" run "$@"
     fi
     ;;
-  *) sed -n '2,19p' "$SELF" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n "2,24p" "$SELF" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 
 HOSTS=2 RATE=""
@@ -87,7 +104,7 @@ teardown() {
   set +e
   for ((h = 0; h < HOSTS; h++)); do
     local ns="${P}h$h"
-    if ip netns list | grep -qw "$ns"; then
+    if ip netns list 2>/dev/null | grep -qw "$ns"; then
       ip netns pids "$ns" | xargs -r kill -9 2>/dev/null
       ip netns del "$ns"
     fi
@@ -96,6 +113,7 @@ teardown() {
     ip link del "${P}v$h" 2>/dev/null
   done
   ip link del "${P}br" 2>/dev/null
+  ip netns del "${P}root" 2>/dev/null  # (the name only: this namespace lives on)
   rm -rf "$HOST_TMP"
 }
 trap teardown EXIT
@@ -108,6 +126,7 @@ shape() {  # device [netns]: tbf at RATE on the device's egress
   "${run[@]}" tc qdisc add dev "$1" root tbf rate "$RATE" burst 1mb latency 50ms
 }
 
+ip netns attach "${P}root" $$  # a name for this (the root) namespace, for `cut` from a host
 ip link add "${P}br" type bridge
 ip addr add "10.77.$NET.254/24" dev "${P}br"
 ip link set "${P}br" up
@@ -120,6 +139,7 @@ for ((h = 0; h < HOSTS; h++)); do
   ip -n "$ns" addr add "10.77.$NET.$((h + 1))/24" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
+  ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2=5
   shape "${P}v$h"        # into the host
   shape eth0 "$ns"       # out of it
   addrs+=("10.77.$NET.$((h + 1))")
@@ -130,8 +150,9 @@ export ATTNRES_NETNS_PREFIX="$P" ATTNRES_NETNS_TMP="$HOST_TMP"
 export ATTNRES_HOSTS
 ATTNRES_HOSTS=$(IFS=,; echo "${addrs[*]}")
 export ATTNRES_MPI_NET="--mca plm_rsh_agent $ROOT/tools/netns_agent.sh --mca btl tcp,self \
---mca btl_tcp_if_include 10.77.$NET.0/24 --mca oob_tcp_if_include 10.77.$NET.0/24"
+--mca btl_tcp_if_include 10.77.$NET.0/24 --mca oob_tcp_if_include 10.77.$NET.0/24 \
+--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3"
 set +e
-"$@"
+ip netns exec "${P}h0" "$@"
 rc=$?
 exit $rc

@@ -248,11 +248,17 @@ class MpiCommunicator final : public Communicator {
       std::fflush(stdout);
       std::fprintf(stderr,
                    "\nerror: rank %d of %d waited %.0f s in MPI %s for the other ranks: one of "
-                   "them died or hangs. Aborting the job; the last complete checkpoint is intact "
+                   "them died, hangs or cannot be reached (its host down or the network to it "
+                   "cut). Aborting the job; the last complete checkpoint is intact "
                    "(resume with --resume). If a rank legitimately needs longer between steps "
                    "(slow checkpoint writes, large evaluations), raise --dist-timeout.\n",
                    rank_, size_, waited, op_name_.load());
       std::fflush(stderr);
+      // (MPI_Abort may wait for a launcher it cannot reach: the process ends within 20 s anyway)
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::seconds(20));
+        std::_Exit(1);
+      }).detach();
       if (thread_level_ >= MPI_THREAD_MULTIPLE) MPI_Abort(MPI_COMM_WORLD, 1);
       std::_Exit(1);
     }

@@ -1097,11 +1097,14 @@ class Trainer {
     si.eta_s = per_step * static_cast<double>(cfg_.steps - step - 1);
     if (root_ && ev_.on_step) ev_.on_step(si);
     if ((step + 1) % cfg_.log_every == 0 || last) {
+      // (null until a step of this call was timed: the first one's time holds the warm-up, a
+      // stopped one's the stop; readers such as compare took it for the speed, 26th pass)
       log_json({{"step", step + 1},
                 {"loss", o.loss},
                 {"lr", lr},
                 {"grad_norm", o.grad_norm},
-                {"tokens_per_s", si.tokens_per_s},
+                {"tokens_per_s",
+                 timed_steps_ > 0 ? nlohmann::json(si.tokens_per_s) : nlohmann::json(nullptr)},
                 {"elapsed_s", si.elapsed_s},
                 {"tokens", (step + 1) * tokens_per_step_}});
     }
