@@ -45,7 +45,7 @@ run_one() {  # where (shm|RATE), name, ranks, options
   local where=$1 name=$2 ranks=$3 opts=$4 dir="$OUT/$1_$2"
   rm -rf "$dir"
   if [[ $where == shm ]]; then
-    mpirun -np "$ranks" --oversubscribe --bind-to none $B $opts --out "$dir" > "$dir.log" 2>&1 || true
+    mpirun -np "$ranks" --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 $B $opts --out "$dir" > "$dir.log" 2>&1 || true
   else
     bash tools/netns_hosts.sh run --hosts "$ranks" --rate "$where" -- sh -c \
       "mpirun -np $ranks --oversubscribe --bind-to none \$ATTNRES_MPI_NET --host \$ATTNRES_HOSTS $B $opts --out $dir" \
