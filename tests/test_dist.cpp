@@ -630,6 +630,48 @@ TEST(Dist, Zero1ReduceScattersInBuckets) {
             1e-5);
 }
 
+// 27th hostile pass: the gradient bucket size decides the order of the sums on 3 or more ranks
+// (and the collectives every rank calls): ranks started with other sizes (or one overlapping,
+// one not) are refused like other differing options (they crashed inside MPI or corrupted the
+// heap), and a plain --resume continues with the run's recorded size (it took the default and
+// differed from the uninterrupted run without a word); another size given is noted.
+TEST(Dist, GradientBucketsAreComparedRecordedAndResumed) {
+  SKIP_WITHOUT_MPIRUN();
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = write_corpus(dir);
+  for (const char* other :
+       {"--grad-bucket-mib 0.02", "--grad-bucket-mib 0.01 --grad-overlap false"}) {
+    const std::string base = cli() + train_args(data, dir / "mix", 2);
+    const CliRun r = shell("exec " + find_mpirun() + " --oversubscribe --allow-run-as-root -np 1 " +
+                           base + " --grad-bucket-mib 0.01 : -np 1 " + base + " " + other);
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_TRUE(contains(r.out, "the training options of rank(s) 1 differ from rank 0's"))
+        << other << "\n"
+        << r.out;
+  }
+  const std::string run = train_args(data, dir / "r", 6, 12) +
+                          " --grad-bucket-mib 0.01 --save-every 3 --keep-checkpoints 3";
+  const CliRun whole = shell(mpirun(3) + cli() + run);
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  using attnres::testing::slurp;
+  const std::string uninterrupted = slurp(dir / "r" / "model.safetensors");
+  std::ofstream(dir / "r" / "latest") << "step_00000003\n";
+  fs::remove(dir / "r" / "model.safetensors");
+  const std::string resume = "train --resume --sample-tokens 0 --out " + (dir / "r").string();
+  const CliRun plain = shell(mpirun(3) + cli() + resume);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_FALSE(contains(plain.out, "note: the run trained as")) << plain.out;
+  EXPECT_TRUE(slurp(dir / "r" / "model.safetensors") == uninterrupted);
+  std::ofstream(dir / "r" / "latest") << "step_00000003\n";
+  const CliRun other = shell(mpirun(3) + cli() + resume + " --grad-bucket-mib 16");
+  ASSERT_EQ(other.code, 0) << other.out;
+  EXPECT_TRUE(contains(other.out, "gradient buckets of 0.009998321533 MiB and continues as"))
+      << other.out;
+  EXPECT_TRUE(contains(other.out, "--grad-bucket-mib 0.009998321533 continues it exactly"))
+      << other.out;
+}
+
 // Eighteenth hostile pass: at each save of a --zero1 run, rank 0 gathers the whole AdamW state,
 // which the rehearsal before an --overwrite's claim did not cover: under a memory limit that fit
 // the training, the old run was deleted and the first save ran out of memory (both lost). Under

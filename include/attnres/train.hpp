@@ -87,6 +87,10 @@ struct TrainConfig {
   // backward pass has finished it, while the pass goes on (false: after it). Bit-identical either
   // way; a runtime choice, not saved.
   bool grad_overlap = true;
+  // Values per gradient bucket of the sums over the ranks (--grad-bucket-mib). On 3 or more
+  // ranks the order in which MPI adds the ranks' values may depend on it: recorded in "parallel"
+  // beside zero1, adopted by a resume that does not give it, and compared by every rank.
+  int64_t grad_bucket_elems = int64_t{1} << 22;  // 16 MiB of floats
   // Pipeline parallelism (SPEC 5; attnres/pipeline.hpp), also runtime choices: the `pipeline`
   // ranks (all of them) each run `virtual_stages` stages of the model; each step's grad_accum
   // micro-batches of batch_size sequences flow through them in a 1F1B order, the block

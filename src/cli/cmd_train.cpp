@@ -167,7 +167,6 @@ void run_train(TrainArgs& a, const DistArgs& d) {
   a.finalize();
   std::unique_ptr<dist::Communicator> comm = dist::init_world();
   comm->set_timeout(d.timeout_s);
-  comm->set_bucket_elems(std::max<int64_t>(16, std::llround(d.bucket_mib * (1 << 20) / 4)));
   set_rank_threads(*comm);
   if (comm->size() == 1) {
     train_ranks(a, *comm);
@@ -299,6 +298,10 @@ void add_train(CLI::App& app) {
       g.virtual_stages = s->count("--virtual-stages") > 0;
       g.pipeline_comm = s->count("--pipeline-comm") > 0;
       g.zero1 = s->count("--zero1") > 0;
+      g.grad_bucket = s->count("--grad-bucket-mib") > 0;
+    }
+    if (s->count("--grad-bucket-mib") > 0) {
+      a->cfg.grad_bucket_elems = std::max<int64_t>(16, std::llround(d->bucket_mib * (1 << 20) / 4));
     }
     if (!a->cfg.resume && !a->cfg.init_from.empty()) apply_init_from_defaults(*s, *a);
     // Options that do nothing in this run are refused (taken without a word, they mislead).

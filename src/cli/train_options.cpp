@@ -259,6 +259,7 @@ void adopt_saved_layout(TrainArgs& a, int64_t ranks) {
   if (!g.virtual_stages) c.virtual_stages = saved->virtual_stages;
   if (!g.pipeline_comm) c.pipeline_comm = saved->pipeline_comm;
   if (!g.zero1) c.zero1 = saved->zero1;
+  if (!g.grad_bucket) c.grad_bucket_elems = saved->grad_bucket_elems;
   if (c.pipeline <= 1) {  // (--pipeline 1 given: the pipeline's own settings go with it)
     if (!g.virtual_stages) c.virtual_stages = 1;
     if (!g.pipeline_comm) c.pipeline_comm = "cached";

@@ -22,7 +22,8 @@ struct TrainArgs {
   // On --resume, which of --pipeline, --virtual-stages, --pipeline-comm and --zero1 were given
   // (the others are the run's recorded ones where the rank count is the same: adopt_saved_layout).
   struct LayoutGiven {
-    bool pipeline = false, virtual_stages = false, pipeline_comm = false, zero1 = false;
+    bool pipeline = false, virtual_stages = false, pipeline_comm = false, zero1 = false,
+         grad_bucket = false;
   } layout_given;
   // Applies the flags that are not TrainConfig fields (call before using cfg).
   void finalize();

@@ -12,6 +12,8 @@ void TrainConfig::validate() const {
   auto need = [](bool ok, const std::string& m) { check(ok, "invalid training setting: " + m); };
   need(bpe_vocab >= 64 && bpe_vocab <= 1000000, "--vocab-size must be in [64, 1000000]");
   need(val_fraction > 0 && val_fraction < 1, "--val-fraction must be in (0, 1)");
+  need(grad_bucket_elems >= 16 && grad_bucket_elems <= (int64_t{1} << 31),
+       "--grad-bucket-mib must be in (0, 8192]");
   need(tokenizer_model.empty() || tokenizer == TokenizerKind::bpe,
        "--tokenizer-model (a SentencePiece model, also taken from an --init-from checkpoint) "
        "reads text as BPE pieces: drop --tokenizer byte");
@@ -121,7 +123,8 @@ std::string TrainConfig::to_json() const {
                      {"pipeline", pipeline},
                      {"virtual_stages", virtual_stages},
                      {"pipeline_comm", pipeline_comm},
-                     {"zero1", zero1}};
+                     {"zero1", zero1},
+                     {"grad_bucket_elems", grad_bucket_elems}};
     if (threads > 0) j["parallel"]["threads"] = threads;
   }
   return j.dump(2);
@@ -203,9 +206,11 @@ TrainConfig TrainConfig::from_json(const std::string& text) {
       get_pa("virtual_stages", c.virtual_stages);
       get_pa("pipeline_comm", c.pipeline_comm);
       get_pa("zero1", c.zero1);
-      get_pa("threads", c.threads);  // (absent: an earlier version's record)
+      get_pa("threads", c.threads);                      // (absent: an earlier version's record)
+      get_pa("grad_bucket_elems", c.grad_bucket_elems);  // (absent: 16 MiB, as they ran)
       // (a damaged record is the file's fault, not an option's: said so, naming the field)
       check(c.ranks >= 1 && c.pipeline >= 1 && c.virtual_stages >= 1 && c.threads >= 0 &&
+                c.grad_bucket_elems >= 16 && c.grad_bucket_elems <= (int64_t{1} << 31) &&
                 (c.pipeline_comm == "cached" || c.pipeline_comm == "naive"),
             "training config: 'parallel' records ranks " + std::to_string(c.ranks) + ", pipeline " +
                 std::to_string(c.pipeline) + ", virtual_stages " +

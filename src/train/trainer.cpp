@@ -306,6 +306,7 @@ class Trainer {
       // Runtime choices, not part of the saved run (the saved layout: note_layout_change).
       saved_layout_ = layout_of(cfg_, cfg_.ranks);
       cfg_.zero1 = in_.zero1;
+      cfg_.grad_bucket_elems = in_.grad_bucket_elems;
       cfg_.pipeline = in_.pipeline;
       cfg_.virtual_stages = in_.virtual_stages;
       cfg_.pipeline_comm = in_.pipeline_comm;
@@ -333,6 +334,7 @@ class Trainer {
     cfg_.threads = omp_get_max_threads();
     cfg_.schedule.total_steps = cfg_.steps;
     cfg_.validate();
+    comm_.set_bucket_elems(cfg_.grad_bucket_elems);  // (compared across the ranks below)
     piped_ = cfg_.pipeline > 1;
     const std::string r = std::to_string(ranks_), b = std::to_string(cfg_.batch_size);
     check(!piped_ || ranks_ % cfg_.pipeline == 0,
@@ -352,7 +354,8 @@ class Trainer {
               std::to_string((cfg_.batch_size / replicas_ + 1) * replicas_) +
               ") or another rank count");
     comm_.require_same(
-        fnv1a64(cfg_.to_json() + (zero1_ ? "+zero1" : "") + "+pipeline" +
+        fnv1a64(cfg_.to_json() + (zero1_ ? "+zero1" : "") + (cfg_.grad_overlap ? "+overlap" : "") +
+                "+bucket" + std::to_string(cfg_.grad_bucket_elems) + "+pipeline" +
                 std::to_string(cfg_.pipeline) + "x" + std::to_string(cfg_.virtual_stages) +
                 cfg_.pipeline_comm + "+device" + to_string(cfg_.device) + "+precision" +
                 to_string(cfg_.precision)),
@@ -680,14 +683,25 @@ class Trainer {
     std::string comm = "cached";
     bool zero1 = false;
     int64_t threads = 0;  // 0: not recorded
+    int64_t bucket = int64_t{1} << 22;
+    // (on 2 ranks every sum is a + b, whatever the buckets and collectives; on 3 or more MPI may
+    // add in another order in other buckets, or in a reduce-scatter: 27th hostile pass)
     bool same_sums(const Layout& o) const {
       return ranks == o.ranks && pipeline == o.pipeline && virtual_stages == o.virtual_stages &&
              (pipeline == 1 || comm == o.comm) &&
-             (threads == 0 || o.threads == 0 || threads == o.threads);
+             (threads == 0 || o.threads == 0 || threads == o.threads) &&
+             (ranks <= 2 || (bucket == o.bucket && zero1 == o.zero1));
     }
   };
   static Layout layout_of(const TrainConfig& c, int64_t ranks) {
-    return {ranks, c.pipeline, c.virtual_stages, c.pipeline_comm, c.zero1, c.threads};
+    return {ranks,   c.pipeline, c.virtual_stages,   c.pipeline_comm,
+            c.zero1, c.threads,  c.grad_bucket_elems};
+  }
+  // "0.01" for --grad-bucket-mib (enough digits to give the same bucket back).
+  static std::string bucket_mib_text(int64_t elems) {
+    char b[40];
+    std::snprintf(b, sizeof b, "%.10g", static_cast<double>(elems) * 4.0 / (1 << 20));
+    return b;
   }
 
   // In words: "a pipeline of 2 ranks x 2 virtual stages (naive)", "data-parallel on 4 ranks".
@@ -707,7 +721,9 @@ class Trainer {
         l.threads > 0 ? " of " + std::to_string(l.threads) +
                             (l.threads == 1 ? std::string(" thread") : std::string(" threads"))
                       : std::string();
-    return l.ranks == 1 ? "1 process" + t : "data-parallel on " + r + " ranks" + t;
+    return l.ranks == 1 ? "1 process" + t
+                        : "data-parallel on " + r + " ranks" + t + (l.zero1 ? ", ZeRO-1" : "") +
+                              ", gradient buckets of " + bucket_mib_text(l.bucket) + " MiB";
   }
 
   // The command that continues a run of layout l as it ran.
@@ -720,6 +736,7 @@ class Trainer {
     if (l.virtual_stages > 1) how += " --virtual-stages " + std::to_string(l.virtual_stages);
     if (l.pipeline > 1 && l.comm != "cached") how += " --pipeline-comm " + l.comm;
     if (l.zero1) how += " --zero1";
+    if (l.bucket != (int64_t{1} << 22)) how += " --grad-bucket-mib " + bucket_mib_text(l.bucket);
     return how;
   }
 
@@ -733,7 +750,8 @@ class Trainer {
       return;
     }
     if (saved_layout_.same_sums(now)) {
-      record_pending_ = record_pending_ || saved_layout_.zero1 != now.zero1;
+      record_pending_ =
+          record_pending_ || saved_layout_.zero1 != now.zero1 || saved_layout_.bucket != now.bucket;
       return;
     }
     msg("note: the run trained as " + layout_words(saved_layout_) + " and continues as " +
