@@ -355,6 +355,12 @@ TEST(Dist, OverlappedGradientSumIsBitIdenticalToSummingAfterTheBackward) {
             1e-5);
 }
 
+// The simulated-hosts test bed, tools/netns_hosts.sh.
+std::string bed_path() {
+  return (fs::path(ATTNRES_FIXTURE_DIR).parent_path().parent_path() / "tools" / "netns_hosts.sh")
+      .string();
+}
+
 // Every namespace and link the test bed whose command printed "bed <prefix>" made is gone
 // (other tests' beds may run meanwhile).
 void expect_bed_gone(const std::string& out) {
@@ -371,9 +377,7 @@ void expect_bed_gone(const std::string& out) {
 // weights (to summation order).
 TEST(Dist, TwoSimulatedHostsOverTcpMatchOneRank) {
   SKIP_WITHOUT_MPIRUN();
-  const std::string bed =
-      (fs::path(ATTNRES_FIXTURE_DIR).parent_path().parent_path() / "tools" / "netns_hosts.sh")
-          .string();
+  const std::string bed = bed_path();
   const CliRun can = shell("bash " + bed + " check");
   if (can.code != 0) GTEST_SKIP() << can.out;
   TempDir td;
@@ -404,9 +408,7 @@ class DistHostLoss : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DistHostLoss, EndsTheJobWithinThirtySecondsAndKeepsTheCheckpoint) {
   SKIP_WITHOUT_MPIRUN();
-  const std::string bed =
-      (fs::path(ATTNRES_FIXTURE_DIR).parent_path().parent_path() / "tools" / "netns_hosts.sh")
-          .string();
+  const std::string bed = bed_path();
   const CliRun can = shell("bash " + bed + " check");
   if (can.code != 0) GTEST_SKIP() << can.out;
   const std::string how = GetParam();
@@ -453,7 +455,7 @@ TEST_P(DistHostLoss, EndsTheJobWithinThirtySecondsAndKeepsTheCheckpoint) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ways, DistHostLoss, ::testing::Values("kill", "cut"),
-                         [](const auto& info) { return std::string(info.param); });
+                         [](const auto& way) { return std::string(way.param); });
 
 // Data parallel on a device backend (cuda-host: the CUDA backend's code on host memory): the
 // gradients go through the device reducer, directly or staged through host buffers as on GPUs

@@ -38,9 +38,9 @@ Rows rows_of(const StepContext& c) {
 // is the mean of the replicas' micro means (a pipeline's loss comes from its last stage alone).
 int64_t parts_of(const StepContext& c) { return c.cfg.grad_accum * replicas_of(c); }
 
-// Data parallel on the host: the gradient sum may overlap the backward (train/grad_buckets.hpp).
 bool overlaps(const StepContext& c) {
-  return c.cfg.grad_overlap && c.comm.size() > 1 && !c.pipeline && c.model.on_cpu();
+  return sums_during_backward(c.cfg.grad_overlap, c.comm.size(), c.pipeline != nullptr,
+                              c.model.on_cpu());
 }
 
 // ZeRO-1: rank r's shard is [bounds[r], bounds[r + 1]) of the flat parameters; else empty.
@@ -145,7 +145,8 @@ class HostStep : public StepRunner {
     const int64_t ranks = c_.comm.size(), n = c_.model.layout().total();
     if (ranks == 1) return be.sum_squares(g, n);
     std::vector<double> part(static_cast<size_t>(ranks), 0.0);
-    auto bound = [&](int64_t r) { return shards_.empty() ? n * r / ranks : shards_[size_t(r)]; };
+    const std::vector<int64_t> bounds = shards_.empty() ? shard_bounds(n, ranks) : shards_;
+    auto bound = [&](int64_t r) { return bounds[static_cast<size_t>(r)]; };
     const bool mine_only = !shards_.empty() && !whole;
     for (int64_t r = 0; r < ranks; r++) {
       if (mine_only && r != c_.comm.rank()) continue;
@@ -251,6 +252,16 @@ class DeviceStepRunner : public StepRunner {
 };
 
 }  // namespace
+
+std::vector<int64_t> shard_bounds(int64_t n, int64_t ranks) {
+  std::vector<int64_t> b(static_cast<size_t>(ranks + 1));
+  for (int64_t r = 0; r <= ranks; r++) b[static_cast<size_t>(r)] = n * r / ranks;
+  return b;
+}
+
+bool sums_during_backward(bool grad_overlap, int64_t ranks, bool piped, bool on_cpu) {
+  return grad_overlap && ranks > 1 && !piped && on_cpu;
+}
 
 std::unique_ptr<StepRunner> make_step_runner(const StepContext& ctx) {
   // (a test's loss_hook needs the loss on the host before the update: it keeps the host's step)

@@ -69,6 +69,13 @@ class StepRunner {
   virtual Graphs graphs() const { return {}; }
 };
 
+// ZeRO-1's shards of n flat parameters over `ranks`: rank r owns [bounds[r], bounds[r + 1]).
+std::vector<int64_t> shard_bounds(int64_t n, int64_t ranks);
+
+// Whether data parallel sums the gradients during the backward pass (train/grad_buckets.hpp):
+// asked for, several ranks, no pipeline, the model on the host.
+bool sums_during_backward(bool grad_overlap, int64_t ranks, bool piped, bool on_cpu);
+
 // The pipeline runner when ctx.pipeline is set; else the device runner on a device backend, unless
 // ZeRO-1 or a loss hook needs the host's; else the host runner. Says (through ctx.message) when
 // --cuda-graphs cannot be used.

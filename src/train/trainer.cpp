@@ -142,13 +142,6 @@ uint64_t replica_hash(const Model& model, AdamW& opt) {
   return fnv1a64(bytes(opt.v().data(), n), h);
 }
 
-// ZeRO-1: rank r owns the flat parameter range [bounds[r], bounds[r + 1]).
-std::vector<int64_t> shard_bounds(int64_t n, int64_t ranks) {
-  std::vector<int64_t> b(static_cast<size_t>(ranks + 1));
-  for (int64_t r = 0; r <= ranks; r++) b[static_cast<size_t>(r)] = n * r / ranks;
-  return b;
-}
-
 // Rank 0 prepares the data (trains the tokenizer, writes the token cache); the others wait, then
 // prepare_data reuses what rank 0 wrote. An error on rank 0 is raised on every rank.
 PreparedData prepare_data_once(const DataOptions& dopt, dist::Communicator& comm) {
@@ -879,7 +872,7 @@ class Trainer {
     const int64_t elems = comm_.bucket_elems(), n = model_->layout().total();
     char mib[32];
     std::snprintf(mib, sizeof mib, "%.3g", static_cast<double>(elems) * 4.0 / (1 << 20));
-    const bool overlap = cfg_.grad_overlap && model_->on_cpu();
+    const bool overlap = sums_during_backward(cfg_.grad_overlap, ranks_, piped_, model_->on_cpu());
     return ", gradients summed in " + std::to_string((n + elems - 1) / elems) + " bucket(s) of " +
            mib + " MiB " + (overlap ? "during" : "after") + " the backward pass";
   }
