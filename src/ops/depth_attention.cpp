@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -68,14 +69,68 @@ inline float softmax_inplace(float* w, int64_t n) {
   return mx + std::log(z);
 }
 
-// y (n) = a v (first) or y += a v.
-inline void accumulate(float* y, float a, const float* v, int64_t n, bool first) {
-  if (first) {  // NOLINT(bugprone-branch-clone): clang-tidy 14 compares the pragmas only
-#pragma omp simd
-    for (int64_t c = 0; c < n; c++) y[c] = a * v[c];
-  } else {
-#pragma omp simd
-    for (int64_t c = 0; c < n; c++) y[c] += a * v[c];
+// out_k (dh) = sum_i w_k[i] v_i for KB outputs at once: each source's slice is loaded once for all
+// KB outputs, and the sums stay in registers over the sources (64 floats at a time: 4 KB vector
+// accumulators). Adding a_i v_i into the output row source after source loaded and stored that
+// row once per source: a third of the two-phase forward's time at d 128. off: the slice's offset
+// in every source (n d + h dh). Summation order: sources in order, as before.
+template <int KB>
+[[gnu::always_inline]] inline void mix_slices(float* const* out, const float* const* w,
+                                              const DepthSource* src, int64_t S, int64_t off,
+                                              int64_t dh) {
+  using simd::f16v;
+  using simd::load;
+  int64_t c = 0;
+  for (; c + 64 <= dh; c += 64) {
+    f16v acc[KB][4] = {};
+    for (int64_t i = 0; i < S; i++) {
+      const float* v = src[i].v + off + c;
+      const f16v v0 = load(v), v1 = load(v + 16), v2 = load(v + 32), v3 = load(v + 48);
+      for (int k = 0; k < KB; k++) {
+        const float a = w[k][i];
+        acc[k][0] += a * v0;
+        acc[k][1] += a * v1;
+        acc[k][2] += a * v2;
+        acc[k][3] += a * v3;
+      }
+    }
+    for (int k = 0; k < KB; k++) std::memcpy(out[k] + c, acc[k], sizeof acc[k]);
+  }
+  for (; c + 16 <= dh; c += 16) {
+    f16v acc[KB] = {};
+    for (int64_t i = 0; i < S; i++) {
+      const f16v v0 = load(src[i].v + off + c);
+      for (int k = 0; k < KB; k++) acc[k] += w[k][i] * v0;
+    }
+    for (int k = 0; k < KB; k++) std::memcpy(out[k] + c, &acc[k], sizeof acc[k]);
+  }
+  for (; c < dh; c++) {
+    for (int k = 0; k < KB; k++) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < S; i++) acc += w[k][i] * src[i].v[off + c];
+      out[k][c] = acc;
+    }
+  }
+}
+
+// mix_slices for any count K of outputs, in groups of up to four.
+inline void mix_slices_any(float* const* out, const float* const* w, int64_t K,
+                           const DepthSource* src, int64_t S, int64_t off, int64_t dh) {
+  for (int64_t k = 0; k < K; k += 4) {
+    switch (std::min<int64_t>(K - k, 4)) {
+      case 1:
+        mix_slices<1>(out + k, w + k, src, S, off, dh);
+        break;
+      case 2:
+        mix_slices<2>(out + k, w + k, src, S, off, dh);
+        break;
+      case 3:
+        mix_slices<3>(out + k, w + k, src, S, off, dh);
+        break;
+      default:
+        mix_slices<4>(out + k, w + k, src, S, off, dh);
+        break;
+    }
   }
 }
 
@@ -177,14 +232,13 @@ void depth_mix_forward(float* x, float* lse, const DepthSource* src, int64_t S, 
           for (int64_t i = 0; i < S; i++) w[i] = sigmoid(w[i]);
         }
       }
-      // Pass 2: the weighted sums, again source by source; the tile's rows of x stay in cache.
-      for (int64_t i = 0; i < S; i++) {
-        for (int64_t r = 0; r < nb; r++) {
-          const int64_t n = n0 + r;
-          for (int64_t h = 0; h < H; h++) {
-            accumulate(x + n * d + h * dh, a[(r * H + h) * S + i], src[i].v + n * d + h * dh, dh,
-                       i == 0);
-          }
+      // Pass 2: the weighted sums, row by row from the tile's rows still in cache.
+      for (int64_t r = 0; r < nb; r++) {
+        const int64_t n = n0 + r;
+        for (int64_t h = 0; h < H; h++) {
+          float* out = x + n * d + h * dh;
+          const float* w = a + (r * H + h) * S;
+          mix_slices<1>(&out, &w, src, S, n * d + h * dh, dh);
         }
       }
     }
@@ -411,6 +465,10 @@ void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src
   const int64_t tiles = (N + TB - 1) / TB;
   const int nthr = omp_get_max_threads();
   std::vector<float> scratch(static_cast<size_t>(nthr * K * TB * H * S));  // outside the region
+  std::vector<std::vector<float*>> outs(static_cast<size_t>(nthr),
+                                        std::vector<float*>(static_cast<size_t>(K)));
+  std::vector<std::vector<const float*>> ws(static_cast<size_t>(nthr),
+                                            std::vector<const float*>(static_cast<size_t>(K)));
 #pragma omp parallel num_threads(nthr) if (N > kSerialRows)
   {
     float* a =
@@ -432,15 +490,17 @@ void depth_mix_phase1(float* const* o, float* const* lse, const DepthSource* src
         for (int64_t rh = 0; rh < nb * H; rh++)
           lse[k][n0 * H + rh] = softmax_inplace(a + (k * TB * H + rh) * S, S);
       }
-      for (int64_t k = 0; k < K; k++) {
-        for (int64_t i = 0; i < S; i++) {
-          for (int64_t r = 0; r < nb; r++) {
-            const int64_t n = n0 + r;
-            for (int64_t h = 0; h < H; h++) {
-              accumulate(o[k] + n * d + h * dh, a[((k * TB + r) * H + h) * S + i],
-                         src[i].v + n * d + h * dh, dh, i == 0);
-            }
+      // The K weighted sums of each row at once, from the tile's rows still in cache.
+      std::vector<float*>& out = outs[static_cast<size_t>(omp_get_thread_num())];
+      std::vector<const float*>& w = ws[static_cast<size_t>(omp_get_thread_num())];
+      for (int64_t r = 0; r < nb; r++) {
+        const int64_t n = n0 + r;
+        for (int64_t h = 0; h < H; h++) {
+          for (int64_t k = 0; k < K; k++) {
+            out[static_cast<size_t>(k)] = o[k] + n * d + h * dh;
+            w[static_cast<size_t>(k)] = a + ((k * TB + r) * H + h) * S;
           }
+          mix_slices_any(out.data(), w.data(), K, src, S, n * d + h * dh, dh);
         }
       }
     }
