@@ -1000,6 +1000,47 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
   EXPECT_EQ(started->config().residual.block_size, 4) << "a new run's block size";
 }
 
+// Twenty-eighth pass: a held-out share is a fraction of tokens, and two tokenizers cut the same
+// text at different bytes. A fine-tune of a model trained on this corpus, given another tokenizer
+// of the same size, validated (train and eval) on text the initial weights had trained on.
+TEST(Cli, AShareHeldOutUnderAnotherTokenizerIsNotTrusted) {
+  TempDir td;
+  const fs::path dir = td.path;
+  const std::string data = corpus(dir);
+  const fs::path other = dir / "other.txt";
+  {
+    std::ofstream f(other);
+    for (int i = 0; i < 400; i++) {
+      f << "entry " << i % 13 << " of the ledger: seven silver swans sang softly at " << i % 11
+        << " past noon.\n";
+    }
+  }
+  const std::string bpe = std::string(kTinyModel) + " --steps 2 --tokenizer bpe --vocab-size 300";
+  const fs::path anc = dir / "anc", tok2 = dir / "tok2";
+  ASSERT_EQ(run("train --data " + data + bpe + " --out " + anc.string()).code, 0);
+  ASSERT_EQ(run("train --data " + other.string() + bpe + " --out " + tok2.string()).code, 0);
+  const std::string from = " --steps 2 --init-from " + (anc / "model.safetensors").string();
+  CliRun r = run("train --data " + data + from + " --tokenizer-model " +
+                 (tok2 / "tokenizer.model").string() + " --out " + (dir / "ft").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "trained on this corpus with another tokenizer")) << r.out;
+  r = run("train --data " + data + from + " --tokenizer-model " +
+          (anc / "tokenizer.model").string() + " --out " + (dir / "same").string());
+  EXPECT_EQ(r.code, 0) << r.out;  // (their tokenizer: their share is this run's)
+  const fs::path ft2 = dir / "ft2";
+  r = run("train --data " + other.string() + from + " --tokenizer-model " +
+          (tok2 / "tokenizer.model").string() + " --out " + ft2.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string model = (ft2 / "model.safetensors").string();
+  r = run("eval " + model + " --data " + data + " --batches 1");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "trained on this text with another tokenizer")) << r.out;
+  r = run("eval " + model + " --data " + data + " --batches 1 --split all");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("eval " + model + " --batches 1");  // (its own corpus and tokenizer)
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
 // Nineteenth pass: a run trained on one thread, stopped and continued with the command it
 // printed (then on all cores) ended with qtext weights, without a word. The thread count is
 // part of the recorded layout: the command names it, and a resume on another count says so.

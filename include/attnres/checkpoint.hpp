@@ -75,17 +75,26 @@ inline constexpr const char* kValFractionKey = "val_fraction";
 // Metadata key of the corpora the model's initial weights had trained on: its --init-from model's
 // corpus and that model's own ancestors (a fine-tune of a model trained on X holds what X's
 // model learned; it recorded only its own corpus: 24th hostile pass). A JSON array of
-// {"corpus_fnv1a64": hex, "val_fraction": x}; export-hf and import-hf carry it, and the keys above.
+// {"corpus_fnv1a64": hex, "val_fraction": x, "tokenizer_fnv1a64": hex}; export-hf and import-hf
+// carry it, and the keys above.
 inline constexpr const char* kAncestryKey = "trained_before";
 
-// A corpus a model's weights trained on (hex FNV-1a 64 of its text) and the share of it held out.
+// A corpus a model's weights trained on (hex FNV-1a 64 of its text), the share of it held out, and
+// the tokenizer that share was counted in ("": not recorded, by older builds).
 struct TrainedOn {
   std::string fingerprint;
   double val_fraction = 0;
+  std::string tokenizer;
 };
-// Every corpus a model's metadata records: its own (kCorpusHashKey, kValFractionKey) and its
-// ancestors' (kAncestryKey). Entries that do not parse (or a share outside (0, 1)) are skipped.
+// Every corpus a model's metadata records: its own (kCorpusHashKey, kValFractionKey,
+// kTokenizerHashKey) and its ancestors' (kAncestryKey). Entries that do not parse (or a share
+// outside (0, 1)) are skipped.
 std::vector<TrainedOn> trained_on(const Metadata& meta);
+// Whether t's held-out share says which text a split of the same corpus tokenised by `tokenizer`
+// (its fingerprint) holds out. A share is a fraction of tokens, and two tokenizers cut the same
+// text at different bytes: t's tokenizer must be this one (28th hostile pass: a fine-tune with
+// another tokenizer validated on text its initial weights trained on). Unrecorded: assumed.
+bool share_counts_alike(const TrainedOn& t, const std::string& tokenizer);
 // The kAncestryKey value for a model whose weights start from a model with metadata `from`: every
 // corpus `from` records; "" when it records none.
 std::string ancestry_from(const Metadata& from);

@@ -93,7 +93,8 @@ std::string fraction_text(double f) {
 std::vector<TrainedOn> corpora_of(const std::optional<TrainConfig>& run, const Metadata& meta) {
   std::vector<TrainedOn> all = trained_on(meta);
   if (run && !run->corpus_fingerprint.empty() && run->val_fraction > 0) {
-    all.insert(all.begin(), {run->corpus_fingerprint, run->val_fraction});
+    all.insert(all.begin(),
+               {run->corpus_fingerprint, run->val_fraction, run->tokenizer_fingerprint});
   }
   return all;
 }
@@ -141,11 +142,21 @@ void run_eval(const EvalArgs& a) {
   // The smallest share held out of this text where the weights trained on it (by path: the run's
   // corpus; by text: any corpus they trained on); -1 when they never did.
   double held_out = by_path && run->val_fraction > 0 ? run->val_fraction : -1;
+  // A share counted in another tokenizer's tokens says nothing of this split (28th hostile pass).
+  const auto tk = meta.find(kTokenizerHashKey);
+  const std::string model_tok = tk == meta.end() ? std::string() : tk->second;
+  std::string other_tok;
   for (const TrainedOn& t : corpora_of(run, meta)) {
-    if (t.fingerprint == fingerprint && (held_out < 0 || t.val_fraction < held_out)) {
-      held_out = t.val_fraction;
-    }
+    if (t.fingerprint != fingerprint) continue;
+    if (!model_tok.empty() && !share_counts_alike(t, model_tok)) other_tok = t.tokenizer;
+    if (held_out < 0 || t.val_fraction < held_out) held_out = t.val_fraction;
   }
+  check(other_tok.empty() || a.split != "val",
+        "the weights of '" + a.model + "' started from a model that trained on this text with " +
+            "another tokenizer (fingerprint " + other_tok + ", this model's " + model_tok +
+            "): the share it held out was counted in that tokenizer's tokens, which cut the " +
+            "text elsewhere, so no val split of it is known to be held out; evaluate on other " +
+            "text, or pass --split all to measure the whole text (not held out)");
   const bool own_corpus = held_out > 0;
   // The run's corpus changed since (cut, extended, a file of its directory removed): the val
   // split of the text as it is now need not be the run's held-out text, and was training text

@@ -376,8 +376,11 @@ std::optional<double> held_out_share(const std::string& s) {
 std::vector<TrainedOn> trained_on(const Metadata& meta) {
   std::vector<TrainedOn> out;
   const auto f = meta.find(kCorpusHashKey), v = meta.find(kValFractionKey);
+  const auto tk = meta.find(kTokenizerHashKey);
   if (f != meta.end() && v != meta.end() && !f->second.empty()) {
-    if (const auto x = held_out_share(v->second)) out.push_back({f->second, *x});
+    if (const auto x = held_out_share(v->second)) {
+      out.push_back({f->second, *x, tk == meta.end() ? std::string() : tk->second});
+    }
   }
   const auto a = meta.find(kAncestryKey);
   if (a == meta.end()) return out;
@@ -390,15 +393,22 @@ std::vector<TrainedOn> trained_on(const Metadata& meta) {
     }
     const double x = e["val_fraction"].get<double>();
     const std::string fp = e["corpus_fnv1a64"].get<std::string>();
-    if (x > 0 && x < 1 && !fp.empty()) out.push_back({fp, x});
+    const auto t = e.find("tokenizer_fnv1a64");
+    const std::string tok = t != e.end() && t->is_string() ? t->get<std::string>() : "";
+    if (x > 0 && x < 1 && !fp.empty()) out.push_back({fp, x, tok});
   }
   return out;
+}
+
+bool share_counts_alike(const TrainedOn& t, const std::string& tokenizer) {
+  return t.tokenizer.empty() || t.tokenizer == tokenizer;
 }
 
 std::string ancestry_from(const Metadata& from) {
   nlohmann::json j = nlohmann::json::array();
   for (const TrainedOn& t : trained_on(from)) {
-    const nlohmann::json e = {{"corpus_fnv1a64", t.fingerprint}, {"val_fraction", t.val_fraction}};
+    nlohmann::json e = {{"corpus_fnv1a64", t.fingerprint}, {"val_fraction", t.val_fraction}};
+    if (!t.tokenizer.empty()) e["tokenizer_fnv1a64"] = t.tokenizer;
     if (std::find(j.begin(), j.end(), e) == j.end()) j.push_back(e);  // (once each)
   }
   return j.empty() ? std::string() : j.dump();

@@ -348,7 +348,9 @@ class Trainer {
               ") or another rank count");
     comm_.require_same(
         fnv1a64(cfg_.to_json() + (zero1_ ? "+zero1" : "") + (cfg_.grad_overlap ? "+overlap" : "") +
-                "+bucket" + std::to_string(cfg_.grad_bucket_elems) + "+pipeline" +
+                (cfg_.overwrite ? "+overwrite" : "") + (cfg_.resume ? "+resume" : "") +
+                (cfg_.cuda_graphs ? "+graphs" : "") + "+bucket" +
+                std::to_string(cfg_.grad_bucket_elems) + "+pipeline" +
                 std::to_string(cfg_.pipeline) + "x" + std::to_string(cfg_.virtual_stages) +
                 cfg_.pipeline_comm + "+device" + to_string(cfg_.device) + "+precision" +
                 to_string(cfg_.precision)),
@@ -1033,6 +1035,14 @@ class Trainer {
   // held out: a larger one reported their training text as a val loss (25th hostile pass).
   void check_val_split_held_out(const Metadata& from) const {
     for (const TrainedOn& t : trained_on(from)) {
+      check(
+          t.fingerprint != data_.fingerprint || share_counts_alike(t, data_.tokenizer_fingerprint),
+          "--init-from's weights (or those they started from) trained on this corpus with "
+          "another tokenizer (fingerprint " +
+              t.tokenizer + ", this run's " + data_.tokenizer_fingerprint +
+              "): the share they held out was counted in that tokenizer's tokens, which cut "
+              "the text elsewhere, so this run's val split may hold text they trained on; "
+              "train with their tokenizer (--tokenizer-model), or on other text");
       char vf[32], held[32];
       std::snprintf(vf, sizeof vf, "%g", cfg_.val_fraction);
       std::snprintf(held, sizeof held, "%g", t.val_fraction);
