@@ -1250,7 +1250,11 @@ TEST(Cli, SeventeenthHostilePassMinors) {
   for (const auto& [o, says] : std::vector<std::pair<std::string, std::string>>{
            {"--vocab-size 500", "but the run reads bytes"},
            {"--decay-fraction 0.5", "but the schedule is 'cosine'"},
-           {"--schedule constant --min-lr-ratio 0.5", "--schedule constant keeps it at --lr"}}) {
+           {"--schedule constant --min-lr-ratio 0.5", "--schedule constant keeps it at --lr"},
+           // (28th pass: the overlap of a gradient sum that runs after the backward anyway)
+           {"--residual block --pipeline 2 --grad-overlap false",
+            "--pipeline sums the gradients after its schedule"},
+           {"--device cuda-host --grad-overlap true", "--device cuda-host sums the gradients"}}) {
     r = run("train --data " + data + byte + " --steps 2 " + o + " --out " + (dir / "x").string());
     EXPECT_EQ(r.code, 1) << r.out;
     EXPECT_TRUE(contains(r.out, says)) << r.out;

@@ -78,12 +78,27 @@ void data_and_schedule_options(std::vector<InertOption>& out, const CLI::App& s,
   }
 }
 
+// Data parallelism's options that the layout given leaves unused (28th hostile pass).
+void parallel_options(std::vector<InertOption>& out, const CLI::App& s, const TrainConfig& c) {
+  if (c.pipeline > 1) {
+    add_if_given(out, s, "--grad-overlap",
+                 "overlaps the data-parallel gradient sum with the backward pass, but --pipeline "
+                 "sums the gradients after its schedule: drop it");
+  } else if (c.device != Device::cpu) {
+    add_if_given(out, s, "--grad-overlap",
+                 std::string("overlaps the gradient sum with the backward pass on the CPU, but "
+                             "--device ") +
+                     to_string(c.device) + " sums the gradients after it: drop it");
+  }
+}
+
 }  // namespace
 
 std::vector<InertOption> inert_options(const CLI::App& s, const TrainConfig& cfg) {
   std::vector<InertOption> out;
   residual_options(out, s, cfg);
   data_and_schedule_options(out, s, cfg);
+  parallel_options(out, s, cfg);
   return out;
 }
 
