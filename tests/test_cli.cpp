@@ -1278,6 +1278,8 @@ TEST(Cli, SeventeenthHostilePassMinors) {
             "but --sample-tokens 0 draws none"},
            {"eval --model " + out + "/model.safetensors --split all --val-fraction 0.2",
             "but --split all measures the whole text"},
+           {"generate --model " + out + "/model.safetensors --prompt x -n 2 --top-k 256",
+            "--top-k 256 keeps every token of the model's 256-token vocabulary"},
            {"bench --modes prenorm,full --block-size 8", "does not run it"},
            {"bench --modes prenorm --attnres-two-phase false", "runs neither"},
            {"compare --preset tiny --data " + data + " --modes prenorm,full --block-size 2 --out " +

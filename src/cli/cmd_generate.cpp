@@ -28,6 +28,12 @@ void run_generate(const GenArgs& a) {
   Metadata meta;
   auto model = load_model(a.model, &meta, 0, be);
   auto tok = load_checkpoint_tokenizer(meta, a.model, model->config().vocab_size);
+  const int64_t vocab = model->config().vocab_size;  // (28th pass: taken and doing nothing)
+  check(a.sc.top_k < vocab, "--top-k " + std::to_string(a.sc.top_k) +
+                                " keeps every token of the model's " + std::to_string(vocab) +
+                                "-token vocabulary, so it cuts nothing: drop it, or give fewer "
+                                "than " +
+                                std::to_string(vocab));
   // Exactly the prompt's tokens: no BOS or other token is added.
   const std::vector<int32_t> prompt = tok->encode(a.prompt);
   // The prompt is echoed once generate has accepted it (a prompt longer than the context was
