@@ -571,9 +571,14 @@ const std::vector<OpCase>& cases() {
     // Wide heads: the kernels' 64-float register blocks, then 16-float ones, then single floats
     // (dh 88 = 64 + 16 + 8); six queries go in groups of four and two.
     t.push_back(depth_mix_case(5, 88, 4, 1, true, true, false));
+    t.push_back(depth_mix_case(5, 96, 3, 2, true, true, false));
+    t.push_back(depth_mix_case(5, 128, 4, 1, false, false, false));
     t.push_back(depth_two_phase_case(5, 88, 3, 6, 1));
     t.push_back(depth_two_phase_case(5, 128, 3, 5, 2));
     t.push_back(depth_by_source_case(5, 88, 3, 3, 1, true, true, /*grouped=*/true));
+    // (heads of 3 and 8 x 16 floats: the backward's register path, update_tile)
+    t.push_back(depth_by_source_case(5, 96, 3, 3, 2, true, true, /*grouped=*/true));
+    t.push_back(depth_by_source_case(5, 128, 2, 2, 1, false, false));
     t.push_back(depth_by_source_case(9, 16, 4, 3, 1, true, true));
     t.push_back(depth_by_source_case(7, 16, 3, 2, 2, true, true));
     t.push_back(depth_by_source_case(7, 16, 3, 2, 1, false, false));

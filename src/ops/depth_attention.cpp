@@ -183,6 +183,88 @@ inline float score(const DepthSource& s, const float* q, int64_t n, int64_t h, c
   }
 }
 
+// A depth backward's updates from one reader over a tile of rows (depth_sources_backward and
+// depth_mix_backward, pass 2), for heads of NV x 16 floats with a query shared by the rows: per
+// head, the query slice and its gradient's sum stay in registers over the tile's rows and the G
+// sources (mix_update_row loaded and stored the query gradient at every row). dv += a dx + ds r q
+// - kv v; dq += ds r v. The key norm's kv term: applied here (KvInPlace), or summed per (source,
+// row, head) into kv, for the caller to apply once after all the readers. dx, Dt: the reader's
+// dx rows and the tile's D (Dt[r H + h]).
+template <int NV, bool KvInPlace>
+[[gnu::always_inline]] inline void update_tile(float* const* dv, const DepthSource* src, int64_t G,
+                                               const float* dx, const float* qg, const float* Dt,
+                                               float* dqk, const float* aw, const float* gv,
+                                               const float* sc, float* kv, int64_t n0, int64_t nb,
+                                               const DepthMix& m) {
+  using simd::f16v;
+  using simd::load;
+  const int64_t d = m.d, H = m.H, dh = m.dh(), nh = nb * H;
+  for (int64_t h = 0; h < H; h++) {
+    f16v q[NV], acc[NV];
+    for (int j = 0; j < NV; j++) {
+      q[j] = load(qg + h * dh + 16 * j);
+      acc[j] = f16v{};
+    }
+    for (int64_t r = 0; r < nb; r++) {
+      const int64_t n = n0 + r;
+      for (int64_t g = 0; g < G; g++) {
+        const int64_t i = g * nh + r * H + h;
+        const float rs = m.key_norm ? src[g].rstd[n * H + h] : 1.0f;
+        const float ds =
+            row::depth_score_grad(aw[i], gv[i], m.softmax ? Dt[r * H + h] : 0.0f, m.softmax);
+        const float dsr = ds * rs, a = aw[i];
+        const float k = m.key_norm ? ds * sc[i] * rs * rs / static_cast<float>(dh) : 0.0f;
+        if (!KvInPlace) kv[i] += k;
+        float* dvh = dv[g] + n * d + h * dh;
+        const float* x = dx + n * d + h * dh;
+        const float* vh = src[g].v + n * d + h * dh;
+        for (int j = 0; j < NV; j++) {
+          const f16v v = load(vh + 16 * j);
+          f16v t = load(dvh + 16 * j);
+          t += a * load(x + 16 * j);
+          t += dsr * q[j];
+          if (KvInPlace) t -= k * v;
+          std::memcpy(dvh + 16 * j, &t, sizeof t);
+          acc[j] += dsr * v;
+        }
+      }
+    }
+    float* dqh = dqk + h * dh;
+    for (int j = 0; j < NV; j++) {
+      const f16v t = load(dqh + 16 * j) + acc[j];
+      std::memcpy(dqh + 16 * j, &t, sizeof t);
+    }
+  }
+}
+
+// update_tile for heads of nv x 16 floats (1 <= nv <= 8); false for other heads. (Inlined, like
+// update_tile, into the kernels, which are compiled once per instruction set: dispatch.hpp.)
+template <bool KvInPlace>
+[[gnu::always_inline]] inline bool update_tile_any(int64_t nv, float* const* dv,
+                                                   const DepthSource* src, int64_t G,
+                                                   const float* dx, const float* qg,
+                                                   const float* Dt, float* dqk, const float* aw,
+                                                   const float* gv, const float* sc, float* kv,
+                                                   int64_t n0, int64_t nb, const DepthMix& m) {
+#define ATTNRES_UPDATE_TILE(NV)                                                         \
+  case NV:                                                                              \
+    update_tile<NV, KvInPlace>(dv, src, G, dx, qg, Dt, dqk, aw, gv, sc, kv, n0, nb, m); \
+    return true;
+  switch (nv) {
+    ATTNRES_UPDATE_TILE(1)
+    ATTNRES_UPDATE_TILE(2)
+    ATTNRES_UPDATE_TILE(3)
+    ATTNRES_UPDATE_TILE(4)
+    ATTNRES_UPDATE_TILE(5)
+    ATTNRES_UPDATE_TILE(6)
+    ATTNRES_UPDATE_TILE(7)
+    ATTNRES_UPDATE_TILE(8)
+    default:
+      return false;
+  }
+#undef ATTNRES_UPDATE_TILE
+}
+
 }  // namespace
 
 ATTNRES_KERNEL
@@ -305,6 +387,7 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
                         const DepthMix& m, int64_t N) {
   const int64_t d = m.d, H = m.H, dh = m.dh();
   const bool shared_q = q_ld == 0;
+  const int64_t nv = dh % 16 == 0 && dh <= 128 ? dh / 16 : 0;  // (update_tile)
   const int nthr = omp_get_max_threads();
   const int64_t TB = backward_tile_rows(d);
   const int64_t tiles = (N + TB - 1) / TB;
@@ -345,6 +428,12 @@ void depth_mix_backward(float* dqg, const float* dx, const float* x, const float
           }
         }
         tile_weights(aw, sc, m.softmax ? lse + n0 * H : nullptr, nh, m.softmax);
+        float* const dvs[1] = {src[i].dv};
+        if (shared_q && src[i].dv &&
+            update_tile_any<true>(nv, dvs, src + i, 1, dx, qg, D, my_dq, aw, gv, sc, nullptr, n0,
+                                  nb, m)) {
+          continue;
+        }
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
           if (src[i].dv && r + kPrefetchRows < nb) {
@@ -397,19 +486,24 @@ void depth_sources_backward(float* const* dv, const DepthSource* src, int64_t G,
   const int64_t TB = backward_tile_rows(d);
   const int64_t tiles = (N + TB - 1) / TB;
   const int64_t tile = G * TB * H;  // one tile's (source, row, head) entries
-  // Per thread: a tile's scores s, weights a and dx . v; made outside the region.
-  std::vector<float> scratch(static_cast<size_t>(nthr * 3 * tile));
+  // Heads of up to 8 x 16 floats take update_tile (registers); others mix_update_row.
+  const int64_t nv = dh % 16 == 0 && dh <= 128 ? dh / 16 : 0;
+  // Per thread: a tile's scores s, weights a and dx . v, and update_tile's key-norm terms; made
+  // outside the region.
+  std::vector<float> scratch(static_cast<size_t>(nthr * 4 * tile));
 #pragma omp parallel num_threads(nthr)
   {
     float* my_dq = dq + static_cast<int64_t>(omp_get_thread_num()) * dq_stride;
-    float* sc = scratch.data() + static_cast<int64_t>(omp_get_thread_num()) * 3 * tile;
+    float* sc = scratch.data() + static_cast<int64_t>(omp_get_thread_num()) * 4 * tile;
     float* aw = sc + tile;
     float* gv = aw + tile;
+    float* kv = gv + tile;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
       const int64_t n0 = t * TB, nb = std::min(TB, N - n0), nh = nb * H;
       // The tiles of the G gradients stay in L2 across the readers.
       for (int64_t g = 0; g < G; g++) std::fill(dv[g] + n0 * d, dv[g] + (n0 + nb) * d, 0.0f);
+      std::fill(kv, kv + tile, 0.0f);
       // Reader by reader, each streaming its dx over the tile once for all G sources.
       for (int64_t k = 0; k < K; k++) {
         const DepthReader& R = rd[k];
@@ -434,6 +528,10 @@ void depth_sources_backward(float* const* dv, const DepthSource* src, int64_t G,
                        m.softmax);
         }
         // Pass 2: the updates, the rows of v and dx still in cache.
+        if (update_tile_any<false>(nv, dv, src, G, R.dx, R.qg, R.D + n0 * H, dqk, aw, gv, sc, kv,
+                                   n0, nb, m)) {
+          continue;
+        }
         for (int64_t r = 0; r < nb; r++) {
           const int64_t n = n0 + r;
           for (int64_t g = 0; g < G; g++) {
@@ -444,6 +542,20 @@ void depth_sources_backward(float* const* dv, const DepthSource* src, int64_t G,
                   row::depth_score_grad(aw[i], gv[i], m.softmax ? R.D[n * H + h] : 0.0f, m.softmax);
               mix_update_row(dv[g] + n * d + h * dh, dqk + h * dh, src[g].v + n * d + h * dh,
                              R.dx + n * d + h * dh, R.qg + h * dh, aw[i], ds, sc[i], rs, m);
+            }
+          }
+        }
+      }
+      // update_tile's key-norm terms, summed over the readers: dv -= kv v.
+      if (nv > 0 && m.key_norm) {
+        for (int64_t g = 0; g < G; g++) {
+          for (int64_t r = 0; r < nb; r++) {
+            for (int64_t h = 0; h < H; h++) {
+              const float c = kv[g * nh + r * H + h];
+              float* dvh = dv[g] + (n0 + r) * d + h * dh;
+              const float* vh = src[g].v + (n0 + r) * d + h * dh;
+#pragma omp simd
+              for (int64_t e = 0; e < dh; e++) dvh[e] -= c * vh[e];
             }
           }
         }
