@@ -1039,6 +1039,22 @@ TEST(Cli, AShareHeldOutUnderAnotherTokenizerIsNotTrusted) {
   EXPECT_EQ(r.code, 0) << r.out;
   r = run("eval " + model + " --batches 1");  // (its own corpus and tokenizer)
   EXPECT_EQ(r.code, 0) << r.out;
+  // Twenty-ninth: through export-hf and import-hf with the other tokenizer in the folder, the
+  // share was recorded under the folder's tokenizer. The share keeps its own tokenizer.
+  const fs::path hf = dir / "hf", back = dir / "back" / "model.safetensors";
+  ASSERT_EQ(run("export-hf " + (anc / "model.safetensors").string() + " --out " + hf.string()).code,
+            0);
+  fs::copy_file(tok2 / "tokenizer.model", hf / "tokenizer.model",
+                fs::copy_options::overwrite_existing);
+  r = run("import-hf " + hf.string() + " --out " + back.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run("eval " + back.string() + " --data " + data + " --batches 1");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "trained on this text with another tokenizer")) << r.out;
+  r = run("train --data " + data + " --steps 2 --init-from " + back.string() + " --out " +
+          (dir / "ft3").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "trained on this corpus with another tokenizer")) << r.out;
 }
 
 // Nineteenth pass: a run trained on one thread, stopped and continued with the command it

@@ -191,6 +191,14 @@ TEST(Compare, SweepAnyTrainOption) {
       EXPECT_EQ(g["residual"]["block_size"], 4);
       EXPECT_EQ(g["residual"]["attnres_heads"], 2);
     }
+    // (29th pass: the vocabulary and context were the defaults, 256 and 256, not the runs')
+    int runs_of_group = 0;
+    for (const auto& run : r["runs"]) {
+      if (run["group"] != g["name"]) continue;
+      runs_of_group++;
+      EXPECT_EQ(g["residual"], run["settings"]["model"]) << g.dump();
+    }
+    EXPECT_EQ(runs_of_group, 1) << g.dump();
   }
   EXPECT_NE(slurp(out / "report.md").find("Plots were not drawn"), std::string::npos);
   // Unknown options and malformed sweeps are errors that say what is wrong.

@@ -72,6 +72,9 @@ inline constexpr const char* kTokenizerHashKey = "tokenizer_fnv1a64";
 // into the training text, also for a model copied out of its run (21st hostile pass).
 inline constexpr const char* kCorpusHashKey = "corpus_fnv1a64";
 inline constexpr const char* kValFractionKey = "val_fraction";
+// Metadata key of the tokenizer (fingerprint) that share was counted in: kept with the share
+// through export-hf and import-hf, whose tokenizer file may be another (29th hostile pass).
+inline constexpr const char* kValTokenizerKey = "val_tokenizer_fnv1a64";
 // Metadata key of the corpora the model's initial weights had trained on: its --init-from model's
 // corpus and that model's own ancestors (a fine-tune of a model trained on X holds what X's
 // model learned; it recorded only its own corpus: 24th hostile pass). A JSON array of
@@ -86,9 +89,9 @@ struct TrainedOn {
   double val_fraction = 0;
   std::string tokenizer;
 };
-// Every corpus a model's metadata records: its own (kCorpusHashKey, kValFractionKey,
-// kTokenizerHashKey) and its ancestors' (kAncestryKey). Entries that do not parse (or a share
-// outside (0, 1)) are skipped.
+// Every corpus a model's metadata records: its own (kCorpusHashKey, kValFractionKey, and
+// kValTokenizerKey or else kTokenizerHashKey) and its ancestors' (kAncestryKey). Entries that do
+// not parse (or a share outside (0, 1)) are skipped.
 std::vector<TrainedOn> trained_on(const Metadata& meta);
 // Whether t's held-out share says which text a split of the same corpus tokenised by `tokenizer`
 // (its fingerprint) holds out. A share is a fraction of tokens, and two tokenizers cut the same

@@ -19,7 +19,7 @@ namespace attnres::experiment {
 namespace {
 
 // One configuration's row of the results table: means over its finished runs (null if none).
-json aggregate(const Configuration& g, const json& runs) {
+json aggregate(const Configuration& g, const json& runs, int64_t vocab) {
   std::vector<double> v, tps;
   int64_t params = 0, failed = 0;
   double fpt = 0;
@@ -36,7 +36,11 @@ json aggregate(const Configuration& g, const json& runs) {
     if (r["tokens_per_s"].is_number()) tps.push_back(r["tokens_per_s"]);
     has_w |= r["diagnostics"].is_object() && r["diagnostics"].contains("depth_weights");
   }
-  ModelConfig model = g.cfg.model;  // (as the runs trained it: ffn_hidden, n_kv_head resolved)
+  // As the runs trained it: ffn_hidden and n_kv_head resolved, the tokenizer's vocabulary and the
+  // configuration's context (the defaults, 256 and 256, were recorded: 29th hostile pass).
+  ModelConfig model = g.cfg.model;
+  model.vocab_size = vocab;
+  model.max_seq_len = g.cfg.seq_len;
   model.resolve();
   json j = {{"name", g.name},
             {"mode", to_string(g.cfg.model.residual.mode)},
@@ -144,7 +148,7 @@ json assemble_results(const ResultsInput& in) {
   const TrainConfig& b = in.base;
   const std::string baseline = baseline_of(in.configs);
   json gj = json::array();
-  for (const Configuration& g : in.configs) gj.push_back(aggregate(g, in.runs));
+  for (const Configuration& g : in.configs) gj.push_back(aggregate(g, in.runs, in.vocab));
   add_deltas(gj, baseline);
   ModelConfig mc = in.configs.front().cfg.model;
   mc.vocab_size = in.vocab;

@@ -376,7 +376,8 @@ std::optional<double> held_out_share(const std::string& s) {
 std::vector<TrainedOn> trained_on(const Metadata& meta) {
   std::vector<TrainedOn> out;
   const auto f = meta.find(kCorpusHashKey), v = meta.find(kValFractionKey);
-  const auto tk = meta.find(kTokenizerHashKey);
+  auto tk = meta.find(kValTokenizerKey);
+  if (tk == meta.end()) tk = meta.find(kTokenizerHashKey);  // (recorded by earlier builds)
   if (f != meta.end() && v != meta.end() && !f->second.empty()) {
     if (const auto x = held_out_share(v->second)) {
       out.push_back({f->second, *x, tk == meta.end() ? std::string() : tk->second});
@@ -416,7 +417,7 @@ std::string ancestry_from(const Metadata& from) {
 
 Metadata training_record(const Metadata& meta) {
   Metadata out;
-  for (const char* k : {kCorpusHashKey, kValFractionKey, kAncestryKey}) {
+  for (const char* k : {kCorpusHashKey, kValFractionKey, kValTokenizerKey, kAncestryKey}) {
     if (const auto it = meta.find(k); it != meta.end()) out[k] = it->second;
   }
   return out;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "attnres/error.hpp"
@@ -249,15 +250,29 @@ void write_report(const std::string& run_dir) {
        << tr.at("batch_size").get<int64_t>() << " x " << tr.at("seq_len").get<int64_t>() << " x "
        << tr.at("grad_accum").get<int64_t>() << " = "
        << with_commas(tr.at("tokens_per_run").get<int64_t>()) << " tokens |\n";
-    md << "| optimiser | AdamW lr " << fmt("%g", tr.at("lr").get<double>()) << ", "
-       << tr.at("schedule").get<std::string>() << " schedule, warm-up "
-       << tr.at("warmup_steps").get<int64_t>() << ", weight decay "
-       << fmt("%g", tr.at("weight_decay").get<double>()) << ", clip "
-       << fmt("%g", tr.at("grad_clip").get<double>()) << " |\n";
+    // A swept setting has no one value: the shared one was never used (29th hostile pass).
+    std::set<std::string> swept;
+    for (const auto& g : r.at("groups")) {
+      if (!g.contains("sweep") || !g["sweep"].is_object()) continue;
+      for (const auto& [k, v] : g["sweep"].items()) swept.insert(k);
+    }
+    auto setting = [&](const char* option, const std::string& value) {
+      return swept.count(option) ? std::string("swept") : value;
+    };
+    md << "| optimiser | AdamW lr " << setting("lr", fmt("%g", tr.at("lr").get<double>())) << ", "
+       << setting("schedule", tr.at("schedule").get<std::string>()) << " schedule, warm-up "
+       << setting("warmup", std::to_string(tr.at("warmup_steps").get<int64_t>()))
+       << ", weight decay "
+       << setting("weight-decay", fmt("%g", tr.at("weight_decay").get<double>())) << ", clip "
+       << setting("grad-clip", fmt("%g", tr.at("grad_clip").get<double>()))
+       << (swept.empty() ? "" : " (swept settings: in each configuration's name)") << " |\n";
     md << "| seeds | " << r.at("seeds").dump() << " (per seed: the same initial shared weights "
        << "and batch order in every configuration) |\n";
-    md << "| evaluation | " << tr.at("eval_batches").get<int64_t>() << " validation batches every "
-       << tr.at("eval_every").get<int64_t>() << " steps |\n\n";
+    const int64_t every = tr.at("eval_every").get<int64_t>();
+    md << "| evaluation | " << tr.at("eval_batches").get<int64_t>() << " validation batches "
+       << (every > 0 ? "every " + std::to_string(every) + " steps and at the end"
+                     : std::string("at the end"))
+       << " |\n\n";
 
     const nlohmann::json an = report::analyze(r);
     md << "## Results\n\n";

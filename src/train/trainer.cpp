@@ -1058,7 +1058,9 @@ class Trainer {
   Metadata data_record() const {
     char vf[64];
     std::snprintf(vf, sizeof vf, "%.17g", cfg_.val_fraction);
-    Metadata m{{kCorpusHashKey, data_.fingerprint}, {kValFractionKey, vf}};
+    Metadata m{{kCorpusHashKey, data_.fingerprint},
+               {kValFractionKey, vf},
+               {kValTokenizerKey, data_.tokenizer_fingerprint}};
     if (!ancestry_.empty()) m[kAncestryKey] = ancestry_;  // (what its initial weights trained on)
     return m;
   }
