@@ -1479,11 +1479,24 @@ TEST(Faults, LeftoversOfKilledRunsAreCleanedUpAndTokenizersCopiedFromMemory) {
     std::ofstream(run / n / "tokenizer.model.tmp.123.4") << "half";
   }
   std::ofstream(run / ".overwrite.tmp.xyz789" / "notes.txt") << "mine";
+  // (29th pass: a SIGKILL during a top-level write left a whole model's temp file, for good.)
+  // A gone writer's temp files go; a live one's (this process), and other names, stay.
+  const std::string live = std::to_string(::getpid());
+  const std::vector<std::string> gone = {"model.safetensors.tmp.2147483646.0",
+                                         "train_config.json.tmp.2147483646.3",
+                                         "latest.tmp.2147483646.1"},
+                                 kept = {"model.safetensors.tmp." + live + ".7",
+                                         "model.safetensors.tmp.notes",
+                                         "notes.txt.tmp.2147483646.0"};
+  for (const auto& n : gone) std::ofstream(run / n) << "half";
+  for (const auto& n : kept) std::ofstream(run / n) << "keep";
   TrainConfig over = c;
   over.overwrite = true;
   ASSERT_FALSE(train(over, {}).interrupted);
   EXPECT_FALSE(fs::exists(run / ".overwrite.tmp.AbC123"));
   EXPECT_EQ(slurp(run / ".overwrite.tmp.xyz789" / "notes.txt"), "mine");
+  for (const auto& n : gone) EXPECT_FALSE(fs::exists(run / n)) << n;
+  for (const auto& n : kept) EXPECT_TRUE(fs::exists(run / n)) << n;
 }
 
 // Fifteenth hostile pass: a resume that changed the precision was forgotten by the next plain

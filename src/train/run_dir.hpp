@@ -76,8 +76,10 @@ class RunDir {
 };
 
 // Removes the staging directories (.overwrite.tmp.XXXXXX) that a `train --overwrite` killed
-// while preparing its data left in out_dir, each as big as the corpus's tokens. Only directories
-// holding nothing but the data files a run writes are removed. Call with out_dir's RunLock held.
+// while preparing its data left in out_dir, each as big as the corpus's tokens, and the temporary
+// files of the run's own top-level files ("model.safetensors.tmp.<pid>.<n>", ...) whose writer is
+// gone. Only directories holding nothing but the data files a run writes are removed. Call with
+// out_dir's RunLock held.
 void remove_abandoned_staging(const std::string& out_dir);
 
 inline constexpr const char* kConfigHashKey = "train_config_fnv1a64";
