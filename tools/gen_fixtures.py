@@ -42,6 +42,9 @@ def _c(**kw):
 # The seeds of the residual-mode fixtures were chosen (offline search) so that every AdamW
 # trajectory is well conditioned: a float32 rerun and two float64 reruns from weights perturbed
 # by 1e-7 (relative) stay within ~1e-5 of the stored losses and final weights (checked below).
+# parity_block_dynamic_temperature's seed 1 moved by 7.3e-5 (most seeds of that configuration are
+# chaotic): a change of summation order in the C++ dot products then missed the test's 1e-4; seed
+# 235 (the best of seeds 1-500) moves by 9.7e-6.
 FIXTURES = OrderedDict([
     ("parity_prenorm_a", (rm.Config(n_layer=2, n_head=4, n_kv_head=4, d_model=32, ffn_hidden=64,
                                     vocab_size=64, tied=True, residual="prenorm"), 2, 8, 1001, "paper")),
@@ -87,7 +90,7 @@ FIXTURES = OrderedDict([
     ("parity_block_dynamic_temperature", (_c(n_head=4, n_kv_head=2, d_model=24, ffn_hidden=32,
                                              tied=False, residual="block", block_size=2,
                                              attnres_query="dynamic", attnres_temperature=1.5),
-                                          2, 6, 1, "random", {"query_proj_std": 0.2})),
+                                          2, 6, 235, "random", {"query_proj_std": 0.2})),
     ("parity_block_s2_all", (_c(n_head=4, n_kv_head=2, d_model=24, ffn_hidden=32, tied=False,
                                 residual="block", block_size=2, attnres_gate="sigmoid",
                                 attnres_key_norm="none", attnres_heads=2, attnres_query="dynamic",

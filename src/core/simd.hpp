@@ -19,10 +19,17 @@ typedef float f16v __attribute__((vector_size(64)));
   return v;
 }
 
+typedef float f8v __attribute__((vector_size(32)));
+typedef float f4v __attribute__((vector_size(16)));
+
+// The sum of v's lanes by halving (8 + 8, 4 + 4, then pairs): four shuffle-and-add steps. A lane
+// by lane sum is a chain of 15 dependent adds: a sixth of the d-128 depth backward's time.
 [[gnu::always_inline]] inline float hsum(f16v v) {
-  float s = 0.0f;
-  for (int k = 0; k < 16; k++) s += v[k];
-  return s;
+  const f8v h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const f4v q =
+      __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
 // a . b over n floats.
