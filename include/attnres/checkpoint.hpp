@@ -98,6 +98,11 @@ std::vector<TrainedOn> trained_on(const Metadata& meta);
 // text at different bytes: t's tokenizer must be this one (28th hostile pass: a fine-tune with
 // another tokenizer validated on text its initial weights trained on). Unrecorded: assumed.
 bool share_counts_alike(const TrainedOn& t, const std::string& tokenizer);
+// The first of `shares` held out of the corpus `corpus` (its fingerprint) that was counted in
+// another tokenizer than `tokenizer` (share_counts_alike false); nullptr when none.
+const TrainedOn* share_of_another_tokenizer(const std::vector<TrainedOn>& shares,
+                                            const std::string& corpus,
+                                            const std::string& tokenizer);
 // The kAncestryKey value for a model whose weights start from a model with metadata `from`: every
 // corpus `from` records; "" when it records none.
 std::string ancestry_from(const Metadata& from);

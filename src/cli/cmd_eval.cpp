@@ -145,15 +145,17 @@ void run_eval(const EvalArgs& a) {
   // A share counted in another tokenizer's tokens says nothing of this split (28th hostile pass).
   const auto tk = meta.find(kTokenizerHashKey);
   const std::string model_tok = tk == meta.end() ? std::string() : tk->second;
-  std::string other_tok;
-  for (const TrainedOn& t : corpora_of(run, meta)) {
+  const std::vector<TrainedOn> shares = corpora_of(run, meta);
+  for (const TrainedOn& t : shares) {
     if (t.fingerprint != fingerprint) continue;
-    if (!model_tok.empty() && !share_counts_alike(t, model_tok)) other_tok = t.tokenizer;
     if (held_out < 0 || t.val_fraction < held_out) held_out = t.val_fraction;
   }
-  check(other_tok.empty() || a.split != "val",
+  const TrainedOn* other =
+      model_tok.empty() ? nullptr : share_of_another_tokenizer(shares, fingerprint, model_tok);
+  check(!other || a.split != "val",
         "the weights of '" + a.model + "' started from a model that trained on this text with " +
-            "another tokenizer (fingerprint " + other_tok + ", this model's " + model_tok +
+            "another tokenizer (fingerprint " + (other ? other->tokenizer : std::string()) +
+            ", this model's " + model_tok +
             "): the share it held out was counted in that tokenizer's tokens, which cut the " +
             "text elsewhere, so no val split of it is known to be held out; evaluate on other " +
             "text, or pass --split all to measure the whole text (not held out)");

@@ -405,6 +405,15 @@ bool share_counts_alike(const TrainedOn& t, const std::string& tokenizer) {
   return t.tokenizer.empty() || t.tokenizer == tokenizer;
 }
 
+const TrainedOn* share_of_another_tokenizer(const std::vector<TrainedOn>& shares,
+                                            const std::string& corpus,
+                                            const std::string& tokenizer) {
+  for (const TrainedOn& t : shares) {
+    if (t.fingerprint == corpus && !share_counts_alike(t, tokenizer)) return &t;
+  }
+  return nullptr;
+}
+
 std::string ancestry_from(const Metadata& from) {
   nlohmann::json j = nlohmann::json::array();
   for (const TrainedOn& t : trained_on(from)) {

@@ -346,15 +346,8 @@ class Trainer {
               " sequences of each micro-batch; use a multiple of " + d + " (e.g. " +
               std::to_string((cfg_.batch_size / replicas_ + 1) * replicas_) +
               ") or another rank count");
-    comm_.require_same(
-        fnv1a64(cfg_.to_json() + (zero1_ ? "+zero1" : "") + (cfg_.grad_overlap ? "+overlap" : "") +
-                (cfg_.overwrite ? "+overwrite" : "") + (cfg_.resume ? "+resume" : "") +
-                (cfg_.cuda_graphs ? "+graphs" : "") + "+bucket" +
-                std::to_string(cfg_.grad_bucket_elems) + "+pipeline" +
-                std::to_string(cfg_.pipeline) + "x" + std::to_string(cfg_.virtual_stages) +
-                cfg_.pipeline_comm + "+device" + to_string(cfg_.device) + "+precision" +
-                to_string(cfg_.precision)),
-        "training options", "start every rank with the same command line");
+    comm_.require_same(fnv1a64(rank_options_text()), "training options",
+                       "start every rank with the same command line");
     if (!cfg_.resume) check_out_not_in_checkpoints(cfg_.out_dir);  // (nineteenth pass)
     fs::create_directories(cfg_.out_dir);
     if (root_) {
@@ -365,6 +358,23 @@ class Trainer {
         check_init_from_survives_overwrite();
       }
     }
+  }
+
+  // The options every rank must share, as text (its hash is compared across the ranks at start):
+  // the configuration and the options it does not record.
+  std::string rank_options_text() const {
+    std::string s = cfg_.to_json();
+    s += zero1_ ? "+zero1" : "";
+    s += cfg_.grad_overlap ? "+overlap" : "";
+    s += cfg_.overwrite ? "+overwrite" : "";
+    s += cfg_.resume ? "+resume" : "";
+    s += cfg_.cuda_graphs ? "+graphs" : "";
+    s += "+bucket" + std::to_string(cfg_.grad_bucket_elems);
+    s += "+pipeline" + std::to_string(cfg_.pipeline) + "x" + std::to_string(cfg_.virtual_stages) +
+         cfg_.pipeline_comm;
+    s += "+device" + std::string(to_string(cfg_.device));
+    s += "+precision" + std::string(to_string(cfg_.precision));
+    return s;
   }
 
   // --overwrite deletes the old run's model.safetensors and checkpoints/ in stage 5, after
@@ -1034,15 +1044,18 @@ class Trainer {
   // ancestors') validates on held-out text only if its val split is within the share those
   // held out: a larger one reported their training text as a val loss (25th hostile pass).
   void check_val_split_held_out(const Metadata& from) const {
-    for (const TrainedOn& t : trained_on(from)) {
-      check(
-          t.fingerprint != data_.fingerprint || share_counts_alike(t, data_.tokenizer_fingerprint),
+    const std::vector<TrainedOn> shares = trained_on(from);
+    const TrainedOn* other =
+        share_of_another_tokenizer(shares, data_.fingerprint, data_.tokenizer_fingerprint);
+    check(!other,
           "--init-from's weights (or those they started from) trained on this corpus with "
           "another tokenizer (fingerprint " +
-              t.tokenizer + ", this run's " + data_.tokenizer_fingerprint +
+              (other ? other->tokenizer : std::string()) + ", this run's " +
+              data_.tokenizer_fingerprint +
               "): the share they held out was counted in that tokenizer's tokens, which cut "
               "the text elsewhere, so this run's val split may hold text they trained on; "
               "train with their tokenizer (--tokenizer-model), or on other text");
+    for (const TrainedOn& t : shares) {
       char vf[32], held[32];
       std::snprintf(vf, sizeof vf, "%g", cfg_.val_fraction);
       std::snprintf(held, sizeof held, "%g", t.val_fraction);
