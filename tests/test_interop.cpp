@@ -333,6 +333,40 @@ TEST(ImportHf, BadWeightsAndTokenizersAreRefusedByName) {
 // The CLI writes the checkpoint and its tokenizer, which eval and generate then use; on any
 // failure it writes nothing; it never replaces an existing checkpoint without --overwrite, nor
 // another model's tokenizer.
+// 30th hostile pass: a directory given where a checkpoint file belongs (--init-from, eval,
+// generate) said only "is a directory". A Hugging Face model's directory points at import-hf; a
+// run's directory at its model file.
+TEST(ImportHf, ADirectoryGivenForACheckpointSaysWhatToGive) {
+  using attnres::testing::run_cli;
+  TempDir t;
+  const std::string hf = fixture("llama_gqa");
+  auto r =
+      run_cli("eval " + hf + " --task " + std::string(ATTNRES_FIXTURE_DIR) + "/tasks/pairs.jsonl");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("is a directory holding a Hugging Face model (config.json)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("attnres import-hf " + hf + " --out model.safetensors"), std::string::npos)
+      << r.out;
+  std::ofstream(t.file("c.txt")) << std::string(4000, 'a');
+  r = run_cli("train --data " + t.file("c.txt") + " --init-from " + hf + " --out " + t.file("r") +
+              " --steps 1");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("--init-from: '" + hf + "' is a directory holding a Hugging Face model"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(std::filesystem::exists(t.file("r")));
+  // A directory holding a model.safetensors (a run's): that file is named.
+  const std::string run = copy_fixture(t, "llama_gqa", "run");
+  std::filesystem::remove(run + "/config.json");
+  r = run_cli("generate " + run + " --prompt a -n 1");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("is a directory, not a checkpoint file: give its model, '" + run +
+                       "/model.safetensors'"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(ImportHf, CliWritesACheckpointOrNothing) {
   using attnres::testing::run_cli;
   TempDir t;

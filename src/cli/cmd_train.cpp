@@ -208,7 +208,7 @@ void add_train(CLI::App& app) {
   s->add_option("--init-from", a->cfg.init_from,
                 "Start from this checkpoint's weights instead of the seed's (same model size; "
                 "AttnRes tensors missing from it start as in a new run)")
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);  // (a directory: the loader says which file it holds)
   s->add_option("--sample-tokens", a->sample_tokens, "Tokens sampled after training (0 = none)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))  // (-1 was taken; 22nd hostile pass)
       ->capture_default_str();

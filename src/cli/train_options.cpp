@@ -202,7 +202,13 @@ bool given_on(const CLI::App& s, const char* name) {
 
 void apply_init_from_defaults(const CLI::App& s, TrainArgs& a) {
   const std::string& path = a.cfg.init_from;
-  const SafetensorsReader r = SafetensorsReader::open(path);
+  const SafetensorsReader r = [&] {
+    try {
+      return SafetensorsReader::open(path);
+    } catch (const Error& e) {
+      throw Error(std::string("--init-from: ") + e.what());
+    }
+  }();
   auto cfg = r.metadata().find("config");
   if (cfg == r.metadata().end()) return;  // (plain weights: the options say what model they fit)
   TrainArgs probe;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -43,6 +44,24 @@ uint64_t fold_metadata(const std::map<std::string, std::string>& meta, uint64_t 
 }
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
+
+// A directory given where a checkpoint file belongs: say which file it holds, if any (30th
+// hostile pass: --init-from a Hugging Face directory said only "is a directory").
+void check_not_a_directory(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return;
+  const std::filesystem::path dir(path);
+  if (std::filesystem::exists(dir / "config.json", ec)) {
+    throw Error(q(path) + " is a directory holding a Hugging Face model (config.json), not an " +
+                "attnres checkpoint: convert it first with `attnres import-hf " + path +
+                " --out model.safetensors` and give that file");
+  }
+  if (std::filesystem::is_regular_file(dir / "model.safetensors", ec)) {
+    throw Error(q(path) + " is a directory, not a checkpoint file: give its model, " +
+                q((dir / "model.safetensors").string()) +
+                " (or a saved step's, checkpoints/step_N/model.safetensors)");
+  }
+}
 
 // Levenshtein distance, used only to suggest the nearest tensor name in an error message.
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -154,6 +173,7 @@ int64_t TensorInfo::numel() const {
 
 SafetensorsReader SafetensorsReader::open(const std::string& path) {
   SafetensorsReader r;
+  check_not_a_directory(path);
   r.file_ = MappedFile::open(path);
   const std::string f = q(path);
   const uint64_t fsize = r.file_.size();
