@@ -886,6 +886,17 @@ TEST(Compare, ScaleFitsALawPerModeFromTheComparisonsAtEachSize) {
   EXPECT_NE(slurp(out / "scaling.md").find("Compute advantage"), std::string::npos);
   // --no-plots: no link to a plot that was never drawn (22nd hostile pass).
   EXPECT_EQ(slurp(out / "scaling.md").find("scaling.png"), std::string::npos);
+  // `report` on it (30th hostile pass: "has no results.json" only) names the scale's own report
+  // and a size's comparison, which it redraws.
+  EXPECT_EQ(run("report " + out.string(), &log), 1) << log;
+  EXPECT_NE(log.find("is a directory `attnres scale` wrote: its report is " + out.string() +
+                     "/scaling.md;"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("give one of its sizes, e.g. '" + (out / "L1_d32").string() + "'"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(run("report " + (out / "L1_d32").string(), &log), 0) << log;
   // Sizes must be LxD, growing, at least two.
   for (const char* bad : {"4x64", "4x64,2x32", "4x60,8x64", "ax64,8x64"}) {
     EXPECT_EQ(run("scale --sizes " + std::string(bad) + " --data " + data + " --out " +

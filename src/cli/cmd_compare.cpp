@@ -792,12 +792,33 @@ void add_compare(CLI::App& app) {
   });
 }
 
+// `report` on what `attnres scale` wrote (30th hostile pass: "has no results.json" only): its
+// report is there already; each size's comparison can be redrawn.
+void check_not_a_scale_dir(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / "results.json") || !fs::exists(fs::path(dir) / "scaling.json")) {
+    return;
+  }
+  std::vector<std::string> sizes;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (fs::exists(e.path() / "results.json")) sizes.push_back(e.path().string());
+  }
+  std::sort(sizes.begin(), sizes.end());
+  const bool plot = fs::exists(fs::path(dir) / "scaling.png");
+  throw Error("'" + dir + "' is a directory `attnres scale` wrote: its report is " + dir +
+              "/scaling.md" + (plot ? " (plot: scaling.png)" : "") +
+              "; `report` redraws one comparison" +
+              (sizes.empty() ? std::string(", the directory `attnres compare --out` wrote")
+                             : ": give one of its sizes, e.g. '" + sizes.front() + "'"));
+}
+
 void add_report(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
   CLI::App* s = app.add_subcommand(
       "report", "Regenerate report.md and the plots of a comparison from its results.json");
   s->add_option("run_dir,--run-dir", *dir, "Directory written by `attnres compare`")->required();
   s->callback([dir] {
+    check_not_a_scale_dir(*dir);
     check(fs::exists(fs::path(*dir) / "results.json"),
           "'" + *dir + "' has no results.json; give the directory `attnres compare --out` wrote");
     // A comparison running in the directory owns its results.json: a report written meanwhile
