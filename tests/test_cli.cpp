@@ -265,6 +265,24 @@ TEST(Cli, ConfigFileWithOverrides) {
           (dir / "bomrun").string());
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(contains(r.out, "bom.toml' starts with a UTF-8 byte-order mark")) << r.out;
+  // 30th pass: a value CLI11 cannot take from the file (two values, a comment after it, not a
+  // number) named the option but not the file; on the command line the note is not added.
+  for (const char* v : {"[1, 2]", "5 ; five steps", "abc"}) {
+    std::ofstream(dir / "val.toml", std::ios::trunc) << "[train]\nsteps = " << v << "\n";
+    r = run("--config " + (dir / "val.toml").string() + " train --data x --out " +
+            (dir / "valrun").string());
+    EXPECT_NE(r.code, 0) << v << "\n" << r.out;  // (CLI11's exit codes)
+    EXPECT_TRUE(contains(r.out, "--steps")) << r.out;
+    EXPECT_TRUE(contains(r.out, "(set in the --config file '" + (dir / "val.toml").string() +
+                                    "' as steps = ...: one value"))
+        << v << "\n"
+        << r.out;
+  }
+  r = run("--config " + (dir / "val.toml").string() + " train --steps x --data x --out " +
+          (dir / "valrun").string());
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "Could not convert: --steps = x")) << r.out;
+  EXPECT_FALSE(contains(r.out, "set in the --config file")) << r.out;
   // Eighth pass: a flag set to nothing, "" or 2 in a config file counted as true, so
   // `overwrite =` deleted the run in --out.
   const std::string kept = attnres::testing::slurp((dir / "run" / "model.safetensors").string());

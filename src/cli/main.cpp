@@ -389,6 +389,41 @@ int check_output_written(int code) {
   return 1;
 }
 
+// The --config file's path on the command line ("" without one).
+std::string config_path(int argc, char** argv) {
+  std::string path;
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) path = argv[i + 1];
+    if (a.rfind("--config=", 0) == 0) path = a.substr(9);
+  }
+  return path;
+}
+
+// CLI11's errors about an option's value ("--steps: At Most 1 required but received 2") do not
+// say that the value came from the --config file (30th hostile pass): where the option is not on
+// the command line, say so.
+std::string from_config_note(const std::string& what, int argc, char** argv) {
+  const std::string path = config_path(argc, argv);
+  const size_t at = what.find("--");
+  if (path.empty() || at == std::string::npos) return "";
+  size_t end = at + 2;
+  while (end < what.size() &&
+         (std::isalnum(static_cast<unsigned char>(what[end])) != 0 || what[end] == '-')) {
+    end++;
+  }
+  const std::string name = what.substr(at, end - at);
+  if (name.size() <= 2) return "";
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    if (a == name || a.rfind(name + "=", 0) == 0) return "";  // (given on the command line)
+  }
+  const bool form = what.find("At Most") != std::string::npos ||
+                    what.find("Could not convert") != std::string::npos;
+  return " (set in the --config file '" + path + "' as " + name.substr(2) + " = ..." +
+         (form ? ": one value, a number or quoted text, with no comment after it)" : ")");
+}
+
 int run_main(int argc, char** argv) {
   tune_openmp_wait(argv);
   name_process(argc > 0 ? argv[0] : nullptr);
@@ -517,12 +552,7 @@ int run_main(int argc, char** argv) {
   } catch (const CLI::ConfigError& e) {
     // (CLI11's "INI was not able to parse train.stepz" named neither the file nor the fix:
     // sixteenth hostile pass)
-    std::string path;
-    for (int i = 1; i < argc; i++) {
-      const std::string a = argv[i];
-      if (a == "--config" && i + 1 < argc) path = argv[i + 1];
-      if (a.rfind("--config=", 0) == 0) path = a.substr(9);
-    }
+    const std::string path = config_path(argc, argv);
     std::fprintf(stderr,
                  "error: the --config file '%s': %s. Its keys are options' long names without "
                  "'--', under the section of their command (e.g. [train] then steps = 100; "
@@ -546,6 +576,7 @@ int run_main(int argc, char** argv) {
                "the command (attnres " + global + " ... train ...)";
       }
     }
+    if (hint.empty()) hint = from_config_note(what, argc, argv);
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s%s\nRun with --help for more information.\n", what.c_str(),
                  hint.c_str());
