@@ -139,7 +139,9 @@ bool train_config_fingerprint_matches(const std::string& recorded, const std::st
 struct StepInfo {
   int64_t step = 0, total_steps = 0;
   double loss = 0, lr = 0, grad_norm = 0;
-  double tokens_per_s = 0, elapsed_s = 0, eta_s = 0;
+  // None until a step of this call was timed (the first one's time holds the warm-up).
+  std::optional<double> tokens_per_s;
+  double elapsed_s = 0, eta_s = 0;
 };
 
 struct EvalInfo {

@@ -678,9 +678,8 @@ bool run_compare(CompareArgs& a) {
       ev.on_step = [&](const StepInfo& si) {
         char f[200];
         const double left = std::max(0.0, remaining - est + si.eta_s);
-        std::snprintf(f, sizeof f, "%s | loss %.4f | %s tok/s | all runs ETA %s", g.name.c_str(),
-                      si.loss, format_count(si.tokens_per_s).c_str(),
-                      format_duration(left).c_str());
+        std::snprintf(f, sizeof f, "%s | loss %.4f | %s | all runs ETA %s", g.name.c_str(), si.loss,
+                      speed_text(si.tokens_per_s).c_str(), format_duration(left).c_str());
         bar.update(si.step, si.total_steps, f, si.eta_s);
       };
       ev.on_eval = [&](const EvalInfo& e) {

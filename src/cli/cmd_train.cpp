@@ -62,8 +62,8 @@ void train_ranks(TrainArgs& a, dist::Communicator& comm) {
   ev.on_message = [&](const std::string& m) { bar.message(m); };
   ev.on_step = [&](const StepInfo& s) {
     char f[160];
-    std::snprintf(f, sizeof f, "loss %.4f | lr %.2e | %s tok/s", s.loss, s.lr,
-                  format_count(s.tokens_per_s).c_str());
+    std::snprintf(f, sizeof f, "loss %.4f | lr %.2e | %s", s.loss, s.lr,
+                  speed_text(s.tokens_per_s).c_str());
     bar.update(s.step, s.total_steps, f, s.eta_s);
   };
   ev.on_eval = [&](const EvalInfo& e) {

@@ -67,4 +67,8 @@ void Progress::finish() {
   std::fflush(stdout);
 }
 
+std::string speed_text(const std::optional<double>& tokens_per_s) {
+  return tokens_per_s ? format_count(*tokens_per_s) + " tok/s" : std::string("tok/s n/a");
+}
+
 }  // namespace attnres::cli

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace attnres::cli {
@@ -26,5 +27,7 @@ class Progress {
 
 std::string format_duration(double s);
 std::string format_count(double x);  // 12345 -> "12.3k"
+// "12.3k tok/s", or "tok/s n/a" before a step was timed (the first holds the warm-up).
+std::string speed_text(const std::optional<double>& tokens_per_s);
 
 }  // namespace attnres::cli

@@ -1128,7 +1128,7 @@ class Trainer {
     si.lr = lr;
     si.grad_norm = o.grad_norm;
     const double per_step = timed_steps_ > 0 ? timed_s_ / static_cast<double>(timed_steps_) : dt;
-    si.tokens_per_s = static_cast<double>(tokens_per_step_) / per_step;
+    if (timed_steps_ > 0) si.tokens_per_s = static_cast<double>(tokens_per_step_) / per_step;
     si.elapsed_s = prior_seconds_ + seconds_since(t0_);
     si.eta_s = per_step * static_cast<double>(cfg_.steps - step - 1);
     if (root_ && ev_.on_step) ev_.on_step(si);
@@ -1140,7 +1140,7 @@ class Trainer {
                 {"lr", lr},
                 {"grad_norm", o.grad_norm},
                 {"tokens_per_s",
-                 timed_steps_ > 0 ? nlohmann::json(si.tokens_per_s) : nlohmann::json(nullptr)},
+                 si.tokens_per_s ? nlohmann::json(*si.tokens_per_s) : nlohmann::json(nullptr)},
                 {"elapsed_s", si.elapsed_s},
                 {"tokens", (step + 1) * tokens_per_step_}});
     }
