@@ -217,6 +217,15 @@ TEST(Compare, SweepAnyTrainOption) {
                 &log),
             1);
   EXPECT_NE(log.find("empty value"), std::string::npos) << log;
+  EXPECT_EQ(run("compare --preset tiny --sweep lr=1e-3 --data " + data + " --out " +
+                    (dir / "bad3b").string(),
+                &log),
+            1);
+  EXPECT_NE(log.find("--sweep lr lists one value (1e-3): a sweep compares two or more; give "
+                     "--lr 1e-3 instead"),
+            std::string::npos)
+      << log;
+  EXPECT_FALSE(fs::exists(dir / "bad3b"));
   EXPECT_EQ(run("compare --preset tiny --lr 1e-3 --sweep lr=2e-3,4e-3 --data " + data + " --out " +
                     (dir / "bad4").string(),
                 &log),

@@ -251,6 +251,11 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
     check(!vals.empty(), "--sweep '" + sw + "' lists no value");
     check(sw.find(",,") == std::string::npos && sw.back() != ',' && sw[eq + 1] != ',',
           "--sweep '" + sw + "' has an empty value");
+    // (A one-value sweep was reported as swept, with an "each at its best" table over that one
+    // value: 30th hostile pass.)
+    check(vals.size() >= 2, "--sweep " + key + " lists one value (" + vals.front() +
+                                "): a sweep compares two or more; give --" + key + " " +
+                                vals.front() + " instead");
     // What every configuration must share (the seeds, the data and the token budget) or what
     // compare sets itself (the mode) cannot be swept.
     static const std::set<std::string> fixed = {
