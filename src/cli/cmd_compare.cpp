@@ -251,11 +251,6 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
     check(!vals.empty(), "--sweep '" + sw + "' lists no value");
     check(sw.find(",,") == std::string::npos && sw.back() != ',' && sw[eq + 1] != ',',
           "--sweep '" + sw + "' has an empty value");
-    // (A one-value sweep was reported as swept, with an "each at its best" table over that one
-    // value: 30th hostile pass.)
-    check(vals.size() >= 2, "--sweep " + key + " lists one value (" + vals.front() +
-                                "): a sweep compares two or more; give --" + key + " " +
-                                vals.front() + " instead");
     // What every configuration must share (the seeds, the data and the token budget) or what
     // compare sets itself (the mode) cannot be swept.
     static const std::set<std::string> fixed = {
@@ -295,6 +290,11 @@ std::vector<Combo> sweep_combos(const CompareArgs& a) {
       check(other_key != alias, "--sweep " + key + " and --sweep " + alias +
                                     " both set the block size; sweep one of them");
     }
+    // (A one-value sweep was reported as swept, with an "each at its best" table over that one
+    // value: 30th hostile pass. An unknown option is refused as such, below.)
+    check(vals.size() >= 2 || a.app->get_option_no_throw("--" + key) == nullptr,
+          "--sweep " + key + " lists one value (" + vals.front() +
+              "): a sweep compares two or more; give --" + key + " " + vals.front() + " instead");
     std::vector<Combo> next;
     for (const auto& c : combos) {
       for (const auto& v : vals) {
