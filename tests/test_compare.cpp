@@ -147,6 +147,30 @@ TEST(Compare, TinyEndToEndReportMatchesResultsAndPlotsExist) {
   for (const auto& e : fs::directory_iterator(out)) {  // the private plot directory is gone
     EXPECT_NE(e.path().filename().string().rfind(".plots.", 0), 0u) << e.path();
   }
+  // 30th hostile pass: a drawing killed before it removed its private directory left it for
+  // good. The next one removes those of processes that are gone (and only its own kind of files);
+  // a live process's stays.
+  {
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(0);
+    ASSERT_GT(child, 0);
+    ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+    const fs::path gone = out / (".plots." + std::to_string(child) + ".AbC123");
+    const fs::path live = out / (".plots." + std::to_string(::getpid()) + ".XyZ789");
+    const fs::path other = out / (".plots." + std::to_string(child) + ".Mine00");
+    for (const fs::path& p : {gone, live, other}) {
+      fs::create_directory(p);
+      std::ofstream(p / "plot_report.py") << "# half written\n";
+      std::ofstream(p / "val_loss.png") << "partial";
+    }
+    std::ofstream(other / "notes.txt") << "not a plot\n";
+    ASSERT_EQ(run("report " + out.string(), &log), 0) << log;
+    EXPECT_FALSE(fs::exists(gone));
+    EXPECT_TRUE(fs::exists(live / "val_loss.png"));
+    EXPECT_TRUE(fs::exists(other / "notes.txt"));
+    fs::remove_all(live);
+    fs::remove_all(other);
+  }
   fs::remove(out / "json.py");
   // Rerunning the same command keeps the finished runs.
   ASSERT_EQ(run("compare --preset tiny --modes prenorm,block --seeds 2 --steps 200 --data " + data +

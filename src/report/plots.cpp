@@ -1,7 +1,10 @@
 // Runs the embedded plotting script (tools/plot_report.py) with the system's Python 3.
+#include <signal.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -45,14 +48,41 @@ void move_plots_into(const std::filesystem::path& tmp, const std::string& run_di
   }
 }
 
+// The private plot directories (".plots.<pid>.XXXXXX") of drawings killed before they removed
+// theirs (30th hostile pass: a compare killed while drawing left one for good): those whose
+// process is gone and which hold only the script and plots.
+void remove_abandoned_plot_dirs(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  const std::string prefix = ".plots.";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(prefix, 0) != 0 || !fs::is_directory(fs::symlink_status(e.path(), ec))) continue;
+    char* end = nullptr;
+    const long long pid = std::strtoll(n.c_str() + prefix.size(), &end, 10);
+    if (end == n.c_str() + prefix.size() || *end != '.' || pid <= 0 || pid > INT32_MAX) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // (alive)
+    bool ours = true;
+    for (const auto& f : fs::directory_iterator(e.path(), ec)) {
+      const fs::path& m = f.path();
+      ours = ours && fs::is_regular_file(fs::symlink_status(m, ec)) &&
+             (m.filename() == "plot_report.py" || m.extension() == ".png" ||
+              m.filename().string().rfind("plot_report.py.tmp.", 0) == 0);
+    }
+    if (ours && !ec) fs::remove_all(e.path(), ec);
+  }
+}
+
 }  // namespace
 
 bool render_plots(const std::string& run_dir, std::string* why) {
   namespace fs = std::filesystem;
   // The script and its plots live in a directory of our own: Python puts the script's directory
   // first on sys.path, so a json.py or matplotlib.py in run_dir (another user's results) would run.
+  remove_abandoned_plot_dirs(run_dir);
   const fs::path tmp =
-      make_temp_dir((fs::path(run_dir) / ".plots.").string(), "in '" + run_dir + "'");
+      make_temp_dir((fs::path(run_dir) / (".plots." + std::to_string(::getpid()) + ".")).string(),
+                    "in '" + run_dir + "'");
   const std::string script = (tmp / "plot_report.py").string();
   std::error_code ec;
   try {
