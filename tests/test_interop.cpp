@@ -356,6 +356,18 @@ TEST(ImportHf, ADirectoryGivenForACheckpointSaysWhatToGive) {
             std::string::npos)
       << r.out;
   EXPECT_FALSE(std::filesystem::exists(t.file("r")));
+  // The suggested command quotes the path (31st pass: a space or quote broke it).
+  const std::string spaced = copy_fixture(t, "llama_gqa", "sp ace");
+  r = run_cli("eval '" + spaced + "' --task " + std::string(ATTNRES_FIXTURE_DIR) +
+              "/tasks/pairs.jsonl");
+  EXPECT_NE(r.out.find("attnres import-hf '" + spaced + "' --out"), std::string::npos) << r.out;
+  // A config.json that is not a Hugging Face model's (a user's notes) is not taken for one.
+  std::filesystem::create_directories(t.file("notes"));
+  std::ofstream(t.file("notes/config.json")) << "{\"lr\": 0.1}\n";
+  r = run_cli("eval " + t.file("notes") + " --task " + std::string(ATTNRES_FIXTURE_DIR) +
+              "/tasks/pairs.jsonl");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(r.out.find("Hugging Face"), std::string::npos) << r.out;
   // A directory holding a model.safetensors (a run's): that file is named.
   const std::string run = copy_fixture(t, "llama_gqa", "run");
   std::filesystem::remove(run + "/config.json");

@@ -5,6 +5,8 @@
 #include <bit>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -45,21 +47,48 @@ uint64_t fold_metadata(const std::map<std::string, std::string>& meta, uint64_t 
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
 
+// Whether dir/config.json is a Hugging Face model's configuration: a regular file of at most 1
+// MiB naming the model's type or architectures (a user's notes named config.json are not).
+bool hf_config_in(const std::filesystem::path& dir) {
+  std::error_code ec;
+  const std::filesystem::path c = dir / "config.json";
+  if (!std::filesystem::is_regular_file(c, ec) || std::filesystem::file_size(c, ec) > (1 << 20)) {
+    return false;
+  }
+  std::ifstream in(c, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return text.find("\"model_type\"") != std::string::npos ||
+         text.find("\"architectures\"") != std::string::npos;
+}
+
+// A path as one word of a suggested command: quoted where a shell needs it, and never read as
+// an option ("-hf" printed import-hf's help).
+std::string command_word(const std::string& path) {
+  return shell_word(!path.empty() && path[0] == '-' ? "./" + path : path);
+}
+
 // A directory given where a checkpoint file belongs: say which file it holds, if any (30th
 // hostile pass: --init-from a Hugging Face directory said only "is a directory").
 void check_not_a_directory(const std::string& path) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  if (!std::filesystem::is_directory(path, ec)) return;
-  const std::filesystem::path dir(path);
-  if (std::filesystem::exists(dir / "config.json", ec)) {
+  if (!fs::is_directory(path, ec)) return;
+  const fs::path dir(path);
+  const bool run = fs::exists(dir / "train_config.json", ec);  // (an attnres run's directory)
+  if (!run && hf_config_in(dir)) {
     throw Error(q(path) + " is a directory holding a Hugging Face model (config.json), not an " +
-                "attnres checkpoint: convert it first with `attnres import-hf " + path +
-                " --out model.safetensors` and give that file");
+                "attnres checkpoint: convert it first with `attnres import-hf " +
+                command_word(path) + " --out model.safetensors` and give that file");
   }
-  if (std::filesystem::is_regular_file(dir / "model.safetensors", ec)) {
+  if (fs::is_regular_file(dir / "model.safetensors", ec)) {
     throw Error(q(path) + " is a directory, not a checkpoint file: give its model, " +
                 q((dir / "model.safetensors").string()) +
-                " (or a saved step's, checkpoints/step_N/model.safetensors)");
+                (run ? " (or a saved step's, checkpoints/step_N/model.safetensors)" : ""));
+  }
+  if (run && fs::is_directory(dir / "checkpoints", ec)) {
+    throw Error(q(path) + " is a run's directory without a final model.safetensors: give a " +
+                "saved step's model, " + q((dir / "checkpoints").string()) +
+                "/step_N/model.safetensors");
   }
 }
 
