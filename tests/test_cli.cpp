@@ -292,6 +292,14 @@ TEST(Cli, ConfigFileWithOverrides) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "Could not convert: --steps = x")) << r.out;
   EXPECT_FALSE(contains(r.out, "set in the --config file")) << r.out;
+  // Nor for a value given by a short name, or a missing required option (31st pass: both blamed
+  // the file, which set neither).
+  std::ofstream(dir / "ok.toml") << "[generate]\ntemperature = 0.5\n[eval]\nsplit = \"val\"\n";
+  for (const char* cmd : {" generate m.safetensors -n abc", " eval"}) {
+    r = run("--config " + (dir / "ok.toml").string() + cmd);
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_FALSE(contains(r.out, "set in the --config file")) << cmd << "\n" << r.out;
+  }
   // Eighth pass: a flag set to nothing, "" or 2 in a config file counted as true, so
   // `overwrite =` deleted the run in --out.
   const std::string kept = attnres::testing::slurp((dir / "run" / "model.safetensors").string());

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <new>
@@ -400,6 +401,24 @@ std::string config_path(int argc, char** argv) {
   return path;
 }
 
+// Whether the --config file has a line setting `key` ("key = ..." or "key=..."; also with
+// underscores for dashes, as CLI11 reads it).
+bool config_sets(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string under = key;
+  std::replace(under.begin(), under.end(), '-', '_');
+  for (std::string line; std::getline(in, line);) {
+    const size_t b = line.find_first_not_of(" \t");
+    if (b == std::string::npos) continue;
+    for (const std::string& k : {key, under}) {
+      if (line.compare(b, k.size(), k) != 0) continue;
+      const size_t e = line.find_first_not_of(" \t", b + k.size());
+      if (e != std::string::npos && line[e] == '=') return true;
+    }
+  }
+  return false;
+}
+
 // CLI11's errors about an option's value ("--steps: At Most 1 required but received 2") do not
 // say that the value came from the --config file (30th hostile pass): where the option is not on
 // the command line, say so.
@@ -413,11 +432,12 @@ std::string from_config_note(const std::string& what, int argc, char** argv) {
     end++;
   }
   const std::string name = what.substr(at, end - at);
-  if (name.size() <= 2) return "";
+  if (name.size() <= 2 || what.find(" is required") != std::string::npos) return "";
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
     if (a == name || a.rfind(name + "=", 0) == 0) return "";  // (given on the command line)
   }
+  if (!config_sets(path, name.substr(2))) return "";  // (e.g. given by a short name: -n)
   const bool form = what.find("At Most") != std::string::npos ||
                     what.find("Could not convert") != std::string::npos;
   return " (set in the --config file '" + path + "' as " + name.substr(2) + " = ..." +
