@@ -930,6 +930,15 @@ TEST(Compare, ScaleFitsALawPerModeFromTheComparisonsAtEachSize) {
             std::string::npos)
       << log;
   EXPECT_EQ(run("report " + (out / "L1_d32").string(), &log), 0) << log;
+  // A scale stopped before its fit (no scaling.json; 31st pass): its finished sizes are named.
+  fs::create_directories(dir / "part" / "L2_d32");
+  fs::copy_file(out / "L1_d32" / "results.json", dir / "part" / "L1_d32.json");
+  fs::create_directories(dir / "part" / "L1_d32");
+  fs::rename(dir / "part" / "L1_d32.json", dir / "part" / "L1_d32" / "results.json");
+  EXPECT_EQ(run("report " + (dir / "part").string() + "/", &log), 1) << log;
+  EXPECT_NE(log.find("holds comparisons in its subdirectories"), std::string::npos) << log;
+  EXPECT_NE(log.find("e.g. '" + (dir / "part" / "L1_d32").string() + "'"), std::string::npos)
+      << log;
   // Sizes must be LxD, growing, at least two.
   for (const char* bad : {"4x64", "4x64,2x32", "4x60,8x64", "ax64,8x64"}) {
     EXPECT_EQ(run("scale --sizes " + std::string(bad) + " --data " + data + " --out " +

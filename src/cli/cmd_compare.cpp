@@ -797,22 +797,35 @@ void add_compare(CLI::App& app) {
 }
 
 // `report` on what `attnres scale` wrote (30th hostile pass: "has no results.json" only): its
-// report is there already; each size's comparison can be redrawn.
-void check_not_a_scale_dir(const std::string& dir) {
-  if (fs::exists(fs::path(dir) / "results.json") || !fs::exists(fs::path(dir) / "scaling.json")) {
-    return;
-  }
-  std::vector<std::string> sizes;
+// report is there already; each size's comparison can be redrawn. Also a scale still running or
+// stopped before its fit (no scaling.json yet: 31st pass).
+void check_not_a_scale_dir(const std::string& given) {
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (fs::exists(e.path() / "results.json")) sizes.push_back(e.path().string());
+  fs::path dir(given);
+  if (dir.filename().empty()) dir = dir.parent_path();  // ("sc/")
+  if (fs::is_regular_file(dir / "results.json", ec)) return;
+  std::vector<std::string> sizes;
+  for (const auto& e :
+       fs::directory_iterator(dir, fs::directory_options::skip_permission_denied, ec)) {
+    std::error_code ec2;
+    if (fs::is_regular_file(e.path() / "results.json", ec2)) sizes.push_back(e.path().string());
   }
   std::sort(sizes.begin(), sizes.end());
-  const bool plot = fs::exists(fs::path(dir) / "scaling.png");
-  throw Error("'" + dir + "' is a directory `attnres scale` wrote: its report is " + dir +
-              "/scaling.md" + (plot ? " (plot: scaling.png)" : "") +
-              "; `report` redraws one comparison" +
-              (sizes.empty() ? std::string(", the directory `attnres compare --out` wrote")
+  const bool scale = fs::exists(dir / "scaling.json", ec);
+  if (!scale && sizes.empty()) return;
+  const std::string d = dir.string();
+  std::string what;
+  if (!scale) {
+    what = "'" + d + "' holds comparisons in its subdirectories (a `scale` still running, or " +
+           "stopped before its fit?)";
+  } else if (fs::is_regular_file(dir / "scaling.md", ec)) {
+    what = "'" + d + "' is a directory `attnres scale` wrote: its report is " + d + "/scaling.md" +
+           (fs::exists(dir / "scaling.png", ec) ? " (plot: scaling.png)" : "");
+  } else {
+    what = "'" + d + "' is a directory `attnres scale` wrote, without its report (scaling.md)";
+  }
+  throw Error(what + "; `report` redraws one comparison" +
+              (sizes.empty() ? std::string(": none of its sizes has finished (no results.json)")
                              : ": give one of its sizes, e.g. '" + sizes.front() + "'"));
 }
 
@@ -823,7 +836,8 @@ void add_report(CLI::App& app) {
   s->add_option("run_dir,--run-dir", *dir, "Directory written by `attnres compare`")->required();
   s->callback([dir] {
     check_not_a_scale_dir(*dir);
-    check(fs::exists(fs::path(*dir) / "results.json"),
+    std::error_code ec;
+    check(fs::exists(fs::path(*dir) / "results.json", ec),
           "'" + *dir + "' has no results.json; give the directory `attnres compare --out` wrote");
     // A comparison running in the directory owns its results.json: a report written meanwhile
     // could put an older one back (the lock refuses, naming its pid).
