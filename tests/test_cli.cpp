@@ -1021,6 +1021,24 @@ TEST(Cli, EvalRefusesACorpusThatChangedSinceTraining) {
           (tuned / "model.safetensors").string() + " --out " + (dir / "wider").string());
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(contains(r.out, "--val-fraction 0.3 is larger than the share (0.05)")) << r.out;
+  // The share is printed as it reads back (31st pass: 0.123456789 printed as 0.123457, which was
+  // then refused as larger than itself).
+  const fs::path odd = dir / "odd";
+  ASSERT_EQ(run("train --data " + data + kTinyModel + " --steps 2 --val-fraction 0.123456789 " +
+                "--out " + odd.string())
+                .code,
+            0);
+  r = run("train --data " + data + " --steps 2 --val-fraction 0.2 --init-from " +
+          (odd / "model.safetensors").string() + " --out " + (dir / "odd2").string());
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "give --val-fraction 0.123456789 or less")) << r.out;
+  r = run("train --data " + data + " --steps 2 --val-fraction 0.123456789 --init-from " +
+          (odd / "model.safetensors").string() + " --out " + (dir / "odd2").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = run("eval " + (odd / "model.safetensors").string() + " --data " + data +
+          " --val-fraction 0.2");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.out, "give at most 0.123456789")) << r.out;
   // (and a Full checkpoint's block size, 1, made `--init-from it --residual block` a Full run)
   const fs::path full = dir / "full", blocks = dir / "blocks";
   ASSERT_EQ(

@@ -17,6 +17,7 @@
 #include "cli/device_options.hpp"
 #include "cli/progress.hpp"
 #include "cli/train_options.hpp"
+#include "core/number_text.hpp"
 #include "report/stats.hpp"
 #include "train/evaluate.hpp"
 
@@ -80,11 +81,7 @@ void run_tasks(const EvalArgs& a, Model& model, const Tokenizer& tok) {
 }
 
 // A fraction as the user would write it (0.1, not 0.100000).
-std::string fraction_text(double f) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", f);
-  return b;
-}
+std::string fraction_text(double f) { return exact_text(f); }
 
 // The corpora a model's weights trained on, each with the share of it held out: its run's (from
 // the train_config.json beside it, when there is one), its own metadata's (a model copied out of

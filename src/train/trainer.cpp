@@ -33,6 +33,7 @@
 #include "core/address_space.hpp"
 #include "core/blas.hpp"
 #include "core/json_field.hpp"
+#include "core/number_text.hpp"
 #include "train/evaluate.hpp"
 #include "train/run_dir.hpp"
 #include "train/step_runner.hpp"
@@ -1056,11 +1057,9 @@ class Trainer {
               "the text elsewhere, so this run's val split may hold text they trained on; "
               "train with their tokenizer (--tokenizer-model), or on other text");
     for (const TrainedOn& t : shares) {
-      char vf[32], held[32];
-      std::snprintf(vf, sizeof vf, "%g", cfg_.val_fraction);
-      std::snprintf(held, sizeof held, "%g", t.val_fraction);
+      const std::string vf = exact_text(cfg_.val_fraction), held = exact_text(t.val_fraction);
       check(t.fingerprint != data_.fingerprint || cfg_.val_fraction <= t.val_fraction,
-            "--val-fraction " + std::string(vf) + " is larger than the share (" + held +
+            "--val-fraction " + vf + " is larger than the share (" + held +
                 ") of this corpus held out when --init-from's weights (or those they started "
                 "from) trained on it: this run's val split would include text its initial "
                 "weights trained on; give --val-fraction " +
