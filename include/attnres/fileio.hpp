@@ -161,6 +161,11 @@ const char* mapped_file_at(const void* addr);
 // in the error ("in --out 'runs/x'").
 std::string make_temp_dir(const std::string& prefix, const std::string& where);
 
+// Whether the process whose id `name` holds at `at` (decimal digits, then '.') no longer exists:
+// the writer of a temporary file or directory named with its pid. False when no pid parses there
+// (treated as alive).
+bool writer_pid_gone(const std::string& name, size_t at);
+
 // Returns strerror(err) as a std::string (thread-safe).
 std::string errno_text(int err);
 

@@ -80,9 +80,6 @@ void run_tasks(const EvalArgs& a, Model& model, const Tokenizer& tok) {
   }
 }
 
-// A fraction as the user would write it (0.1, not 0.100000).
-std::string fraction_text(double f) { return exact_text(f); }
-
 // The corpora a model's weights trained on, each with the share of it held out: its run's (from
 // the train_config.json beside it, when there is one), its own metadata's (a model copied out of
 // its run), and those of the models its weights started from (--init-from, kept through
@@ -172,10 +169,10 @@ void run_eval(const EvalArgs& a) {
     val_fraction = own_corpus ? held_out : run ? run->val_fraction : 0.1;
   }
   check(!own_corpus || a.split != "val" || val_fraction <= held_out,
-        "--val-fraction " + fraction_text(val_fraction) + " is larger than the run's (" +
-            fraction_text(held_out) + ") on the corpus it trained on (its own run's, or that " +
+        "--val-fraction " + exact_text(val_fraction) + " is larger than the run's (" +
+            exact_text(held_out) + ") on the corpus it trained on (its own run's, or that " +
             "of a model its weights started from): that val split would include text the " +
-            "model trained on; give at most " + fraction_text(held_out) +
+            "model trained on; give at most " + exact_text(held_out) +
             ", or --data with other text");
   const std::vector<int32_t> ids = tok->encode(corpus->text);
   const int64_t n = static_cast<int64_t>(ids.size());

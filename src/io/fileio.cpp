@@ -2,6 +2,7 @@
 #include "attnres/fileio.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -10,6 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -137,6 +140,15 @@ int open_regular_file(const std::string& path, int flags, const char* verb) {
   }
   (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
+}
+
+bool writer_pid_gone(const std::string& name, size_t at) {
+  if (at >= name.size()) return false;
+  const char* begin = name.c_str() + at;
+  char* end = nullptr;
+  const long long pid = std::strtoll(begin, &end, 10);
+  if (end == begin || *end != '.' || pid <= 0 || pid > INT32_MAX) return false;
+  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
 std::string make_temp_dir(const std::string& prefix, const std::string& where) {

@@ -1,10 +1,7 @@
 // Runs the embedded plotting script (tools/plot_report.py) with the system's Python 3.
-#include <signal.h>
 #include <unistd.h>
 
 #include <array>
-#include <cerrno>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -58,10 +55,7 @@ void remove_abandoned_plot_dirs(const std::string& run_dir) {
   for (const auto& e : fs::directory_iterator(run_dir, ec)) {
     const std::string n = e.path().filename().string();
     if (n.rfind(prefix, 0) != 0 || !fs::is_directory(fs::symlink_status(e.path(), ec))) continue;
-    char* end = nullptr;
-    const long long pid = std::strtoll(n.c_str() + prefix.size(), &end, 10);
-    if (end == n.c_str() + prefix.size() || *end != '.' || pid <= 0 || pid > INT32_MAX) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // (alive)
+    if (!writer_pid_gone(n, prefix.size())) continue;
     bool ours = true;
     for (const auto& f : fs::directory_iterator(e.path(), ec)) {
       const fs::path& m = f.path();

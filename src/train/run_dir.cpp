@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <linux/fs.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -18,7 +17,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -139,21 +137,6 @@ RunDir::RunDir(std::string out_dir, int64_t keep, std::string tokenizer_ref,
       tokenizer_hash_(std::move(tokenizer_hash)),
       runtime_(std::move(runtime)) {}
 
-namespace {
-
-// Whether the write that named temp file `n` ("<name>.tmp.<pid>.<n>") belongs to a process that
-// no longer exists (a pid it cannot parse: treated as alive).
-bool writer_gone(const std::string& n) {
-  const size_t at = n.find(".tmp.");
-  const std::string rest = n.substr(at + 5);
-  char* end = nullptr;
-  const long long pid = std::strtoll(rest.c_str(), &end, 10);
-  if (end == rest.c_str() || *end != '.' || pid <= 0 || pid > INT32_MAX) return false;
-  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
-}
-
-}  // namespace
-
 void remove_abandoned_staging(const std::string& out_dir) {
   const std::string prefix = ".overwrite.tmp.";
   std::error_code ec;
@@ -163,7 +146,8 @@ void remove_abandoned_staging(const std::string& out_dir) {
     const std::string n = e.path().filename().string();
     if (is_temp_of(n, {"model.safetensors", "train_config.json", "latest", "tokens.bin",
                        "tokenizer.model", "tokenizer.model.trainkey"}) &&
-        fs::is_regular_file(fs::symlink_status(e.path(), ec)) && writer_gone(n)) {
+        fs::is_regular_file(fs::symlink_status(e.path(), ec)) &&
+        writer_pid_gone(n, n.find(".tmp.") + 5)) {
       fs::remove(e.path(), ec);
     }
   }
